@@ -1,0 +1,326 @@
+"""The MPI backend: every operation on host arrays through mpi4py's buffer (uppercase) API.
+
+float16/bfloat16 travel as 2-byte words reduced by cached user-defined ops; AVG is SUM
+followed by a division by the group size; PREMUL_SUM sums a scaled copy of the input.
+Python objects go through ``mpi4py.util.pkl5`` (pickle protocol 5, large buffers out of band).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+from mpi4py.util import pkl5
+
+from .. import ops as O
+from ..dtypes import SUPPORTED_DTYPES
+from ..record import Call
+from ..work import Work
+
+__all__ = ["MPIBackend", "mpi_datatype"]
+
+_MPI_TYPE_BY_NAME = {
+    "bool": MPI.C_BOOL,
+    "int8": MPI.INT8_T,
+    "int16": MPI.INT16_T,
+    "int32": MPI.INT32_T,
+    "int64": MPI.INT64_T,
+    "uint8": MPI.UINT8_T,
+    "uint16": MPI.UINT16_T,
+    "uint32": MPI.UINT32_T,
+    "uint64": MPI.UINT64_T,
+    "float16": MPI.UINT16_T,  # 2-byte words, reduced by a user-defined op
+    "bfloat16": MPI.UINT16_T,
+    "float32": MPI.FLOAT,
+    "float64": MPI.DOUBLE,
+    "complex64": MPI.C_FLOAT_COMPLEX,
+    "complex128": MPI.C_DOUBLE_COMPLEX,
+}
+_MPI_TYPES: dict[np.dtype, MPI.Datatype] = {
+    dt: _MPI_TYPE_BY_NAME[info.name] for dt, info in SUPPORTED_DTYPES.items()
+}
+
+_BUILTIN_OPS = {
+    "SUM": MPI.SUM,
+    "AVG": MPI.SUM,
+    "PREMUL_SUM": MPI.SUM,
+    "PRODUCT": MPI.PROD,
+    "MIN": MPI.MIN,
+    "MAX": MPI.MAX,
+    "BAND": MPI.BAND,
+    "BOR": MPI.BOR,
+    "BXOR": MPI.BXOR,
+}
+_BOOL_OPS = {
+    "SUM": MPI.LOR,
+    "MAX": MPI.LOR,
+    "BOR": MPI.LOR,
+    "PRODUCT": MPI.LAND,
+    "MIN": MPI.LAND,
+    "BAND": MPI.LAND,
+    "BXOR": MPI.LXOR,
+}
+_HALF_UFUNCS = {
+    "SUM": np.add,
+    "AVG": np.add,
+    "PREMUL_SUM": np.add,
+    "PRODUCT": np.multiply,
+    "MIN": np.minimum,
+    "MAX": np.maximum,
+}
+_half_ops: dict[tuple[np.dtype, str], MPI.Op] = {}
+
+
+def mpi_datatype(dtype: np.dtype) -> MPI.Datatype:
+    """The MPI datatype hpccomm sends a dtype as (2-byte words for float16/bfloat16)."""
+    return _MPI_TYPES[dtype]
+
+
+def _half_op(dtype: np.dtype, name: str) -> MPI.Op:
+    key = (dtype, name)
+    op = _half_ops.get(key)
+    if op is None:
+        ufunc = _HALF_UFUNCS[name]
+
+        def combine(inbuf, inoutbuf, datatype, _dt=dtype, _f=ufunc):
+            a = np.frombuffer(inbuf, dtype=_dt)
+            b = np.frombuffer(inoutbuf, dtype=_dt)
+            _f(a, b, out=b)
+
+        op = _half_ops[key] = MPI.Op.Create(combine, commute=True)
+    return op
+
+
+def _mpi_op(call: Call) -> MPI.Op:
+    name = call.redop.name
+    category = call.info.category
+    if category == "bool":
+        return _BOOL_OPS[name]
+    if category == "half":
+        return _half_op(call.info.dtype, name)
+    return _BUILTIN_OPS[name]
+
+
+class MPIBackend:
+    """Runs calls on an mpi4py intracommunicator."""
+
+    name = "mpi"
+
+    def __init__(self, comm: MPI.Intracomm) -> None:
+        self.mpi = comm
+        self._pkl5: pkl5.Intracomm | None = None
+        self._table: dict[O.OpSpec, Callable[[Call], Any]] = {
+            O.ALL_REDUCE: self._all_reduce,
+            O.REDUCE: self._reduce,
+            O.BROADCAST: self._broadcast,
+            O.ALL_GATHER: self._all_gather,
+            O.GATHER: self._gather,
+            O.SCATTER: self._scatter,
+            O.REDUCE_SCATTER: self._reduce_scatter,
+            O.ALL_TO_ALL: self._all_to_all,
+            O.BARRIER: self._barrier,
+            O.SEND: self._send,
+            O.RECV: self._recv,
+            O.SENDRECV: self._sendrecv,
+            O.BATCH_P2P: self._batch,
+            O.BROADCAST_OBJECT: self._bcast_object,
+            O.ALL_GATHER_OBJECT: self._allgather_object,
+            O.GATHER_OBJECT: self._gather_object,
+            O.SCATTER_OBJECT: self._scatter_object,
+            O.SEND_OBJECT: self._send_object,
+            O.RECV_OBJECT: self._recv_object,
+        }
+
+    # -- the interface ------------------------------------------------------------------
+
+    def supports(self, call: Call) -> bool:
+        return True
+
+    def run(self, call: Call) -> Any:
+        return self._table[call.op](call)
+
+    def close(self) -> None:
+        self._pkl5 = None
+
+    # -- helpers ------------------------------------------------------------------------
+
+    @staticmethod
+    def _go(call: Call, blocking, nonblocking, args: tuple, post=None) -> Any:
+        """Run the blocking form, or start the non-blocking one and return a Work."""
+        if call.async_op:
+            req = nonblocking(*args)
+            return Work(call, req.Test, req.Wait, post)
+        blocking(*args)
+        if post is not None:
+            value = post()
+            if value is not None:
+                return value
+        return call.result
+
+    def _avg_post(self, call: Call, target: Any) -> Callable[[], None] | None:
+        if call.redop.name != "AVG":
+            return None
+        n = self.mpi.Get_size()
+
+        def divide() -> None:
+            np.divide(target, n, out=target)
+
+        return divide
+
+    @staticmethod
+    def _premul(call: Call, array: Any) -> Any:
+        """The send buffer of a reduction: a scaled copy for PREMUL_SUM, else the array."""
+        if call.redop.name == "PREMUL_SUM":
+            return (array * call.redop.factor).astype(array.dtype, copy=False)
+        return None
+
+    # -- collectives --------------------------------------------------------------------
+
+    def _all_reduce(self, call: Call) -> Any:
+        x = call.buf.array
+        mt = _MPI_TYPES[call.buf.dtype]
+        scaled = self._premul(call, x)
+        send = MPI.IN_PLACE if scaled is None else [scaled, mt]
+        args = (send, [x, mt], _mpi_op(call))
+        return self._go(call, self.mpi.Allreduce, self.mpi.Iallreduce, args, self._avg_post(call, x))
+
+    def _reduce(self, call: Call) -> Any:
+        x = call.buf.array
+        mt = _MPI_TYPES[call.buf.dtype]
+        root = self.mpi.Get_rank() == call.peer
+        scaled = self._premul(call, x)
+        if root:
+            args = (MPI.IN_PLACE if scaled is None else [scaled, mt], [x, mt], _mpi_op(call), call.peer)
+        else:
+            args = ([x if scaled is None else scaled, mt], None, _mpi_op(call), call.peer)
+        post = self._avg_post(call, x) if root else None
+        return self._go(call, self.mpi.Reduce, self.mpi.Ireduce, args, post)
+
+    def _broadcast(self, call: Call) -> Any:
+        x = call.buf.array
+        args = ([x, _MPI_TYPES[call.buf.dtype]], call.peer)
+        return self._go(call, self.mpi.Bcast, self.mpi.Ibcast, args)
+
+    def _all_gather(self, call: Call) -> Any:
+        mt = _MPI_TYPES[call.buf.dtype]
+        send = [call.buf.array, mt]
+        out = call.out.array
+        if call.payload is None:
+            return self._go(call, self.mpi.Allgather, self.mpi.Iallgather, (send, [out, mt]))
+        counts, displs = call.counts
+        args = (send, [out, counts, displs, mt])
+        return self._go(call, self.mpi.Allgatherv, self.mpi.Iallgatherv, args)
+
+    def _gather(self, call: Call) -> Any:
+        mt = _MPI_TYPES[call.buf.dtype]
+        send = [call.buf.array, mt]
+        counts, displs = call.counts
+        recv = None if call.out is None else [call.out.array, counts, displs, mt]
+        return self._go(call, self.mpi.Gatherv, self.mpi.Igatherv, (send, recv, call.peer))
+
+    def _scatter(self, call: Call) -> Any:
+        mt = _MPI_TYPES[call.out.dtype]
+        counts, displs = call.counts
+        is_root = self.mpi.Get_rank() == call.peer
+        send = [call.buf.array, counts, displs, mt] if is_root else None
+        args = (send, [call.out.array, mt], call.peer)
+        return self._go(call, self.mpi.Scatterv, self.mpi.Iscatterv, args)
+
+    def _reduce_scatter(self, call: Call) -> Any:
+        x = call.buf.array
+        mt = _MPI_TYPES[call.buf.dtype]
+        scaled = self._premul(call, x)
+        send = [x if scaled is None else scaled, mt]
+        out = call.out.array
+        post = self._avg_post(call, out)
+        if call.payload is None:
+            args = (send, [out, mt], _mpi_op(call))
+            return self._go(call, self.mpi.Reduce_scatter_block, self.mpi.Ireduce_scatter_block, args, post)
+        args = (send, [out, mt], call.counts[0], _mpi_op(call))
+        return self._go(call, self.mpi.Reduce_scatter, self.mpi.Ireduce_scatter, args, post)
+
+    def _all_to_all(self, call: Call) -> Any:
+        mt = _MPI_TYPES[call.buf.dtype]
+        (scounts, sdispls), (rcounts, rdispls) = call.counts
+        if call.payload is None:
+            args = ([call.buf.array, mt], [call.out.array, mt])
+            return self._go(call, self.mpi.Alltoall, self.mpi.Ialltoall, args)
+        args = ([call.buf.array, scounts, sdispls, mt], [call.out.array, rcounts, rdispls, mt])
+        return self._go(call, self.mpi.Alltoallv, self.mpi.Ialltoallv, args)
+
+    def _barrier(self, call: Call) -> Any:
+        return self._go(call, self.mpi.Barrier, self.mpi.Ibarrier, ())
+
+    # -- point-to-point -----------------------------------------------------------------
+
+    def _send(self, call: Call) -> Any:
+        args = ([call.buf.array, _MPI_TYPES[call.buf.dtype]], call.peer, call.tag)
+        return self._go(call, self.mpi.Send, self.mpi.Isend, args)
+
+    def _recv(self, call: Call) -> Any:
+        status = MPI.Status()
+        src = MPI.ANY_SOURCE if call.peer is None else call.peer
+        tag = MPI.ANY_TAG if call.tag is None else call.tag
+        buf = [call.buf.array, _MPI_TYPES[call.buf.dtype]]
+        if call.async_op:
+            req = self.mpi.Irecv(buf, src, tag)
+            return Work(call, lambda: req.Test(status), lambda: req.Wait(status), status.Get_source)
+        self.mpi.Recv(buf, src, tag, status)
+        return status.Get_source()
+
+    def _sendrecv(self, call: Call) -> Any:
+        mt = _MPI_TYPES[call.buf.dtype]
+        dst, src = call.payload
+        src = MPI.ANY_SOURCE if src is None else src
+        tag = call.tag
+        if call.async_op:
+            reqs = [
+                self.mpi.Irecv([call.out.array, mt], src, tag),
+                self.mpi.Isend([call.buf.array, mt], dst, tag),
+            ]
+            return Work(call, lambda: MPI.Request.Testall(reqs), lambda: MPI.Request.Waitall(reqs))
+        self.mpi.Sendrecv([call.buf.array, mt], dst, tag, [call.out.array, mt], src, tag)
+        return call.result
+
+    def _batch(self, call: Call) -> Any:
+        reqs = []
+        for p in call.payload:
+            buf = [p.buf.array, _MPI_TYPES[p.buf.dtype]]
+            if p.op == "send":
+                reqs.append(self.mpi.Isend(buf, p.peer, p.tag))
+            else:
+                reqs.append(self.mpi.Irecv(buf, p.peer, p.tag))
+        work = Work(call, lambda: MPI.Request.Testall(reqs), lambda: MPI.Request.Waitall(reqs))
+        return work if call.async_op else work.wait()
+
+    # -- Python objects (pickle protocol 5, out-of-band buffers) -------------------------
+
+    @property
+    def objects(self) -> pkl5.Intracomm:
+        if self._pkl5 is None:
+            self._pkl5 = pkl5.Intracomm(self.mpi)
+        return self._pkl5
+
+    def _bcast_object(self, call: Call) -> Any:
+        return self.objects.bcast(call.payload, root=call.peer)
+
+    def _allgather_object(self, call: Call) -> Any:
+        return self.objects.allgather(call.payload)
+
+    def _gather_object(self, call: Call) -> Any:
+        return self.objects.gather(call.payload, root=call.peer)
+
+    def _scatter_object(self, call: Call) -> Any:
+        objs = call.payload if self.mpi.Get_rank() == call.peer else None
+        return self.objects.scatter(objs, root=call.peer)
+
+    def _send_object(self, call: Call) -> Any:
+        self.objects.send(call.payload, dest=call.peer, tag=call.tag)
+        return None
+
+    def _recv_object(self, call: Call) -> Any:
+        src = MPI.ANY_SOURCE if call.peer is None else call.peer
+        tag = MPI.ANY_TAG if call.tag is None else call.tag
+        return self.objects.recv(None, source=src, tag=tag)

@@ -1,0 +1,82 @@
+"""Resolve user arrays into one frozen description the dispatch and backends share.
+
+NumPy arrays take a fast path. CuPy arrays, objects with ``__cuda_array_interface__`` and
+objects with ``__dlpack__`` are accepted too; CuPy is imported only when a device array shows
+up. A failed conversion re-raises with the original error attached, never swallowed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .errors import DtypeError
+
+__all__ = ["Buffer", "resolve", "empty_like_module"]
+
+_DLPACK_CPU = 1
+_DLPACK_CUDA = 2
+_DLPACK_CUDA_HOST = 3
+_DLPACK_CUDA_MANAGED = 13
+
+
+class Buffer(NamedTuple):
+    """One resolved array: the array itself (NumPy or CuPy), element count, dtype, CUDA
+    device id (None for host memory), C-contiguity, and its array module."""
+
+    array: Any
+    count: int
+    dtype: np.dtype
+    device: int | None
+    contiguous: bool
+    xp: Any
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError as exc:  # pragma: no cover - depends on the machine
+        raise DtypeError(f"device arrays need CuPy, which failed to import: {exc}") from exc
+    return cupy
+
+
+def _device_buffer(arr: Any) -> Buffer:
+    cp = _cupy()
+    return Buffer(arr, arr.size, arr.dtype, arr.device.id, arr.flags.c_contiguous, cp)
+
+
+def resolve(x: Any, where: str, arg: str = "array") -> Buffer:
+    """Describe ``x`` (NumPy, CuPy, CUDA array interface or DLPack); raise DtypeError otherwise."""
+    if type(x) is np.ndarray:
+        return Buffer(x, x.size, x.dtype, None, x.flags.c_contiguous, np)
+    if isinstance(x, np.ndarray):
+        return Buffer(x, x.size, x.dtype, None, x.flags.c_contiguous, np)
+    mod = type(x).__module__
+    if mod.startswith("cupy"):
+        return _device_buffer(x)
+    if hasattr(x, "__cuda_array_interface__"):
+        cp = _cupy()
+        return _device_buffer(cp.asarray(x))
+    if hasattr(x, "__dlpack__"):
+        try:
+            kind, _ = x.__dlpack_device__()
+        except Exception as exc:
+            raise DtypeError(f"{where}: {arg} ({type(x).__name__}) has __dlpack__ but its __dlpack_device__ failed: {exc}") from exc
+        if kind in (_DLPACK_CPU, _DLPACK_CUDA_HOST):
+            return resolve(np.from_dlpack(x), where, arg)
+        if kind in (_DLPACK_CUDA, _DLPACK_CUDA_MANAGED):
+            return _device_buffer(_cupy().from_dlpack(x))
+        raise DtypeError(f"{where}: {arg} ({type(x).__name__}) lives on DLPack device type {kind}, expected CPU (1) or CUDA (2)")
+    raise DtypeError(
+        f"{where}: {arg} is {type(x).__name__}, expected a NumPy or CuPy array "
+        f"(or an object with __cuda_array_interface__ or __dlpack__)"
+    )
+
+
+def empty_like_module(buf: Buffer, shape: tuple[int, ...], dtype: np.dtype | None = None) -> Any:
+    """Allocate an output with the input's array module (and device)."""
+    if buf.device is None:
+        return np.empty(shape, dtype or buf.dtype)
+    with buf.xp.cuda.Device(buf.device):
+        return buf.xp.empty(shape, dtype or buf.dtype)

@@ -1,0 +1,298 @@
+"""Launch discovery: this process's place in the job, read from the environment only.
+
+Imports neither mpi4py nor CuPy. The launcher that started this process is found with the
+precedence of ``shared/reference/launchers.md`` (the innermost launcher wins) and every field is
+taken from that launcher's row; fields the launcher does not export are left ``None`` and filled
+from MPI by :func:`hpccomm.init`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import hostlist
+from .errors import GpuBindingError
+from .gpuselect import choose_gpu, parse_visible_devices, sharing_allowed
+
+__all__ = ["LaunchInfo", "discover", "FIELDS"]
+
+FIELDS = (
+    "launcher",
+    "rank",
+    "size",
+    "local_rank",
+    "local_size",
+    "node_index",
+    "num_nodes",
+    "nodelist",
+    "hostname",
+    "job_id",
+    "array_task_id",
+    "visible_gpus",
+    "gpu",
+)
+
+FROM_MPI = "MPI (after init)"
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """Where this process sits in the job. ``sources[field]`` names where each value came from.
+
+    A field that is ``None`` is not known from the environment; :func:`hpccomm.init` fills it
+    from MPI (``sources`` then says ``MPI ...``).
+    """
+
+    launcher: str
+    rank: int | None
+    size: int | None
+    local_rank: int | None
+    local_size: int | None
+    node_index: int | None
+    num_nodes: int | None
+    nodelist: tuple[str, ...] | None
+    hostname: str
+    job_id: str | None
+    array_task_id: str | None
+    visible_gpus: tuple[str, ...] | None
+    gpu: int | None
+    sources: Mapping[str, str] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field, its source and the warnings."""
+        out: dict[str, Any] = {name: getattr(self, name) for name in FIELDS}
+        for key in ("nodelist", "visible_gpus"):
+            if out[key] is not None:
+                out[key] = list(out[key])
+        out["sources"] = dict(self.sources)
+        out["warnings"] = list(self.warnings)
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    def __str__(self) -> str:
+        lines = []
+        for name in FIELDS:
+            value = getattr(self, name)
+            if name == "nodelist" and value is not None:
+                value = hostlist.compress(value) if value else "(empty)"
+            shown = "(from MPI after init)" if value is None else value
+            source = self.sources.get(name, "")
+            lines.append(f"{name:>14}: {shown}" + (f"   [{source}]" if source else ""))
+        lines.extend(f"{'warning':>14}: {w}" for w in self.warnings)
+        return "\n".join(lines)
+
+    def replace(self, **changes: Any) -> LaunchInfo:
+        return dataclasses.replace(self, **changes)
+
+
+class _Reader:
+    """Reads typed values from the environment and remembers which variable each came from."""
+
+    def __init__(self, env: Mapping[str, str], launcher: str) -> None:
+        self.env = env
+        self.launcher = launcher
+        self.values: dict[str, Any] = {}
+        self.sources: dict[str, str] = {}
+
+    def int(self, name: str, *variables: str) -> None:
+        for var in variables:
+            raw = self.env.get(var)
+            if raw is None or raw.strip() == "":
+                continue
+            try:
+                value = int(raw)
+            except ValueError:
+                raise ValueError(
+                    f"launch discovery ({self.launcher}): {var}={raw!r} is not an integer"
+                ) from None
+            self.values[name] = value
+            self.sources[name] = var
+            return
+
+    def set(self, name: str, value: Any, source: str) -> None:
+        self.values[name] = value
+        self.sources[name] = source
+
+
+def _torchrun(r: _Reader) -> None:
+    r.int("rank", "RANK")
+    r.int("size", "WORLD_SIZE")
+    r.int("local_rank", "LOCAL_RANK")
+    r.int("local_size", "LOCAL_WORLD_SIZE")
+    r.int("node_index", "GROUP_RANK")
+    r.int("num_nodes", "GROUP_WORLD_SIZE")
+
+
+def _mpi_world(prefix: str) -> Callable[[_Reader], None]:
+    def read(r: _Reader) -> None:
+        r.int("rank", f"{prefix}_RANK")
+        r.int("size", f"{prefix}_SIZE")
+        r.int("local_rank", f"{prefix}_LOCAL_RANK")
+        r.int("local_size", f"{prefix}_LOCAL_SIZE")
+
+    return read
+
+
+def _pals(r: _Reader) -> None:
+    r.int("rank", "PALS_RANKID")
+    r.int("size", "PMI_SIZE")
+    r.int("local_rank", "PALS_LOCAL_RANKID", "PMI_LOCAL_RANK")
+    r.int("local_size", "PMI_LOCAL_SIZE")
+    r.int("node_index", "PALS_NODEID")
+
+
+def _hydra(r: _Reader) -> None:
+    r.int("rank", "PMI_RANK", "PMI_ID")
+    r.int("size", "PMI_SIZE")
+    r.int("local_rank", "MPI_LOCALRANKID")
+    r.int("local_size", "MPI_LOCALNRANKS")
+
+
+def _srun_step(r: _Reader) -> None:
+    env = r.env
+    r.int("rank", "SLURM_PROCID")
+    r.int("size", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+    r.int("local_rank", "SLURM_LOCALID")
+    r.int("node_index", "SLURM_NODEID")
+    r.int("num_nodes", "SLURM_STEP_NUM_NODES", "SLURM_NNODES")
+    for var in ("SLURM_STEP_NODELIST", "SLURM_NODELIST"):
+        if env.get(var):
+            r.set("nodelist", tuple(hostlist.expand(env[var])), var)
+            break
+    node = r.values.get("node_index")
+    for var in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        if env.get(var) and node is not None:
+            counts = hostlist.expand_tasks_per_node(env[var])
+            if node >= len(counts):
+                raise ValueError(
+                    f"launch discovery (slurm): SLURM_NODEID={node} but {var}={env[var]!r} "
+                    f"lists only {len(counts)} nodes"
+                )
+            r.set("local_size", counts[node], f"{var}[SLURM_NODEID]")
+            break
+
+
+def _pmi_only(r: _Reader) -> None:
+    r.int("rank", "PMIX_RANK", "PMI_RANK")
+
+
+def _batch_shell(r: _Reader) -> None:
+    env = r.env
+    for name, value in (("rank", 0), ("size", 1), ("local_rank", 0), ("local_size", 1)):
+        r.set(name, value, "batch shell (no SLURM_STEP_NUM_TASKS)")
+    r.set("node_index", 0, "batch shell runs on the first node")
+    r.int("num_nodes", "SLURM_JOB_NUM_NODES", "SLURM_NNODES")
+    if env.get("SLURM_JOB_NODELIST"):
+        r.set("nodelist", tuple(hostlist.expand(env["SLURM_JOB_NODELIST"])), "SLURM_JOB_NODELIST")
+    ntasks = env.get("SLURM_NTASKS", "?")
+    r.values.setdefault("warnings", []).append(
+        f"this is the batch shell of Slurm job {env.get('SLURM_JOB_ID')} (SLURM_JOB_ID is set, "
+        f"SLURM_STEP_NUM_TASKS is not): it runs as 1 process, not as rank 0 of "
+        f"SLURM_NTASKS={ntasks}; launch the ranks with srun"
+    )
+
+
+def _nothing(r: _Reader) -> None:
+    pass
+
+
+# The precedence table: (launcher name, detector, reader). The first row that matches wins.
+_ROWS: tuple[tuple[str, Callable[[Mapping[str, str]], bool], Callable[[_Reader], None]], ...] = (
+    (
+        "torchrun",
+        lambda e: "TORCHELASTIC_RUN_ID" in e or ("GROUP_RANK" in e and "LOCAL_WORLD_SIZE" in e),
+        _torchrun,
+    ),
+    ("openmpi", lambda e: "OMPI_COMM_WORLD_RANK" in e, _mpi_world("OMPI_COMM_WORLD")),
+    ("mvapich2", lambda e: "MV2_COMM_WORLD_RANK" in e, _mpi_world("MV2_COMM_WORLD")),
+    ("pals", lambda e: "PALS_RANKID" in e, _pals),
+    ("hydra", lambda e: "MPI_LOCALRANKID" in e, _hydra),
+    ("slurm", lambda e: "SLURM_STEP_NUM_TASKS" in e, _srun_step),
+    ("pmi", lambda e: "PMIX_RANK" in e or "PMI_RANK" in e, _pmi_only),
+    ("slurm-batch", lambda e: "SLURM_JOB_ID" in e, _batch_shell),
+    ("none", lambda e: True, _nothing),
+)
+
+_JOB_ID_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID", "TORCHELASTIC_RUN_ID")
+
+
+def discover(
+    environ: Mapping[str, str] | None = None,
+    *,
+    gpu_count: int | None = None,
+    hostname: str | None = None,
+) -> LaunchInfo:
+    """Describe this process's place in the job from the environment alone.
+
+    Args:
+        environ: the environment to read (default ``os.environ``); tests pass recorded ones.
+        gpu_count: number of GPUs this process can see, used when ``CUDA_VISIBLE_DEVICES`` is
+            unset (None: unknown, no GPU is chosen).
+        hostname: this host's name (default ``socket.gethostname()``).
+
+    Returns:
+        A frozen :class:`LaunchInfo`; fields the launcher does not export are None.
+
+    Raises:
+        ValueError: a launcher variable that should be an integer or a hostlist is malformed.
+    """
+    env = os.environ if environ is None else environ
+    launcher, _, read = next(row for row in _ROWS if row[1](env))
+    r = _Reader(env, launcher)
+    read(r)
+    v = r.values
+    warnings = list(v.pop("warnings", []))
+    sources = r.sources
+
+    job_id = array_task_id = None
+    for var in _JOB_ID_VARS:
+        if env.get(var):
+            job_id = env[var]
+            sources["job_id"] = var
+            break
+    if env.get("SLURM_ARRAY_TASK_ID"):
+        array_task_id = env["SLURM_ARRAY_TASK_ID"]
+        sources["array_task_id"] = "SLURM_ARRAY_TASK_ID"
+
+    visible = parse_visible_devices(env.get("CUDA_VISIBLE_DEVICES"))
+    if visible is not None:
+        sources["visible_gpus"] = "CUDA_VISIBLE_DEVICES"
+    elif gpu_count is not None:
+        visible = tuple(str(i) for i in range(gpu_count))
+        sources["visible_gpus"] = "device count"
+    gpu = None
+    if visible is not None and v.get("local_rank") is not None and v.get("local_size") is not None:
+        try:
+            gpu = choose_gpu(
+                len(visible), v["local_rank"], v["local_size"], allow_sharing=sharing_allowed(env)
+            )
+        except GpuBindingError as exc:
+            warnings.append(str(exc))
+        sources["gpu"] = "local rank and visible GPUs"
+
+    return LaunchInfo(
+        launcher=launcher,
+        rank=v.get("rank"),
+        size=v.get("size"),
+        local_rank=v.get("local_rank"),
+        local_size=v.get("local_size"),
+        node_index=v.get("node_index"),
+        num_nodes=v.get("num_nodes"),
+        nodelist=v.get("nodelist"),
+        hostname=hostname if hostname is not None else socket.gethostname(),
+        job_id=job_id,
+        array_task_id=array_task_id,
+        visible_gpus=visible,
+        gpu=gpu,
+        sources=dict(sources),
+        warnings=tuple(warnings),
+    )

@@ -1,0 +1,157 @@
+"""Dtype and reduction-op tables shared by every backend.
+
+MPI has no float16 or bfloat16: those travel as 2-byte words and are reduced by a
+user-defined MPI op that views the words as the real type and combines them with NumPy
+(``ml_dtypes`` provides bfloat16), i.e. each pairwise step rounds back to the 2-byte type,
+as NCCL's ring does. Bool reductions map to logical ops (SUM/MAX/BOR -> OR, PRODUCT/MIN/BAND
+-> AND, BXOR -> XOR), as torch does for bool tensors.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import ml_dtypes
+import numpy as np
+
+from .errors import DtypeError
+
+__all__ = ["DtypeInfo", "ReduceOp", "SUPPORTED_DTYPES", "dtype_info", "check_op", "as_reduce_op"]
+
+
+class DtypeInfo(NamedTuple):
+    """What hpccomm knows of one dtype: its category ('bool', 'int', 'float', 'half',
+    'complex') and the name MPI and NCCL tables key on."""
+
+    dtype: np.dtype
+    category: str
+    name: str
+
+
+def _table() -> dict[np.dtype, DtypeInfo]:
+    entries = [
+        (np.bool_, "bool"),
+        (np.int8, "int"),
+        (np.int16, "int"),
+        (np.int32, "int"),
+        (np.int64, "int"),
+        (np.uint8, "int"),
+        (np.uint16, "int"),
+        (np.uint32, "int"),
+        (np.uint64, "int"),
+        (np.float16, "half"),
+        (ml_dtypes.bfloat16, "half"),
+        (np.float32, "float"),
+        (np.float64, "float"),
+        (np.complex64, "complex"),
+        (np.complex128, "complex"),
+    ]
+    table = {}
+    for scalar, category in entries:
+        dt = np.dtype(scalar)
+        table[dt] = DtypeInfo(dt, category, dt.name)
+    return table
+
+
+SUPPORTED_DTYPES: dict[np.dtype, DtypeInfo] = _table()
+
+
+def dtype_info(dtype: np.dtype, where: str, arg: str = "array") -> DtypeInfo:
+    """Look a dtype up; raise DtypeError naming the operation and the supported list."""
+    info = SUPPORTED_DTYPES.get(dtype)
+    if info is None:
+        names = ", ".join(d.name for d in SUPPORTED_DTYPES)
+        raise DtypeError(f"{where}: {arg} has dtype {dtype}, expected one of {names}")
+    return info
+
+
+class ReduceOp:
+    """A reduction: ``ReduceOp.SUM``, ``PRODUCT``, ``MIN``, ``MAX``, ``AVG``, ``BAND``,
+    ``BOR``, ``BXOR``, or ``ReduceOp.PREMUL_SUM(factor)`` (each input scaled, then summed)."""
+
+    __slots__ = ("name", "factor")
+    SUM: ReduceOp
+    PRODUCT: ReduceOp
+    MIN: ReduceOp
+    MAX: ReduceOp
+    AVG: ReduceOp
+    BAND: ReduceOp
+    BOR: ReduceOp
+    BXOR: ReduceOp
+
+    def __init__(self, name: str, factor: float | None = None) -> None:
+        self.name = name
+        self.factor = factor
+
+    @staticmethod
+    def PREMUL_SUM(factor: float) -> ReduceOp:  # noqa: N802 - torch's spelling
+        """Scale every rank's input by ``factor``, then sum."""
+        if not isinstance(factor, (int, float, complex, np.number)):
+            raise DtypeError(f"ReduceOp.PREMUL_SUM: factor is {type(factor).__name__}, expected a number")
+        return ReduceOp("PREMUL_SUM", factor)
+
+    def __repr__(self) -> str:
+        return f"ReduceOp.{self.name}" + (f"({self.factor})" if self.factor is not None else "")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ReduceOp) and (self.name, self.factor) == (other.name, other.factor)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.factor))
+
+
+for _name in ("SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR"):
+    setattr(ReduceOp, _name, ReduceOp(_name))
+
+_BY_NAME = {
+    "sum": ReduceOp.SUM,
+    "prod": ReduceOp.PRODUCT,
+    "product": ReduceOp.PRODUCT,
+    "min": ReduceOp.MIN,
+    "max": ReduceOp.MAX,
+    "avg": ReduceOp.AVG,
+    "band": ReduceOp.BAND,
+    "bor": ReduceOp.BOR,
+    "bxor": ReduceOp.BXOR,
+}
+
+# Which dtype categories each op is defined for.
+_ALLOWED: dict[str, frozenset[str]] = {
+    "SUM": frozenset({"bool", "int", "float", "half", "complex"}),
+    "PRODUCT": frozenset({"bool", "int", "float", "half"}),
+    "MIN": frozenset({"bool", "int", "float", "half"}),
+    "MAX": frozenset({"bool", "int", "float", "half"}),
+    "AVG": frozenset({"float", "half", "complex"}),
+    "PREMUL_SUM": frozenset({"float", "half", "complex"}),
+    "BAND": frozenset({"bool", "int"}),
+    "BOR": frozenset({"bool", "int"}),
+    "BXOR": frozenset({"bool", "int"}),
+}
+
+_WHY = {
+    "BAND": "bitwise ops are defined for integers and bool only",
+    "BOR": "bitwise ops are defined for integers and bool only",
+    "BXOR": "bitwise ops are defined for integers and bool only",
+    "PRODUCT": "PRODUCT is not defined for complex numbers here (MIN/MAX/PRODUCT are refused for complex)",
+    "MIN": "complex numbers have no order",
+    "MAX": "complex numbers have no order",
+    "AVG": "AVG is defined for floating and complex types only (integer averages would truncate)",
+    "PREMUL_SUM": "PREMUL_SUM is defined for floating and complex types only",
+}
+
+
+def as_reduce_op(op: object, where: str) -> ReduceOp:
+    """Accept a ReduceOp or its lower-case name; raise DtypeError for anything else."""
+    if isinstance(op, ReduceOp):
+        return op
+    if isinstance(op, str) and op.lower() in _BY_NAME:
+        return _BY_NAME[op.lower()]
+    if op is ReduceOp.PREMUL_SUM:
+        raise DtypeError(f"{where}: op is ReduceOp.PREMUL_SUM without a factor, expected ReduceOp.PREMUL_SUM(factor)")
+    raise DtypeError(f"{where}: op is {op!r}, expected a ReduceOp (SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR, PREMUL_SUM(f))")
+
+
+def check_op(op: ReduceOp, info: DtypeInfo, where: str) -> None:
+    """Raise DtypeError naming the op and the dtype when the op is not defined for it."""
+    if info.category not in _ALLOWED[op.name]:
+        raise DtypeError(f"{where}: op {op.name} is not defined for dtype {info.name}: {_WHY[op.name]}")

@@ -1,0 +1,383 @@
+"""Operation specs: the backend-neutral validation every operation runs before any backend.
+
+Each spec's ``prepare(call)`` checks the resolved buffers against the operation's rules
+(dtype, op, shape, contiguity, counts, root/peer range, split sizes), allocates the output when
+none was given, and stores element counts/displacements in ``call.counts``. Errors name the
+operation, the rank, the argument and expected versus actual.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .buffers import Buffer, empty_like_module, resolve
+from .dtypes import as_reduce_op, check_op, dtype_info
+from .errors import DtypeError, InvalidArgumentError
+from .record import Call
+
+__all__ = ["OpSpec", "SPECS", "P2POp"]
+
+
+class OpSpec:
+    """One operation: its name, kind ("collective", "p2p" or "object") and validator."""
+
+    __slots__ = ("name", "kind", "prepare", "nonblocking")
+
+    def __init__(
+        self, name: str, kind: str, prepare: Callable[[Call], None], nonblocking: bool = True
+    ) -> None:
+        self.name = name
+        self.kind = kind
+        self.prepare = prepare
+        self.nonblocking = nonblocking
+
+    def __repr__(self) -> str:
+        return f"<op {self.name}>"
+
+
+def w(call: Call) -> str:
+    return str(call)
+
+
+def _rows(b: Buffer) -> tuple[int, tuple[int, ...], int]:
+    """Rows along axis 0, the shape of one row, and elements per row (0-d counts as 1 row)."""
+    shape = b.array.shape
+    if not shape:
+        return 1, (), 1
+    rest = shape[1:]
+    return shape[0], rest, math.prod(rest)
+
+
+def _check_array(call: Call, b: Buffer, arg: str = "array"):
+    if not b.contiguous:
+        raise InvalidArgumentError(
+            f"{w(call)}: {arg} is not C-contiguous (shape {tuple(b.array.shape)}, strides "
+            f"{tuple(b.array.strides)}); pass a contiguous copy, e.g. np.ascontiguousarray({arg})"
+        )
+    return dtype_info(b.dtype, w(call), arg)
+
+
+def _check_reduce(call: Call, b: Buffer) -> None:
+    call.info = _check_array(call, b)
+    call.redop = as_reduce_op(call.redop, w(call))
+    check_op(call.redop, call.info, w(call))
+
+
+def _check_root(call: Call, name: str) -> None:
+    n = call.comm.size
+    root = call.peer
+    if not isinstance(root, int) or isinstance(root, bool) or not 0 <= root < n:
+        raise InvalidArgumentError(f"{w(call)}: {name} is {root!r}, expected a rank in 0..{n - 1}")
+
+
+def _check_out(call: Call, shape: tuple[int, ...], template: Buffer) -> None:
+    """Check a user's out= (shape, dtype, device, contiguity) or allocate one."""
+    if call.out is None:
+        call.out = resolve(empty_like_module(template, shape), call, "out")
+        return
+    out = call.out
+    if tuple(out.array.shape) != shape:
+        raise InvalidArgumentError(
+            f"{w(call)}: out has shape {tuple(out.array.shape)}, expected {shape}"
+        )
+    if out.dtype != template.dtype:
+        raise DtypeError(f"{w(call)}: out has dtype {out.dtype}, expected {template.dtype} (the input's)")
+    if out.device != template.device:
+        raise InvalidArgumentError(
+            f"{w(call)}: out is on {_dev(out)}, expected {_dev(template)} (the input's)"
+        )
+    _check_array(call, out, "out")
+
+
+def _dev(b: Buffer) -> str:
+    return "the host" if b.device is None else f"GPU {b.device}"
+
+
+def _check_sizes(call: Call, sizes: Any, arg: str, total: int | None) -> list[int]:
+    n = call.comm.size
+    if not isinstance(sizes, Sequence) or len(sizes) != n:
+        got = len(sizes) if isinstance(sizes, Sequence) else type(sizes).__name__
+        raise InvalidArgumentError(f"{w(call)}: {arg} has {got} entries, expected {n} (one per rank)")
+    out = []
+    for i, s in enumerate(sizes):
+        if not isinstance(s, int) or isinstance(s, bool) or s < 0:
+            raise InvalidArgumentError(f"{w(call)}: {arg}[{i}] is {s!r}, expected an integer >= 0")
+        out.append(s)
+    if total is not None and sum(out) != total:
+        raise InvalidArgumentError(
+            f"{w(call)}: {arg} sums to {sum(out)}, expected {total} (rows of the array)"
+        )
+    return out
+
+
+def _counts(rows: list[int], row_elems: int) -> tuple[list[int], list[int]]:
+    counts = [r * row_elems for r in rows]
+    displs = [0] * len(counts)
+    for i in range(1, len(counts)):
+        displs[i] = displs[i - 1] + counts[i - 1]
+    return counts, displs
+
+
+def _equal_blocks(call: Call, rows: int, arg: str = "array") -> int:
+    n = call.comm.size
+    if rows % n:
+        raise InvalidArgumentError(
+            f"{w(call)}: {arg} has {rows} rows along axis 0, expected a multiple of {n} "
+            f"(one equal block per rank); pass sizes= for uneven blocks"
+        )
+    return rows // n
+
+
+# ---- collectives ----------------------------------------------------------------------
+
+
+def _p_all_reduce(call: Call) -> None:
+    _check_reduce(call, call.buf)
+    call.result = call.buf.array
+
+
+def _p_reduce(call: Call) -> None:
+    _check_root(call, "dst")
+    _p_all_reduce(call)
+
+
+def _p_broadcast(call: Call) -> None:
+    _check_root(call, "src")
+    call.info = _check_array(call, call.buf)
+    call.result = call.buf.array
+
+
+def _p_all_gather(call: Call) -> None:
+    b = call.buf
+    call.info = _check_array(call, b)
+    n = call.comm.size
+    rows, rest, row_elems = _rows(b)
+    sizes = call.payload
+    if sizes is None:
+        out_rows = [rows] * n
+        shape = (n * rows, *rest) if b.array.ndim else (n,)
+    else:
+        out_rows = _check_sizes(call, sizes, "sizes", None)
+        if out_rows[call.comm.rank] != rows:
+            raise InvalidArgumentError(
+                f"{w(call)}: sizes[{call.comm.rank}] is {out_rows[call.comm.rank]}, expected "
+                f"{rows} (this rank's array has {rows} rows)"
+            )
+        shape = (sum(out_rows), *rest)
+    if call.op is GATHER:
+        _check_root(call, "dst")
+        if call.comm.rank != call.peer:
+            call.counts = (None, None)
+            call.out = None
+            call.result = None
+            return
+    _check_out(call, shape, b)
+    call.counts = _counts(out_rows, row_elems)
+    call.result = call.out.array
+
+
+def _p_scatter(call: Call) -> None:
+    _check_root(call, "src")
+    comm = call.comm
+    n = comm.size
+    is_root = comm.rank == call.peer
+    b = call.buf
+    sizes = call.payload
+    if is_root or (b is not None and call.out is None):
+        if b is None:
+            raise InvalidArgumentError(f"{w(call)}: the source rank must pass the full array, got None")
+        call.info = _check_array(call, b)
+        rows, rest, row_elems = _rows(b)
+        blocks = [_equal_blocks(call, rows)] * n if sizes is None else _check_sizes(call, sizes, "sizes", rows)
+        template = b
+    else:
+        if call.out is None:
+            raise InvalidArgumentError(
+                f"{w(call)}: non-source ranks need out= (the block to receive) or the full-size array"
+            )
+        call.info = _check_array(call, call.out, "out")
+        rest, row_elems = tuple(call.out.array.shape[1:]), math.prod(call.out.array.shape[1:])
+        blocks = [call.out.array.shape[0]] * n if sizes is None else _check_sizes(call, sizes, "sizes", None)
+        template = call.out
+    _check_out(call, (blocks[comm.rank], *rest), template)
+    call.counts = _counts(blocks, row_elems)
+    call.result = call.out.array
+
+
+def _p_reduce_scatter(call: Call) -> None:
+    _check_reduce(call, call.buf)
+    b = call.buf
+    rows, rest, row_elems = _rows(b)
+    n = call.comm.size
+    sizes = call.payload
+    blocks = [_equal_blocks(call, rows)] * n if sizes is None else _check_sizes(call, sizes, "sizes", rows)
+    _check_out(call, (blocks[call.comm.rank], *rest), b)
+    call.counts = _counts(blocks, row_elems)
+    call.result = call.out.array
+
+
+def _p_all_to_all(call: Call) -> None:
+    b = call.buf
+    call.info = _check_array(call, b)
+    rows, rest, row_elems = _rows(b)
+    in_splits, out_splits = call.payload or (None, None)
+    n = call.comm.size
+    if in_splits is None:
+        send = [_equal_blocks(call, rows)] * n
+    else:
+        send = _check_sizes(call, in_splits, "input_split_sizes", rows)
+    if out_splits is None:
+        if call.out is not None:
+            recv = [_equal_blocks(call, call.out.array.shape[0] if call.out.array.ndim else 1, "out")] * n
+        elif in_splits is None:
+            recv = send
+        else:
+            raise InvalidArgumentError(
+                f"{w(call)}: output_split_sizes is None with uneven input_split_sizes; pass "
+                f"output_split_sizes (what each rank sends here) or out="
+            )
+    else:
+        recv = _check_sizes(call, out_splits, "output_split_sizes", None)
+    _check_out(call, (sum(recv), *rest), b)
+    call.counts = (_counts(send, row_elems), _counts(recv, row_elems))
+    call.result = call.out.array
+
+
+def _p_barrier(call: Call) -> None:
+    call.result = None
+
+
+# ---- point-to-point ---------------------------------------------------------------------
+
+
+def _check_peer(call: Call, name: str, allow_any: bool) -> None:
+    if call.peer is None and allow_any:
+        return
+    _check_root(call, name)
+
+
+def _check_tag(call: Call) -> None:
+    if call.tag is not None and (not isinstance(call.tag, int) or call.tag < 0):
+        raise InvalidArgumentError(f"{w(call)}: tag is {call.tag!r}, expected an integer >= 0")
+
+
+def _p_send(call: Call) -> None:
+    _check_peer(call, "dst", False)
+    _check_tag(call)
+    call.info = _check_array(call, call.buf)
+    call.result = None
+
+
+def _p_recv(call: Call) -> None:
+    _check_peer(call, "src", True)
+    _check_tag(call)
+    call.info = _check_array(call, call.buf)
+
+
+def _p_sendrecv(call: Call) -> None:
+    dst, src = call.payload
+    for name, peer in (("dst", dst), ("src", src)):
+        call.peer = peer
+        _check_peer(call, name, name == "src")
+    call.peer = dst
+    _check_tag(call)
+    call.info = _check_array(call, call.buf)
+    if call.out is None:
+        call.out = resolve(empty_like_module(call.buf, tuple(call.buf.array.shape)), call, "out")
+    if call.out.dtype != call.buf.dtype:
+        raise DtypeError(f"{w(call)}: out has dtype {call.out.dtype}, expected {call.buf.dtype}")
+    _check_array(call, call.out, "out")
+    call.result = call.out.array
+
+
+class P2POp:
+    """One send or receive of a batch (``Communicator.batch_isend_irecv``).
+
+    Args:
+        op: ``"send"``/``"recv"`` (or ``P2POp.SEND``/``P2POp.RECV``, or a communicator's
+            ``isend``/``irecv`` method, as torch writes it).
+        array: the data (send) or the destination (recv).
+        peer: the other rank.
+        tag: message tag (default 0).
+    """
+
+    SEND = "send"
+    RECV = "recv"
+    __slots__ = ("op", "array", "peer", "tag", "buf")
+
+    def __init__(self, op: Any, array: Any, peer: int, tag: int = 0) -> None:
+        func = getattr(op, "__name__", op)
+        self.op = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv"}.get(func, op)
+        if self.op not in ("send", "recv"):
+            raise InvalidArgumentError(f"P2POp: op is {op!r}, expected 'send' or 'recv' (or isend/irecv)")
+        self.array = array
+        self.peer = peer
+        self.tag = tag
+        self.buf: Buffer | None = None
+
+
+def _p_batch(call: Call) -> None:
+    items = call.payload
+    if not isinstance(items, Sequence) or not all(isinstance(p, P2POp) for p in items):
+        raise InvalidArgumentError(f"{w(call)}: expected a list of P2POp, got {type(items).__name__}")
+    for i, p in enumerate(items):
+        call.peer, call.tag = p.peer, p.tag
+        _check_peer(call, f"ops[{i}].peer", False)
+        _check_tag(call)
+        p.buf = resolve(p.array, call, f"ops[{i}].array")
+        _check_array(call, p.buf, f"ops[{i}].array")
+    call.peer = None
+    call.result = None
+
+
+# ---- Python objects ---------------------------------------------------------------------
+
+
+def _p_rooted_object(call: Call) -> None:
+    _check_root(call, "src" if call.op in (BROADCAST_OBJECT, SCATTER_OBJECT) else "dst")
+    if call.op is SCATTER_OBJECT and call.comm.rank == call.peer:
+        objs = call.payload
+        if not isinstance(objs, Sequence) or len(objs) != call.comm.size:
+            got = len(objs) if isinstance(objs, Sequence) else type(objs).__name__
+            raise InvalidArgumentError(
+                f"{w(call)}: objects has {got} entries, expected {call.comm.size} (one per rank)"
+            )
+
+
+def _p_object(call: Call) -> None:
+    pass
+
+
+def _p_send_object(call: Call) -> None:
+    _check_peer(call, "dst" if call.op is SEND_OBJECT else "src", call.op is RECV_OBJECT)
+    _check_tag(call)
+
+
+ALL_REDUCE = OpSpec("all_reduce", "collective", _p_all_reduce)
+REDUCE = OpSpec("reduce", "collective", _p_reduce)
+BROADCAST = OpSpec("broadcast", "collective", _p_broadcast)
+ALL_GATHER = OpSpec("all_gather", "collective", _p_all_gather)
+GATHER = OpSpec("gather", "collective", _p_all_gather)
+SCATTER = OpSpec("scatter", "collective", _p_scatter)
+REDUCE_SCATTER = OpSpec("reduce_scatter", "collective", _p_reduce_scatter)
+ALL_TO_ALL = OpSpec("all_to_all", "collective", _p_all_to_all)
+BARRIER = OpSpec("barrier", "collective", _p_barrier)
+SEND = OpSpec("send", "p2p", _p_send)
+RECV = OpSpec("recv", "p2p", _p_recv)
+SENDRECV = OpSpec("sendrecv", "p2p", _p_sendrecv)
+BATCH_P2P = OpSpec("batch_isend_irecv", "p2p", _p_batch)
+BROADCAST_OBJECT = OpSpec("broadcast_object", "collective", _p_rooted_object, nonblocking=False)
+ALL_GATHER_OBJECT = OpSpec("all_gather_object", "collective", _p_object, nonblocking=False)
+GATHER_OBJECT = OpSpec("gather_object", "collective", _p_rooted_object, nonblocking=False)
+SCATTER_OBJECT = OpSpec("scatter_object", "collective", _p_rooted_object, nonblocking=False)
+SEND_OBJECT = OpSpec("send_object", "p2p", _p_send_object, nonblocking=False)
+RECV_OBJECT = OpSpec("recv_object", "p2p", _p_send_object, nonblocking=False)
+
+SPECS = (
+    ALL_REDUCE, REDUCE, BROADCAST, ALL_GATHER, GATHER, SCATTER, REDUCE_SCATTER, ALL_TO_ALL,
+    BARRIER, SEND, RECV, SENDRECV, BATCH_P2P, BROADCAST_OBJECT, ALL_GATHER_OBJECT,
+    GATHER_OBJECT, SCATTER_OBJECT, SEND_OBJECT, RECV_OBJECT,
+)  # fmt: skip
+

@@ -1,0 +1,190 @@
+"""``init()``: the one place that initializes MPI, checks launch discovery against it and
+binds the GPU (before CUDA or NCCL are touched)."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import TYPE_CHECKING
+
+from .discovery import LaunchInfo, discover
+from .errors import HpccommError, LaunchMismatchError
+from .gpuselect import choose_gpu, sharing_allowed
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from .comm import Communicator
+
+__all__ = ["init", "world", "is_initialized", "verify_launch"]
+
+_world: Communicator | None = None
+
+
+def _mismatch(what: str, env_value: object, source: str, mpi_value: object, mpi_source: str) -> LaunchMismatchError:
+    return LaunchMismatchError(
+        f"init (rank {{rank}}): broken launch: {what} is {env_value} from {source} but "
+        f"{mpi_value} from {mpi_source}; the process was started by a different launcher than "
+        f"the environment says (e.g. plain python or mpirun inside srun), or the variables are stale"
+    )
+
+
+def verify_launch(info: LaunchInfo, comm: MPI.Intracomm) -> tuple[LaunchInfo, MPI.Intracomm]:
+    """Check ``info`` against ``comm`` (COMM_WORLD) and fill the fields only MPI knows.
+
+    Rank/size are compared with ``comm``; local rank/size with the COMM_TYPE_SHARED split
+    (keyed by the discovered local rank, so the split's rank equals it exactly when the
+    launcher's local ranks number this node's ranks 0..n-1). Node index, node count and the
+    node list come from the node leaders.
+
+    Returns:
+        The completed LaunchInfo and the node (shared-memory) communicator.
+
+    Raises:
+        LaunchMismatchError: naming both values and the variables they came from; raised on
+            every rank whose view disagrees.
+    """
+    from mpi4py import MPI
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    src = info.sources
+    errors = []
+    if info.rank is not None and info.rank != rank:
+        errors.append(_mismatch("rank", info.rank, src.get("rank"), rank, "MPI COMM_WORLD"))
+    if info.size is not None and info.size != size:
+        errors.append(_mismatch("size", info.size, src.get("size"), size, "MPI COMM_WORLD"))
+    key = info.local_rank if info.local_rank is not None else rank
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=key)
+    local_rank, local_size = node.Get_rank(), node.Get_size()
+    split = "the MPI COMM_TYPE_SHARED split"
+    if info.local_size is not None and info.local_size != local_size:
+        errors.append(_mismatch("local size", info.local_size, src.get("local_size"), local_size, split))
+    if info.local_rank is not None and info.local_rank != local_rank:
+        errors.append(_mismatch("local rank", info.local_rank, src.get("local_rank"), local_rank, split))
+    # Every rank learns whether any rank failed, so no rank walks on into a hang.
+    failed = comm.allreduce(1 if errors else 0, op=MPI.SUM)
+    if errors:
+        raise LaunchMismatchError(str(errors[0]).replace("{rank}", f"{rank} of {size}"))
+    if failed:
+        raise LaunchMismatchError(
+            f"init (rank {rank} of {size}): broken launch: {failed} other rank(s) found the "
+            f"environment disagreeing with MPI (see their errors)"
+        )
+
+    first = node.allreduce(rank, op=MPI.MIN)
+    leaders = comm.Split(0 if local_rank == 0 else MPI.UNDEFINED, first)
+    layout = None
+    if local_rank == 0:
+        hosts = leaders.allgather(info.hostname)
+        layout = (leaders.Get_rank(), leaders.Get_size(), tuple(hosts))
+        leaders.Free()
+    node_index, num_nodes, hosts = node.bcast(layout, root=0)
+
+    sources = dict(src)
+    changes: dict[str, object] = {}
+    notes = list(info.warnings)
+    for field, value, how in (
+        ("rank", rank, "MPI COMM_WORLD"),
+        ("size", size, "MPI COMM_WORLD"),
+        ("local_rank", local_rank, split),
+        ("local_size", local_size, split),
+        ("node_index", node_index, "MPI node leaders"),
+        ("num_nodes", num_nodes, "MPI node leaders"),
+        ("nodelist", hosts, "MPI allgather of hostnames"),
+    ):
+        current = getattr(info, field)
+        if current is None:
+            changes[field] = value
+            sources[field] = how
+        elif field in ("node_index", "num_nodes") and current != value:
+            notes.append(f"{field} is {current} from {src.get(field)} but {value} from {how}")
+    return info.replace(**changes, sources=sources, warnings=tuple(notes)), node
+
+
+def _bind_gpu(info: LaunchInfo, want_gpu: bool | None) -> LaunchInfo:
+    """Choose and select this rank's GPU before CUDA is used; CPU-only when none."""
+    if want_gpu is False:
+        return info.replace(gpu=None)
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    visible = info.visible_gpus
+    sources = dict(info.sources)
+    if visible is None:
+        try:
+            import cupy
+        except ImportError:
+            if want_gpu:
+                raise HpccommError("init: gpu=True but CuPy is not installed (pip install 'hpccomm[gpu]')") from None
+            return info
+        try:
+            count = cupy.cuda.runtime.getDeviceCount()
+        except cupy.cuda.runtime.CUDARuntimeError:
+            count = 0
+        visible = tuple(str(i) for i in range(count))
+        sources["visible_gpus"] = "CUDA device count"
+    gpu = choose_gpu(len(visible), info.local_rank, info.local_size, allow_sharing=sharing_allowed(os.environ))
+    if gpu is None:
+        if want_gpu:
+            raise HpccommError(f"init (rank {info.rank} of {info.size}): gpu=True but no GPU is visible")
+        return info.replace(visible_gpus=visible, gpu=None, sources=sources)
+    import cupy
+
+    cupy.cuda.Device(gpu).use()
+    sources["gpu"] = "local rank and visible GPUs"
+    return info.replace(visible_gpus=visible, gpu=gpu, sources=sources)
+
+
+def init(*, timeout: float | None = None, gpu: bool | None = None) -> Communicator:
+    """Initialize MPI (once), verify the launch and return the world Communicator.
+
+    Idempotent: later calls return the same communicator (their arguments must not differ).
+
+    Args:
+        timeout: seconds after which blocking operations raise CommTimeoutError (None: no
+            bound, as in MPI).
+        gpu: True to require a GPU, False to stay CPU-only, None to use one if CuPy and a
+            visible GPU are there.
+
+    Returns:
+        The world Communicator (a duplicate of COMM_WORLD, so hpccomm's traffic never mixes
+        with the application's own COMM_WORLD messages).
+
+    Raises:
+        LaunchMismatchError: the environment's rank/size/local rank disagree with MPI.
+        GpuBindingError: ranks on a node would share a GPU without permission.
+    """
+    global _world
+    if _world is not None and not _world.freed:
+        return _world
+    info = discover()
+    for note in info.warnings:
+        warnings.warn(f"hpccomm: {note}", RuntimeWarning, stacklevel=2)
+    from mpi4py import MPI
+
+    if not MPI.Is_initialized():  # pragma: no cover - mpi4py initializes on import
+        MPI.Init_thread()
+    info, node = verify_launch(info, MPI.COMM_WORLD)
+    info = _bind_gpu(info, gpu)
+    from .comm import Communicator
+
+    _world = Communicator(
+        MPI.COMM_WORLD.Dup(),
+        name="world",
+        timeout=timeout,
+        launch=info,
+        node_comm=node,
+        node_index=info.node_index,
+        num_nodes=info.num_nodes,
+    )
+    return _world
+
+
+def is_initialized() -> bool:
+    """True after :func:`init` (and before the world is freed)."""
+    return _world is not None and not _world.freed
+
+
+def world() -> Communicator:
+    """The world Communicator made by :func:`init`; raises if init has not run."""
+    if _world is None or _world.freed:
+        raise HpccommError("hpccomm.world(): call hpccomm.init() first")
+    return _world

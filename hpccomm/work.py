@@ -1,0 +1,118 @@
+"""Work: the handle an ``async_op=True`` operation returns."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import record
+from .errors import CommTimeoutError, HpccommError
+
+__all__ = ["Work"]
+
+
+class Work:
+    """A pending operation. Backends give it ``test`` (non-blocking completion check),
+    ``block`` (wait until done) and ``post`` (finishing step run once, after completion).
+
+    ``wait()`` returns the operation's result (the output array, the source rank of a
+    receive, or None); a handle whose operation was never waited is reported when it is
+    garbage collected.
+    """
+
+    __slots__ = ("_call", "_test", "_block", "_post", "_done", "_exc", "_result", "__weakref__")
+
+    def __init__(
+        self,
+        call: record.Call,
+        test: Callable[[], bool],
+        block: Callable[[], None],
+        post: Callable[[], Any] | None = None,
+    ) -> None:
+        self._call = call
+        self._test = test
+        self._block = block
+        self._post = post
+        self._done = False
+        self._exc: BaseException | None = None
+        self._result: Any = None
+
+    def _where(self) -> str:
+        c = self._call
+        return f"{c.op.name} #{c.seq} on {c.comm.name} (rank {c.comm.rank} of {c.comm.size})"
+
+    def _finish(self) -> None:
+        self._done = True
+        call = self._call
+        try:
+            if self._post is not None:
+                value = self._post()
+                if value is not None:
+                    call.result = value
+            self._result = call.result
+        except HpccommError as exc:
+            self._exc = exc
+        except Exception as exc:  # the backend's own error, named
+            self._exc = HpccommError(f"{self._where()}: {exc}")
+            self._exc.__cause__ = exc
+        call.error = self._exc
+        if record.listeners:
+            record.notify("end", call)
+
+    def is_completed(self) -> bool:
+        """True when the operation has finished (never blocks)."""
+        if not self._done and self._test():
+            self._finish()
+        return self._done
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until the operation completes; return its result.
+
+        Args:
+            timeout: seconds to wait at most (None: forever).
+
+        Raises:
+            CommTimeoutError: the operation did not complete in time; it stays pending (MPI
+                cannot cancel a started collective), so the job should be aborted.
+            HpccommError: the operation failed.
+        """
+        if not self._done:
+            if timeout is None:
+                self._block()
+            else:
+                deadline = time.monotonic() + timeout
+                pause = 1e-6
+                while not self._test():
+                    if time.monotonic() >= deadline:
+                        raise CommTimeoutError(
+                            f"{self._where()}: not complete after {timeout:g} s; some rank of "
+                            f"the group has not joined it (MPI cannot cancel it: abort the job)"
+                        )
+                    time.sleep(pause)
+                    pause = min(pause * 2, 1e-3)
+            self._finish()
+        if self._exc is not None:
+            raise self._exc
+        return self._result
+
+    def result(self) -> Any:
+        """The operation's result, waiting for it first."""
+        return self.wait()
+
+    def exception(self) -> BaseException | None:
+        """The error the finished operation raised, or None (None too while pending)."""
+        if not self._done:
+            self.is_completed()
+        return self._exc
+
+    def __del__(self) -> None:
+        if not self._done and not getattr(self._call.comm, "_freed", True):
+            import warnings
+
+            warnings.warn(f"{self._where()}: Work handle dropped without wait()", ResourceWarning, stacklevel=1)
+
+    def __repr__(self) -> str:
+        state = "done" if self._done else "pending"
+        return f"<Work {self._where()} {state}>"
+
