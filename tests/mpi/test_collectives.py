@@ -1,0 +1,194 @@
+"""Every collective x every dtype (where meaningful) against a NumPy reference computed
+locally; sync and async; even and uneven splits, zero-length shards included."""
+
+import numpy as np
+import pytest
+from helpers import ALL_DTYPES, assert_close, data, reduce_ref
+
+from hpccomm import ReduceOp
+from hpccomm.dtypes import _ALLOWED, SUPPORTED_DTYPES
+
+OPS = [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG, ReduceOp.BAND,
+       ReduceOp.BOR, ReduceOp.BXOR, ReduceOp.PREMUL_SUM(0.5)]
+PAIRS = [(dt, op) for dt in ALL_DTYPES for op in OPS if SUPPORTED_DTYPES[dt].category in _ALLOWED[op.name]]
+IDS = [f"{dt.name}-{op.name}" for dt, op in PAIRS]
+
+
+def run(fn, async_op, **kw):
+    out = fn(async_op=async_op, **kw)
+    return out.wait(timeout=60) if async_op else out
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize(("dtype", "op"), PAIRS, ids=IDS)
+def test_all_reduce(comm, dtype, op, async_op):
+    n, r = comm.size, comm.rank
+    x = data(dtype, r, (3, 5))
+    got = run(lambda **kw: comm.all_reduce(x, op=op, **kw), async_op)
+    assert got is x
+    assert_close(x, reduce_ref([data(dtype, i, (3, 5)) for i in range(n)], op.name, op.factor), dtype)
+
+
+@pytest.mark.parametrize(("dtype", "op"), PAIRS, ids=IDS)
+def test_reduce(comm, dtype, op):
+    n, r = comm.size, comm.rank
+    root = n // 2
+    x = data(dtype, r, (7,))
+    before = x.copy()
+    comm.reduce(x, dst=root, op=op)
+    if r == root:
+        assert_close(x, reduce_ref([data(dtype, i, (7,)) for i in range(n)], op.name, op.factor), dtype)
+    else:
+        assert np.array_equal(x, before)
+
+
+@pytest.mark.parametrize("uneven", [False, True], ids=["even", "uneven"])
+@pytest.mark.parametrize(("dtype", "op"), PAIRS, ids=IDS)
+def test_reduce_scatter(comm, dtype, op, uneven):
+    n, r = comm.size, comm.rank
+    sizes = [(i * 2) % 3 for i in range(n)] if uneven else [2] * n
+    total = sum(sizes)
+    x = data(dtype, r, (total, 2))
+    out = comm.reduce_scatter(x, op=op, sizes=sizes if uneven else None)
+    ref = reduce_ref([data(dtype, i, (total, 2)) for i in range(n)], op.name, op.factor)
+    start = sum(sizes[:r])
+    assert out.shape == (sizes[r], 2)
+    assert_close(out, ref[start : start + sizes[r]], dtype)
+
+
+def test_reduce_scatter_async_and_out(comm):
+    n, r = comm.size, comm.rank
+    out = np.empty(3)
+    work = comm.reduce_scatter(np.arange(3.0 * n) + r, out=out, async_op=True)
+    assert work.wait(timeout=60) is out
+    assert np.array_equal(out, n * np.arange(3 * r, 3 * r + 3) + n * (n - 1) / 2)
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=[d.name for d in ALL_DTYPES])
+def test_broadcast(comm, dtype, async_op):
+    src = comm.size - 1
+    x = data(dtype, comm.rank, (4, 3))
+    assert run(lambda **kw: comm.broadcast(x, src=src, **kw), async_op) is x
+    assert np.array_equal(x, data(dtype, src, (4, 3)))
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=[d.name for d in ALL_DTYPES])
+def test_all_gather(comm, dtype, async_op):
+    n, r = comm.size, comm.rank
+    got = run(lambda **kw: comm.all_gather(data(dtype, r, (2, 3)), **kw), async_op)
+    assert np.array_equal(got, np.concatenate([data(dtype, i, (2, 3)) for i in range(n)]))
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+def test_all_gather_uneven_with_empty_shards(comm, async_op):
+    n, r = comm.size, comm.rank
+    sizes = [i % 3 for i in range(n)]  # rank 0 gives nothing
+    x = data(np.int32, r, (sizes[r], 2))
+    got = run(lambda **kw: comm.all_gather(x, sizes=sizes, **kw), async_op)
+    assert got.shape == (sum(sizes), 2)
+    assert np.array_equal(got, np.concatenate([data(np.int32, i, (sizes[i], 2)) for i in range(n)]))
+
+
+def test_all_gather_scalar_and_out(comm):
+    n = comm.size
+    out = np.empty(n, dtype=np.int64)
+    assert comm.all_gather(np.array(comm.rank, dtype=np.int64), out=out) is out
+    assert list(out) == list(range(n))
+
+
+@pytest.mark.parametrize("uneven", [False, True], ids=["even", "uneven"])
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=[d.name for d in ALL_DTYPES])
+def test_gather(comm, dtype, uneven):
+    n, r = comm.size, comm.rank
+    sizes = [(i + 1) % 3 for i in range(n)] if uneven else [2] * n
+    got = comm.gather(data(dtype, r, (sizes[r],)), dst=0, sizes=sizes if uneven else None)
+    if r == 0:
+        assert np.array_equal(got, np.concatenate([data(dtype, i, (sizes[i],)) for i in range(n)]))
+    else:
+        assert got is None
+
+
+@pytest.mark.parametrize("uneven", [False, True], ids=["even", "uneven"])
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=[d.name for d in ALL_DTYPES])
+def test_scatter(comm, dtype, uneven):
+    n, r = comm.size, comm.rank
+    src = n - 1
+    sizes = [i % 3 for i in range(n)] if uneven else [2] * n
+    full = data(dtype, 99, (sum(sizes), 2))
+    if r == src:
+        got = comm.scatter(full, src=src, sizes=sizes if uneven else None)
+    else:
+        got = comm.scatter(None, src=src, sizes=sizes if uneven else None, out=np.empty((sizes[r], 2), dtype))
+    start = sum(sizes[:r])
+    assert np.array_equal(got, full[start : start + sizes[r]])
+
+
+def test_scatter_full_array_on_every_rank_async(comm):
+    n, r = comm.size, comm.rank
+    full = np.arange(4.0 * n) if r == 0 else np.zeros(4 * n)
+    got = comm.scatter(full, src=0, async_op=True).wait(timeout=60)
+    assert np.array_equal(got, np.arange(4.0 * r, 4.0 * r + 4))
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=[d.name for d in ALL_DTYPES])
+def test_all_to_all(comm, dtype, async_op):
+    n, r = comm.size, comm.rank
+    inputs = [data(dtype, i, (n * 2, 3)) for i in range(n)]
+    got = run(lambda **kw: comm.all_to_all(inputs[r], **kw), async_op)
+    expect = np.concatenate([inputs[j][2 * r : 2 * r + 2] for j in range(n)])
+    assert np.array_equal(got, expect)
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+def test_all_to_all_single_uneven(comm, async_op):
+    n, r = comm.size, comm.rank
+
+    def splits(i):  # what rank i sends to each rank j; zero-length blocks included
+        return [(i + 2 * j) % 3 for j in range(n)]
+
+    inputs = [data(np.float64, i, (sum(splits(i)), 2)) for i in range(n)]
+    out_splits = [splits(j)[r] for j in range(n)]
+    got = run(
+        lambda **kw: comm.all_to_all_single(inputs[r], input_split_sizes=splits(r), output_split_sizes=out_splits, **kw),
+        async_op,
+    )
+    blocks = []
+    for j in range(n):
+        start = sum(splits(j)[:r])
+        blocks.append(inputs[j][start : start + splits(j)[r]])
+    assert np.array_equal(got, np.concatenate(blocks))
+
+
+def test_all_to_all_single_equal_without_splits(comm):
+    n, r = comm.size, comm.rank
+    got = comm.all_to_all_single(np.arange(n, dtype=np.int64) + 10 * r)
+    assert list(got) == [10 * j + r for j in range(n)]
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+def test_barrier(comm, async_op):
+    assert run(lambda **kw: comm.barrier(**kw), async_op) is None
+
+
+def test_large_all_reduce(comm):
+    x = np.ones(1 << 20, dtype=np.float32)
+    comm.all_reduce(x)
+    assert (x == comm.size).all()
+
+
+def test_premul_sum_leaves_input_of_reduce_unscaled(comm):
+    x = np.full(4, 2.0)
+    comm.reduce(x, dst=0, op=ReduceOp.PREMUL_SUM(0.25))
+    if comm.rank == 0:
+        assert np.allclose(x, 0.5 * comm.size)
+    else:
+        assert np.array_equal(x, np.full(4, 2.0))
+
+
+def test_op_by_name(comm):
+    x = np.array([comm.rank])
+    comm.all_reduce(x, op="max")
+    assert x[0] == comm.size - 1

@@ -1,0 +1,287 @@
+"""Launch discovery from recorded environments: every precedence row and every trap."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hpccomm.discovery import discover
+from hpccomm.errors import GpuBindingError
+from hpccomm.gpuselect import choose_gpu, parse_visible_devices
+
+# What `srun -N2 -n4 --mpi=pmix` gives rank 3 (second node), as observed on the test rig.
+SRUN_STEP = {
+    "SLURM_JOB_ID": "42",
+    "SLURM_PROCID": "3",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "1",
+    "SLURM_NTASKS": "4",
+    "SLURM_STEP_NUM_TASKS": "4",
+    "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_STEP_NODELIST": "node[1-2]",
+    "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+    "SLURM_TASKS_PER_NODE": "2(x2)",
+    "SLURM_JOB_NODELIST": "node[1-2]",
+    "SLURM_JOB_NUM_NODES": "2",
+    "PMIX_RANK": "3",
+}
+
+# The batch shell of `sbatch -N2 -n4`: looks like rank 0 of 4, but it is no step.
+BATCH_SHELL = {
+    "SLURM_JOB_ID": "43",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+    "SLURM_NTASKS": "4",
+    "SLURM_NNODES": "2",
+    "SLURM_TASKS_PER_NODE": "2(x2)",
+    "SLURM_JOB_NODELIST": "node[1-2]",
+    "SLURM_JOB_NUM_NODES": "2",
+}
+
+OMPI = {
+    "OMPI_COMM_WORLD_RANK": "5",
+    "OMPI_COMM_WORLD_SIZE": "8",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+    "OMPI_COMM_WORLD_NODE_RANK": "1",
+    "PMIX_RANK": "5",
+}
+
+
+def d(env, **kw):
+    return discover(env, hostname="h1", **kw)
+
+
+def test_nothing():
+    info = d({})
+    assert info.launcher == "none"
+    assert (info.rank, info.size, info.local_rank, info.local_size) == (None, None, None, None)
+    assert info.gpu is None and info.visible_gpus is None
+    assert "(from MPI after init)" in str(info)
+
+
+def test_torchrun():
+    env = {"TORCHELASTIC_RUN_ID": "abc", "RANK": "9", "WORLD_SIZE": "16", "LOCAL_RANK": "1",
+           "LOCAL_WORLD_SIZE": "8", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2"}
+    info = d(env)
+    assert (info.launcher, info.rank, info.size, info.local_rank, info.local_size) == ("torchrun", 9, 16, 1, 8)
+    assert (info.node_index, info.num_nodes) == (1, 2)
+    assert info.sources["rank"] == "RANK" and info.sources["node_index"] == "GROUP_RANK"
+
+
+def test_torchrun_without_run_id():
+    env = {"GROUP_RANK": "0", "LOCAL_WORLD_SIZE": "2", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}
+    assert d(env).launcher == "torchrun"
+
+
+def test_srun_plus_torchrun_torchrun_wins():
+    # SLURM_PROCID is per node under srun + torchrun: torchrun's variables win.
+    env = {**SRUN_STEP, "SLURM_PROCID": "1", "TORCHELASTIC_RUN_ID": "x", "RANK": "7", "WORLD_SIZE": "8",
+           "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1"}
+    info = d(env)
+    assert (info.launcher, info.rank, info.size, info.local_rank, info.local_size) == ("torchrun", 7, 8, 3, 4)
+    assert info.nodelist is None  # not mixed in from the Slurm row
+    assert info.job_id == "42"
+
+
+def test_openmpi():
+    info = d(OMPI)
+    assert (info.launcher, info.rank, info.size, info.local_rank, info.local_size) == ("openmpi", 5, 8, 1, 4)
+    # OMPI_COMM_WORLD_NODE_RANK is not a node index: left to MPI.
+    assert info.node_index is None and info.nodelist is None
+    assert info.sources["local_rank"] == "OMPI_COMM_WORLD_LOCAL_RANK"
+
+
+def test_mpirun_inside_slurm_allocation():
+    # Processes inherit SLURM_PROCID/SLURM_LOCALID of the batch step; Open MPI's own win.
+    env = {**BATCH_SHELL, **OMPI, "SLURM_STEP_NUM_TASKS": "1"}
+    info = d(env)
+    assert (info.launcher, info.rank, info.size, info.local_rank) == ("openmpi", 5, 8, 1)
+    assert info.job_id == "43"
+    assert not info.warnings
+
+
+def test_mvapich2():
+    env = {"MV2_COMM_WORLD_RANK": "2", "MV2_COMM_WORLD_SIZE": "4", "MV2_COMM_WORLD_LOCAL_RANK": "0",
+           "MV2_COMM_WORLD_LOCAL_SIZE": "2", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "4"}
+    info = d(env)
+    assert (info.launcher, info.rank, info.size, info.local_rank, info.local_size) == ("mvapich2", 2, 4, 0, 2)
+
+
+def test_cray_pals():
+    env = {"PALS_RANKID": "6", "PMI_SIZE": "8", "PALS_LOCAL_RANKID": "2", "PMI_LOCAL_SIZE": "4",
+           "PALS_NODEID": "1", "PMI_RANK": "6"}
+    info = d(env)
+    assert (info.launcher, info.rank, info.size, info.local_rank, info.local_size, info.node_index) == (
+        "pals", 6, 8, 2, 4, 1)
+
+
+def test_cray_pals_local_rank_fallback():
+    env = {"PALS_RANKID": "1", "PMI_SIZE": "2", "PMI_LOCAL_RANK": "1", "PMI_LOCAL_SIZE": "2"}
+    info = d(env)
+    assert info.local_rank == 1 and info.sources["local_rank"] == "PMI_LOCAL_RANK"
+
+
+def test_hydra():
+    env = {"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}
+    info = d(env)
+    assert (info.launcher, info.rank, info.size, info.local_rank, info.local_size) == ("hydra", 3, 4, 1, 2)
+
+
+def test_hydra_pmi_id():
+    env = {"PMI_ID": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}
+    assert d(env).rank == 1
+
+
+def test_srun_step():
+    info = d(SRUN_STEP)
+    assert info.launcher == "slurm"
+    assert (info.rank, info.size, info.local_rank, info.local_size) == (3, 4, 1, 2)
+    assert (info.node_index, info.num_nodes, info.nodelist) == (1, 2, ("node1", "node2"))
+    assert info.sources["size"] == "SLURM_STEP_NUM_TASKS"
+    assert info.sources["local_size"] == "SLURM_STEP_TASKS_PER_NODE[SLURM_NODEID]"
+    assert info.job_id == "42"
+
+
+@pytest.mark.parametrize(("node", "local_size"), [(0, 3), (1, 2), (2, 2), (3, 1)])
+def test_srun_uneven_tasks_per_node(node, local_size):
+    env = {**SRUN_STEP, "SLURM_NODEID": str(node), "SLURM_STEP_TASKS_PER_NODE": "3,2(x2),1",
+           "SLURM_STEP_NUM_TASKS": "8", "SLURM_STEP_NUM_NODES": "4", "SLURM_STEP_NODELIST": "n[1-4]"}
+    info = d(env)
+    assert info.local_size == local_size and info.num_nodes == 4
+
+
+def test_srun_step_nodeid_out_of_range():
+    env = {**SRUN_STEP, "SLURM_NODEID": "5"}
+    with pytest.raises(ValueError, match=r"SLURM_NODEID=5 .* lists only 2 nodes"):
+        d(env)
+
+
+def test_srun_step_size_falls_back_to_ntasks():
+    env = {k: v for k, v in SRUN_STEP.items()}
+    env["SLURM_STEP_NUM_TASKS"] = ""
+    info = d(env)
+    assert info.size == 4 and info.sources["size"] == "SLURM_NTASKS"
+
+
+def test_interactive_srun_pty_is_one_task_step():
+    env = {"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+           "SLURM_STEP_NUM_TASKS": "1", "SLURM_STEP_TASKS_PER_NODE": "1", "SLURM_STEP_NODELIST": "n1",
+           "SLURM_NTASKS": "4"}
+    info = d(env)
+    assert (info.launcher, info.rank, info.size, info.local_size) == ("slurm", 0, 1, 1)
+
+
+def test_batch_shell_is_not_rank_0_of_n():
+    info = d(BATCH_SHELL)
+    assert info.launcher == "slurm-batch"
+    assert (info.rank, info.size, info.local_rank, info.local_size) == (0, 1, 0, 1)
+    assert info.nodelist == ("node1", "node2") and info.num_nodes == 2
+    assert len(info.warnings) == 1
+    assert "launch the ranks with srun" in info.warnings[0]
+    assert "SLURM_NTASKS=4" in info.warnings[0]
+
+
+def test_pmix_only():
+    info = d({"PMIX_RANK": "2"})
+    assert (info.launcher, info.rank, info.size) == ("pmi", 2, None)
+
+
+def test_pmi_rank_only():
+    info = d({"PMI_RANK": "1"})
+    assert (info.launcher, info.rank) == ("pmi", 1)
+
+
+def test_bad_integer_names_variable():
+    with pytest.raises(ValueError, match=r"launch discovery \(openmpi\): OMPI_COMM_WORLD_RANK='x' is not an integer"):
+        d({**OMPI, "OMPI_COMM_WORLD_RANK": "x"})
+
+
+def test_job_array():
+    env = {**SRUN_STEP, "SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "2"}
+    info = d(env)
+    assert info.array_task_id == "2"
+
+
+def test_gpu_per_task_isolation():
+    info = d({**SRUN_STEP, "CUDA_VISIBLE_DEVICES": "0"})
+    assert info.visible_gpus == ("0",) and info.gpu == 0
+
+
+def test_gpu_all_visible_pick_local_rank():
+    info = d({**SRUN_STEP, "CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    assert info.gpu == 1
+
+
+def test_gpu_too_few_is_a_warning_in_discovery():
+    info = d({**OMPI, "CUDA_VISIBLE_DEVICES": "0,1"})
+    assert info.gpu is None
+    assert any("would share GPU 1" in w for w in info.warnings)
+
+
+def test_gpu_sharing_allowed():
+    info = d({**OMPI, "CUDA_VISIBLE_DEVICES": "0,1", "HPCCOMM_ALLOW_GPU_SHARING": "1"})
+    assert info.gpu == 1
+
+
+def test_gpu_hidden_is_cpu_only():
+    info = d({**OMPI, "CUDA_VISIBLE_DEVICES": ""})
+    assert info.visible_gpus == () and info.gpu is None and not info.warnings
+
+
+def test_gpu_count_when_env_unset():
+    info = d(OMPI, gpu_count=4)
+    assert info.gpu == 1 and info.sources["visible_gpus"] == "device count"
+
+
+def test_printable_and_json():
+    info = d(SRUN_STEP)
+    text = str(info)
+    assert "node[1-2]" in text and "[SLURM_PROCID]" in text
+    doc = json.loads(info.to_json())
+    assert doc["rank"] == 3 and doc["nodelist"] == ["node1", "node2"] and doc["sources"]["rank"] == "SLURM_PROCID"
+
+
+def test_frozen():
+    info = d({})
+    with pytest.raises(AttributeError):
+        info.rank = 3
+
+
+@pytest.mark.parametrize(
+    ("value", "parsed"),
+    [(None, None), ("", ()), ("-1", ()), ("NoDevFiles", ()), ("0", ("0",)), ("0,1, 2", ("0", "1", "2")),
+     ("GPU-abc,GPU-def", ("GPU-abc", "GPU-def"))],
+)
+def test_parse_visible_devices(value, parsed):
+    assert parse_visible_devices(value) == parsed
+
+
+@pytest.mark.parametrize(
+    ("visible", "lr", "ls", "gpu"),
+    [(0, 0, 4, None), (1, 3, 4, 0), (4, 3, 4, 3), (8, 2, 4, 2), (4, 0, 1, 0)],
+)
+def test_choose_gpu(visible, lr, ls, gpu):
+    assert choose_gpu(visible, lr, ls) == gpu
+
+
+def test_choose_gpu_too_few_names_ranks_and_fix():
+    with pytest.raises(GpuBindingError) as info:
+        choose_gpu(2, 1, 4)
+    msg = str(info.value)
+    assert "local ranks [1, 3] would share GPU 1" in msg
+    assert "--gpus-per-task=1" in msg and "HPCCOMM_ALLOW_GPU_SHARING=1" in msg
+    assert isinstance(info.value, ValueError)
+
+
+def test_choose_gpu_sharing():
+    assert choose_gpu(2, 3, 4, allow_sharing=True) == 1
+
+
+@pytest.mark.parametrize("module", ["hpccomm.discovery", "hpccomm"])
+def test_import_leaves_mpi_and_cuda_alone(module):
+    code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.startswith(('mpi4py', 'cupy'))))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
