@@ -46,10 +46,17 @@ def _device_buffer(arr: Any) -> Buffer:
     return Buffer(arr, arr.size, arr.dtype, arr.device.id, arr.flags.c_contiguous, cp)
 
 
-def resolve(x: Any, where: str, arg: str = "array") -> Buffer:
-    """Describe ``x`` (NumPy, CuPy, CUDA array interface or DLPack); raise DtypeError otherwise."""
+_new = tuple.__new__  # builds a Buffer without NamedTuple's Python-level __new__ (hot path)
+
+
+def resolve(x: Any, where: object, arg: str = "array") -> Buffer:
+    """Describe ``x`` (NumPy, CuPy, CUDA array interface or DLPack); raise DtypeError otherwise.
+
+    ``where`` is the message prefix (or an object whose ``str()`` gives it, formatted only on
+    error).
+    """
     if type(x) is np.ndarray:
-        return Buffer(x, x.size, x.dtype, None, x.flags.c_contiguous, np)
+        return _new(Buffer, (x, x.size, x.dtype, None, x.flags.c_contiguous, np))
     if isinstance(x, np.ndarray):
         return Buffer(x, x.size, x.dtype, None, x.flags.c_contiguous, np)
     mod = type(x).__module__
@@ -62,12 +69,16 @@ def resolve(x: Any, where: str, arg: str = "array") -> Buffer:
         try:
             kind, _ = x.__dlpack_device__()
         except Exception as exc:
-            raise DtypeError(f"{where}: {arg} ({type(x).__name__}) has __dlpack__ but its __dlpack_device__ failed: {exc}") from exc
+            raise DtypeError(
+                f"{where}: {arg} ({type(x).__name__}) has __dlpack__ but its __dlpack_device__ failed: {exc}"
+            ) from exc
         if kind in (_DLPACK_CPU, _DLPACK_CUDA_HOST):
             return resolve(np.from_dlpack(x), where, arg)
         if kind in (_DLPACK_CUDA, _DLPACK_CUDA_MANAGED):
             return _device_buffer(_cupy().from_dlpack(x))
-        raise DtypeError(f"{where}: {arg} ({type(x).__name__}) lives on DLPack device type {kind}, expected CPU (1) or CUDA (2)")
+        raise DtypeError(
+            f"{where}: {arg} ({type(x).__name__}) lives on DLPack device type {kind}, expected CPU (1) or CUDA (2)"
+        )
     raise DtypeError(
         f"{where}: {arg} is {type(x).__name__}, expected a NumPy or CuPy array "
         f"(or an object with __cuda_array_interface__ or __dlpack__)"

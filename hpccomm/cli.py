@@ -1,7 +1,7 @@
 """The ``hpccomm`` command: a thin layer over library functions.
 
-    hpccomm info [--json] [--no-mpi]     launch table of every rank (rank 0 prints)
-    hpccomm doctor [--json] [--timeout S] launch table + PASS/FAIL per operation
+hpccomm info [--json] [--no-mpi]     launch table of every rank (rank 0 prints)
+hpccomm doctor [--json] [--timeout S] launch table + PASS/FAIL per operation
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
     comm = init()
     infos = gather_launch(comm)
     if infos is not None:
-        print(json.dumps(infos, indent=1, sort_keys=True) if args.json else format_launch_table(infos))
+        print(
+            json.dumps(infos, indent=1, sort_keys=True) if args.json else format_launch_table(infos)
+        )
     return 0
 
 
@@ -53,11 +55,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("info", help="print every rank's place in the job (rank 0 prints)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--no-mpi", action="store_true", help="only this process's discovery, without starting MPI")
+    p.add_argument(
+        "--no-mpi", action="store_true", help="only this process's discovery, without starting MPI"
+    )
     p.set_defaults(func=_cmd_info)
     p = sub.add_parser("doctor", help="launch table plus a correctness check of every operation")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds per operation before it counts as hung (default 60)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds per operation before it counts as hung (default 60)",
+    )
     p.set_defaults(func=_cmd_doctor)
     return parser
 

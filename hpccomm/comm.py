@@ -131,7 +131,9 @@ class Communicator:
     @timeout.setter
     def timeout(self, value: float | None) -> None:
         if value is not None and not value > 0:
-            raise InvalidArgumentError(f"timeout (rank {self._rank} of {self._size}): {value!r}, expected seconds > 0 or None")
+            raise InvalidArgumentError(
+                f"timeout (rank {self._rank} of {self._size}): {value!r}, expected seconds > 0 or None"
+            )
         self._timeout = value
 
     @property
@@ -168,7 +170,9 @@ class Communicator:
 
     def _check_open(self, opname: str) -> None:
         if self._freed:
-            raise ClosedError(f"{where(opname, self._rank, self._size)}: communicator {self.name} already freed")
+            raise ClosedError(
+                f"{where(opname, self._rank, self._size)}: communicator {self.name} already freed"
+            )
 
     def _dispatch(
         self,
@@ -184,7 +188,7 @@ class Communicator:
     ) -> Any:
         if self._freed:
             self._check_open(op.name)
-        if op.kind == "p2p":
+        if op.p2p:
             self._p2p_seq += 1
             seq = self._p2p_seq
         else:
@@ -223,7 +227,9 @@ class Communicator:
 
     # -- collectives -------------------------------------------------------------------
 
-    def all_reduce(self, array: Any, *, op: ReduceOp = _SUM, async_op: bool = False, stream: Any = None) -> Any:
+    def all_reduce(
+        self, array: Any, *, op: ReduceOp = _SUM, async_op: bool = False, stream: Any = None
+    ) -> Any:
         """Reduce ``array`` over all ranks, in place; every rank gets the result.
 
         All ranks of the group must call this, in the same order, with arrays of the same
@@ -245,7 +251,15 @@ class Communicator:
         """
         return self._dispatch(ALL_REDUCE, array, None, None, None, op, async_op, None, stream)
 
-    def reduce(self, array: Any, *, dst: int = 0, op: ReduceOp = _SUM, async_op: bool = False, stream: Any = None) -> Any:
+    def reduce(
+        self,
+        array: Any,
+        *,
+        dst: int = 0,
+        op: ReduceOp = _SUM,
+        async_op: bool = False,
+        stream: Any = None,
+    ) -> Any:
         """Reduce ``array`` over all ranks into ``dst``'s array, in place.
 
         All ranks of the group must call this, in the same order. Non-destination ranks keep
@@ -256,7 +270,9 @@ class Communicator:
         """
         return self._dispatch(REDUCE, array, None, dst, None, op, async_op, None, stream)
 
-    def broadcast(self, array: Any, *, src: int = 0, async_op: bool = False, stream: Any = None) -> Any:
+    def broadcast(
+        self, array: Any, *, src: int = 0, async_op: bool = False, stream: Any = None
+    ) -> Any:
         """Copy ``src``'s array into every rank's ``array``, in place.
 
         All ranks of the group must call this, in the same order, with arrays of the same
@@ -268,7 +284,13 @@ class Communicator:
         return self._dispatch(BROADCAST, array, None, src, None, None, async_op, None, stream)
 
     def all_gather(
-        self, array: Any, *, sizes: Sequence[int] | None = None, out: Any = None, async_op: bool = False, stream: Any = None
+        self,
+        array: Any,
+        *,
+        sizes: Sequence[int] | None = None,
+        out: Any = None,
+        async_op: bool = False,
+        stream: Any = None,
     ) -> Any:
         """Concatenate every rank's ``array`` along axis 0, in rank order, on every rank.
 
@@ -284,7 +306,14 @@ class Communicator:
         return self._dispatch(ALL_GATHER, array, out, None, None, None, async_op, sizes, stream)
 
     def gather(
-        self, array: Any, *, dst: int = 0, sizes: Sequence[int] | None = None, out: Any = None, async_op: bool = False, stream: Any = None
+        self,
+        array: Any,
+        *,
+        dst: int = 0,
+        sizes: Sequence[int] | None = None,
+        out: Any = None,
+        async_op: bool = False,
+        stream: Any = None,
     ) -> Any:
         """Like :meth:`all_gather`, but only ``dst`` receives; other ranks get None.
 
@@ -293,7 +322,14 @@ class Communicator:
         return self._dispatch(GATHER, array, out, dst, None, None, async_op, sizes, stream)
 
     def scatter(
-        self, array: Any = None, *, src: int = 0, sizes: Sequence[int] | None = None, out: Any = None, async_op: bool = False, stream: Any = None
+        self,
+        array: Any = None,
+        *,
+        src: int = 0,
+        sizes: Sequence[int] | None = None,
+        out: Any = None,
+        async_op: bool = False,
+        stream: Any = None,
     ) -> Any:
         """Split ``src``'s array along axis 0 and give block i to rank i.
 
@@ -308,7 +344,14 @@ class Communicator:
         return self._dispatch(SCATTER, array, out, src, None, None, async_op, sizes, stream)
 
     def reduce_scatter(
-        self, array: Any, *, op: ReduceOp = _SUM, sizes: Sequence[int] | None = None, out: Any = None, async_op: bool = False, stream: Any = None
+        self,
+        array: Any,
+        *,
+        op: ReduceOp = _SUM,
+        sizes: Sequence[int] | None = None,
+        out: Any = None,
+        async_op: bool = False,
+        stream: Any = None,
     ) -> Any:
         """Reduce the full ``array`` over ranks; rank i gets reduced block i (axis 0).
 
@@ -320,7 +363,9 @@ class Communicator:
         """
         return self._dispatch(REDUCE_SCATTER, array, out, None, None, op, async_op, sizes, stream)
 
-    def all_to_all(self, array: Any, *, out: Any = None, async_op: bool = False, stream: Any = None) -> Any:
+    def all_to_all(
+        self, array: Any, *, out: Any = None, async_op: bool = False, stream: Any = None
+    ) -> Any:
         """Rank i's block j (axis 0, equal blocks) goes to rank j's block i.
 
         All ranks of the group must call this, in the same order.
@@ -343,7 +388,11 @@ class Communicator:
         rows go to rank j; ``output_split_sizes[j]`` rows arrive from rank j (they must match
         what rank j sends here: a mismatch is only visible across ranks).
         """
-        splits = None if input_split_sizes is None and output_split_sizes is None else (input_split_sizes, output_split_sizes)
+        splits = (
+            None
+            if input_split_sizes is None and output_split_sizes is None
+            else (input_split_sizes, output_split_sizes)
+        )
         return self._dispatch(ALL_TO_ALL, array, out, None, None, None, async_op, splits, stream)
 
     def barrier(self, *, async_op: bool = False) -> Any:
@@ -355,11 +404,21 @@ class Communicator:
 
     # -- point-to-point -----------------------------------------------------------------
 
-    def send(self, array: Any, dst: int, *, tag: int = 0, async_op: bool = False, stream: Any = None) -> Any:
+    def send(
+        self, array: Any, dst: int, *, tag: int = 0, async_op: bool = False, stream: Any = None
+    ) -> Any:
         """Send ``array`` to rank ``dst`` (blocks until the buffer may be reused)."""
         return self._dispatch(SEND, array, None, dst, tag, None, async_op, None, stream)
 
-    def recv(self, array: Any, src: int | None = None, *, tag: int | None = 0, async_op: bool = False, stream: Any = None) -> Any:
+    def recv(
+        self,
+        array: Any,
+        src: int | None = None,
+        *,
+        tag: int | None = 0,
+        async_op: bool = False,
+        stream: Any = None,
+    ) -> Any:
         """Receive into ``array`` from ``src`` (None: any source; ``tag=None``: any tag).
 
         Returns:
@@ -371,12 +430,22 @@ class Communicator:
         """Start a send; returns a Work. Keep ``array`` unchanged until it completes."""
         return self._dispatch(SEND, array, None, dst, tag, None, True, None, stream)
 
-    def irecv(self, array: Any, src: int | None = None, *, tag: int | None = 0, stream: Any = None) -> Work:
+    def irecv(
+        self, array: Any, src: int | None = None, *, tag: int | None = 0, stream: Any = None
+    ) -> Work:
         """Start a receive; returns a Work whose ``wait()`` returns the source rank."""
         return self._dispatch(RECV, array, None, src, tag, None, True, None, stream)
 
     def sendrecv(
-        self, array: Any, *, dst: int, src: int | None, out: Any = None, tag: int = 0, async_op: bool = False, stream: Any = None
+        self,
+        array: Any,
+        *,
+        dst: int,
+        src: int | None,
+        out: Any = None,
+        tag: int = 0,
+        async_op: bool = False,
+        stream: Any = None,
     ) -> Any:
         """Send ``array`` to ``dst`` and receive ``out`` (allocated like ``array`` if None)
         from ``src`` at once, without deadlock.
@@ -453,7 +522,9 @@ class Communicator:
         from mpi4py import MPI
 
         if color is not None and (not isinstance(color, int) or color < 0):
-            raise InvalidArgumentError(f"split (rank {self._rank} of {self._size}): color is {color!r}, expected an integer >= 0 or None")
+            raise InvalidArgumentError(
+                f"split (rank {self._rank} of {self._size}): color is {color!r}, expected an integer >= 0 or None"
+            )
         mpi_color = MPI.UNDEFINED if color is None else color
         new = self._mpi.Split(mpi_color, self._rank if key is None else key)
         return self._adopt(new, f"{self.name}/split({color})")
@@ -506,7 +577,9 @@ class Communicator:
 
         r = self._rank if group_rank is None else group_rank
         if not 0 <= r < self._size:
-            raise InvalidArgumentError(f"world_rank (rank {self._rank} of {self._size}): group rank {r} is not in 0..{self._size - 1}")
+            raise InvalidArgumentError(
+                f"world_rank (rank {self._rank} of {self._size}): group rank {r} is not in 0..{self._size - 1}"
+            )
         return self.translate([r], world())[0]
 
     def group_rank(self, world_rank: int) -> int | None:

@@ -14,7 +14,14 @@ from .comm import Communicator
 from .dtypes import ReduceOp
 from .ops import P2POp
 
-__all__ = ["gather_launch", "format_launch_table", "CheckResult", "run_checks", "format_checks", "CHECKS"]
+__all__ = [
+    "gather_launch",
+    "format_launch_table",
+    "CheckResult",
+    "run_checks",
+    "format_checks",
+    "CHECKS",
+]
 
 
 def gather_launch(comm: Communicator) -> list[dict] | None:
@@ -46,7 +53,7 @@ def format_launch_table(infos: list[dict]) -> str:
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
-    lines = ["  ".join(cell.ljust(wd) for cell, wd in zip(row, widths)).rstrip() for row in rows]
+    lines = ["  ".join(cell.ljust(wd) for cell, wd in zip(row, widths, strict=True)).rstrip() for row in rows]
     notes = sorted({w for d in infos for w in d.get("warnings", ())})
     lines.extend(f"warning: {w}" for w in notes)
     return "\n".join(lines)
@@ -216,13 +223,17 @@ def run_checks(comm: Communicator, *, timeout: float = 60.0) -> list[CheckResult
 
 
 def format_checks(results: list[CheckResult], size: int) -> str:
-    lines = [f"{'PASS' if r.ok else 'FAIL'}  {r.name}" + (f"  ({r.detail})" if r.detail else "") for r in results]
+    lines = [
+        f"{'PASS' if r.ok else 'FAIL'}  {r.name}" + (f"  ({r.detail})" if r.detail else "")
+        for r in results
+    ]
     failed = sum(not r.ok for r in results)
-    lines.append(f"doctor: {len(results) - failed} of {len(results)} operations passed on {size} ranks")
+    lines.append(
+        f"doctor: {len(results) - failed} of {len(results)} operations passed on {size} ranks"
+    )
     return "\n".join(lines)
 
 
 def launch_table(comm: Communicator) -> str | None:
     infos = gather_launch(comm)
     return None if infos is None else format_launch_table(infos)
-

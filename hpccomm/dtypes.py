@@ -56,8 +56,12 @@ def _table() -> dict[np.dtype, DtypeInfo]:
 SUPPORTED_DTYPES: dict[np.dtype, DtypeInfo] = _table()
 
 
-def dtype_info(dtype: np.dtype, where: str, arg: str = "array") -> DtypeInfo:
-    """Look a dtype up; raise DtypeError naming the operation and the supported list."""
+def dtype_info(dtype: np.dtype, where: object, arg: str = "array") -> DtypeInfo:
+    """Look a dtype up; raise DtypeError naming the operation and the supported list.
+
+    ``where`` is the message prefix, or an object whose ``str()`` gives it (formatted only
+    when an error is raised).
+    """
     info = SUPPORTED_DTYPES.get(dtype)
     if info is None:
         names = ", ".join(d.name for d in SUPPORTED_DTYPES)
@@ -87,14 +91,19 @@ class ReduceOp:
     def PREMUL_SUM(factor: float) -> ReduceOp:  # noqa: N802 - torch's spelling
         """Scale every rank's input by ``factor``, then sum."""
         if not isinstance(factor, (int, float, complex, np.number)):
-            raise DtypeError(f"ReduceOp.PREMUL_SUM: factor is {type(factor).__name__}, expected a number")
+            raise DtypeError(
+                f"ReduceOp.PREMUL_SUM: factor is {type(factor).__name__}, expected a number"
+            )
         return ReduceOp("PREMUL_SUM", factor)
 
     def __repr__(self) -> str:
         return f"ReduceOp.{self.name}" + (f"({self.factor})" if self.factor is not None else "")
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ReduceOp) and (self.name, self.factor) == (other.name, other.factor)
+        return isinstance(other, ReduceOp) and (self.name, self.factor) == (
+            other.name,
+            other.factor,
+        )
 
     def __hash__(self) -> int:
         return hash((self.name, self.factor))
@@ -116,7 +125,7 @@ _BY_NAME = {
 }
 
 # Which dtype categories each op is defined for.
-_ALLOWED: dict[str, frozenset[str]] = {
+ALLOWED_CATEGORIES: dict[str, frozenset[str]] = {
     "SUM": frozenset({"bool", "int", "float", "half", "complex"}),
     "PRODUCT": frozenset({"bool", "int", "float", "half"}),
     "MIN": frozenset({"bool", "int", "float", "half"}),
@@ -140,18 +149,24 @@ _WHY = {
 }
 
 
-def as_reduce_op(op: object, where: str) -> ReduceOp:
+def as_reduce_op(op: object, where: object) -> ReduceOp:
     """Accept a ReduceOp or its lower-case name; raise DtypeError for anything else."""
     if isinstance(op, ReduceOp):
         return op
     if isinstance(op, str) and op.lower() in _BY_NAME:
         return _BY_NAME[op.lower()]
     if op is ReduceOp.PREMUL_SUM:
-        raise DtypeError(f"{where}: op is ReduceOp.PREMUL_SUM without a factor, expected ReduceOp.PREMUL_SUM(factor)")
-    raise DtypeError(f"{where}: op is {op!r}, expected a ReduceOp (SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR, PREMUL_SUM(f))")
+        raise DtypeError(
+            f"{where}: op is ReduceOp.PREMUL_SUM without a factor, expected ReduceOp.PREMUL_SUM(factor)"
+        )
+    raise DtypeError(
+        f"{where}: op is {op!r}, expected a ReduceOp (SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR, PREMUL_SUM(f))"
+    )
 
 
-def check_op(op: ReduceOp, info: DtypeInfo, where: str) -> None:
+def check_op(op: ReduceOp, info: DtypeInfo, where: object) -> None:
     """Raise DtypeError naming the op and the dtype when the op is not defined for it."""
-    if info.category not in _ALLOWED[op.name]:
-        raise DtypeError(f"{where}: op {op.name} is not defined for dtype {info.name}: {_WHY[op.name]}")
+    if info.category not in ALLOWED_CATEGORIES[op.name]:
+        raise DtypeError(
+            f"{where}: op {op.name} is not defined for dtype {info.name}: {_WHY[op.name]}"
+        )

@@ -13,7 +13,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .buffers import Buffer, empty_like_module, resolve
-from .dtypes import as_reduce_op, check_op, dtype_info
+from .dtypes import (
+    ALLOWED_CATEGORIES,
+    SUPPORTED_DTYPES,
+    ReduceOp,
+    as_reduce_op,
+    check_op,
+    dtype_info,
+)
 from .errors import DtypeError, InvalidArgumentError
 from .record import Call
 
@@ -23,7 +30,7 @@ __all__ = ["OpSpec", "SPECS", "P2POp"]
 class OpSpec:
     """One operation: its name, kind ("collective", "p2p" or "object") and validator."""
 
-    __slots__ = ("name", "kind", "prepare", "nonblocking")
+    __slots__ = ("name", "kind", "prepare", "nonblocking", "p2p")
 
     def __init__(
         self, name: str, kind: str, prepare: Callable[[Call], None], nonblocking: bool = True
@@ -32,6 +39,7 @@ class OpSpec:
         self.kind = kind
         self.prepare = prepare
         self.nonblocking = nonblocking
+        self.p2p = kind == "p2p"
 
     def __repr__(self) -> str:
         return f"<op {self.name}>"
@@ -51,24 +59,30 @@ def _rows(b: Buffer) -> tuple[int, tuple[int, ...], int]:
 
 
 def _check_array(call: Call, b: Buffer, arg: str = "array"):
+    info = SUPPORTED_DTYPES.get(b.dtype)
+    if info is not None and b.contiguous:
+        return info
     if not b.contiguous:
         raise InvalidArgumentError(
             f"{w(call)}: {arg} is not C-contiguous (shape {tuple(b.array.shape)}, strides "
             f"{tuple(b.array.strides)}); pass a contiguous copy, e.g. np.ascontiguousarray({arg})"
         )
-    return dtype_info(b.dtype, w(call), arg)
+    return dtype_info(b.dtype, call, arg)
 
 
 def _check_reduce(call: Call, b: Buffer) -> None:
-    call.info = _check_array(call, b)
-    call.redop = as_reduce_op(call.redop, w(call))
-    check_op(call.redop, call.info, w(call))
+    info = call.info = _check_array(call, b)
+    redop = call.redop
+    if type(redop) is not ReduceOp:
+        redop = call.redop = as_reduce_op(redop, call)
+    if info.category not in ALLOWED_CATEGORIES[redop.name]:
+        check_op(redop, info, call)
 
 
 def _check_root(call: Call, name: str) -> None:
     n = call.comm.size
     root = call.peer
-    if not isinstance(root, int) or isinstance(root, bool) or not 0 <= root < n:
+    if type(root) is not int or not 0 <= root < n:
         raise InvalidArgumentError(f"{w(call)}: {name} is {root!r}, expected a rank in 0..{n - 1}")
 
 
@@ -83,7 +97,9 @@ def _check_out(call: Call, shape: tuple[int, ...], template: Buffer) -> None:
             f"{w(call)}: out has shape {tuple(out.array.shape)}, expected {shape}"
         )
     if out.dtype != template.dtype:
-        raise DtypeError(f"{w(call)}: out has dtype {out.dtype}, expected {template.dtype} (the input's)")
+        raise DtypeError(
+            f"{w(call)}: out has dtype {out.dtype}, expected {template.dtype} (the input's)"
+        )
     if out.device != template.device:
         raise InvalidArgumentError(
             f"{w(call)}: out is on {_dev(out)}, expected {_dev(template)} (the input's)"
@@ -99,7 +115,9 @@ def _check_sizes(call: Call, sizes: Any, arg: str, total: int | None) -> list[in
     n = call.comm.size
     if not isinstance(sizes, Sequence) or len(sizes) != n:
         got = len(sizes) if isinstance(sizes, Sequence) else type(sizes).__name__
-        raise InvalidArgumentError(f"{w(call)}: {arg} has {got} entries, expected {n} (one per rank)")
+        raise InvalidArgumentError(
+            f"{w(call)}: {arg} has {got} entries, expected {n} (one per rank)"
+        )
     out = []
     for i, s in enumerate(sizes):
         if not isinstance(s, int) or isinstance(s, bool) or s < 0:
@@ -187,10 +205,16 @@ def _p_scatter(call: Call) -> None:
     sizes = call.payload
     if is_root or (b is not None and call.out is None):
         if b is None:
-            raise InvalidArgumentError(f"{w(call)}: the source rank must pass the full array, got None")
+            raise InvalidArgumentError(
+                f"{w(call)}: the source rank must pass the full array, got None"
+            )
         call.info = _check_array(call, b)
         rows, rest, row_elems = _rows(b)
-        blocks = [_equal_blocks(call, rows)] * n if sizes is None else _check_sizes(call, sizes, "sizes", rows)
+        blocks = (
+            [_equal_blocks(call, rows)] * n
+            if sizes is None
+            else _check_sizes(call, sizes, "sizes", rows)
+        )
         template = b
     else:
         if call.out is None:
@@ -199,7 +223,11 @@ def _p_scatter(call: Call) -> None:
             )
         call.info = _check_array(call, call.out, "out")
         rest, row_elems = tuple(call.out.array.shape[1:]), math.prod(call.out.array.shape[1:])
-        blocks = [call.out.array.shape[0]] * n if sizes is None else _check_sizes(call, sizes, "sizes", None)
+        blocks = (
+            [call.out.array.shape[0]] * n
+            if sizes is None
+            else _check_sizes(call, sizes, "sizes", None)
+        )
         template = call.out
     _check_out(call, (blocks[comm.rank], *rest), template)
     call.counts = _counts(blocks, row_elems)
@@ -212,7 +240,11 @@ def _p_reduce_scatter(call: Call) -> None:
     rows, rest, row_elems = _rows(b)
     n = call.comm.size
     sizes = call.payload
-    blocks = [_equal_blocks(call, rows)] * n if sizes is None else _check_sizes(call, sizes, "sizes", rows)
+    blocks = (
+        [_equal_blocks(call, rows)] * n
+        if sizes is None
+        else _check_sizes(call, sizes, "sizes", rows)
+    )
     _check_out(call, (blocks[call.comm.rank], *rest), b)
     call.counts = _counts(blocks, row_elems)
     call.result = call.out.array
@@ -230,7 +262,9 @@ def _p_all_to_all(call: Call) -> None:
         send = _check_sizes(call, in_splits, "input_split_sizes", rows)
     if out_splits is None:
         if call.out is not None:
-            recv = [_equal_blocks(call, call.out.array.shape[0] if call.out.array.ndim else 1, "out")] * n
+            recv = [
+                _equal_blocks(call, call.out.array.shape[0] if call.out.array.ndim else 1, "out")
+            ] * n
         elif in_splits is None:
             recv = send
         else:
@@ -311,7 +345,9 @@ class P2POp:
         func = getattr(op, "__name__", op)
         self.op = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv"}.get(func, op)
         if self.op not in ("send", "recv"):
-            raise InvalidArgumentError(f"P2POp: op is {op!r}, expected 'send' or 'recv' (or isend/irecv)")
+            raise InvalidArgumentError(
+                f"P2POp: op is {op!r}, expected 'send' or 'recv' (or isend/irecv)"
+            )
         self.array = array
         self.peer = peer
         self.tag = tag
@@ -321,7 +357,9 @@ class P2POp:
 def _p_batch(call: Call) -> None:
     items = call.payload
     if not isinstance(items, Sequence) or not all(isinstance(p, P2POp) for p in items):
-        raise InvalidArgumentError(f"{w(call)}: expected a list of P2POp, got {type(items).__name__}")
+        raise InvalidArgumentError(
+            f"{w(call)}: expected a list of P2POp, got {type(items).__name__}"
+        )
     for i, p in enumerate(items):
         call.peer, call.tag = p.peer, p.tag
         _check_peer(call, f"ops[{i}].peer", False)
@@ -380,4 +418,3 @@ SPECS = (
     BARRIER, SEND, RECV, SENDRECV, BATCH_P2P, BROADCAST_OBJECT, ALL_GATHER_OBJECT,
     GATHER_OBJECT, SCATTER_OBJECT, SEND_OBJECT, RECV_OBJECT,
 )  # fmt: skip
-

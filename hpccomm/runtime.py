@@ -21,7 +21,9 @@ __all__ = ["init", "world", "is_initialized", "verify_launch"]
 _world: Communicator | None = None
 
 
-def _mismatch(what: str, env_value: object, source: str, mpi_value: object, mpi_source: str) -> LaunchMismatchError:
+def _mismatch(
+    what: str, env_value: object, source: str, mpi_value: object, mpi_source: str
+) -> LaunchMismatchError:
     return LaunchMismatchError(
         f"init (rank {{rank}}): broken launch: {what} is {env_value} from {source} but "
         f"{mpi_value} from {mpi_source}; the process was started by a different launcher than "
@@ -58,9 +60,13 @@ def verify_launch(info: LaunchInfo, comm: MPI.Intracomm) -> tuple[LaunchInfo, MP
     local_rank, local_size = node.Get_rank(), node.Get_size()
     split = "the MPI COMM_TYPE_SHARED split"
     if info.local_size is not None and info.local_size != local_size:
-        errors.append(_mismatch("local size", info.local_size, src.get("local_size"), local_size, split))
+        errors.append(
+            _mismatch("local size", info.local_size, src.get("local_size"), local_size, split)
+        )
     if info.local_rank is not None and info.local_rank != local_rank:
-        errors.append(_mismatch("local rank", info.local_rank, src.get("local_rank"), local_rank, split))
+        errors.append(
+            _mismatch("local rank", info.local_rank, src.get("local_rank"), local_rank, split)
+        )
     # Every rank learns whether any rank failed, so no rank walks on into a hang.
     failed = comm.allreduce(1 if errors else 0, op=MPI.SUM)
     if errors:
@@ -113,7 +119,9 @@ def _bind_gpu(info: LaunchInfo, want_gpu: bool | None) -> LaunchInfo:
             import cupy
         except ImportError:
             if want_gpu:
-                raise HpccommError("init: gpu=True but CuPy is not installed (pip install 'hpccomm[gpu]')") from None
+                raise HpccommError(
+                    "init: gpu=True but CuPy is not installed (pip install 'hpccomm[gpu]')"
+                ) from None
             return info
         try:
             count = cupy.cuda.runtime.getDeviceCount()
@@ -121,10 +129,14 @@ def _bind_gpu(info: LaunchInfo, want_gpu: bool | None) -> LaunchInfo:
             count = 0
         visible = tuple(str(i) for i in range(count))
         sources["visible_gpus"] = "CUDA device count"
-    gpu = choose_gpu(len(visible), info.local_rank, info.local_size, allow_sharing=sharing_allowed(os.environ))
+    gpu = choose_gpu(
+        len(visible), info.local_rank, info.local_size, allow_sharing=sharing_allowed(os.environ)
+    )
     if gpu is None:
         if want_gpu:
-            raise HpccommError(f"init (rank {info.rank} of {info.size}): gpu=True but no GPU is visible")
+            raise HpccommError(
+                f"init (rank {info.rank} of {info.size}): gpu=True but no GPU is visible"
+            )
         return info.replace(visible_gpus=visible, gpu=None, sources=sources)
     import cupy
 

@@ -110,9 +110,12 @@ class Work:
         if not self._done and not getattr(self._call.comm, "_freed", True):
             import warnings
 
-            warnings.warn(f"{self._where()}: Work handle dropped without wait()", ResourceWarning, stacklevel=1)
+            warnings.warn(
+                f"{self._where()}: Work handle dropped without wait()",
+                ResourceWarning,
+                stacklevel=1,
+            )
 
     def __repr__(self) -> str:
         state = "done" if self._done else "pending"
         return f"<Work {self._where()} {state}>"
-

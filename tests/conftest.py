@@ -7,7 +7,11 @@ import os
 
 def pytest_report_header(config):
     lines = []
-    if "mpi4py" in __import__("sys").modules or os.environ.get("OMPI_COMM_WORLD_SIZE") or config.getoption("with_mpi", False):
+    if (
+        "mpi4py" in __import__("sys").modules
+        or os.environ.get("OMPI_COMM_WORLD_SIZE")
+        or config.getoption("with_mpi", False)
+    ):
         from mpi4py import MPI
 
         lines.append(f"MPI: {MPI.Get_library_version().splitlines()[0].strip()}")

@@ -93,14 +93,19 @@ def _half_op(dtype: np.dtype, name: str) -> MPI.Op:
     return op
 
 
+# (op name, dtype category) -> MPI op, for every pair with a builtin MPI op.
+_OPS: dict[tuple[str, str], MPI.Op] = {
+    **{(name, cat): op for name, op in _BUILTIN_OPS.items() for cat in ("int", "float", "complex")},
+    **{(name, "bool"): op for name, op in _BOOL_OPS.items()},
+}
+# Ops that need work around the MPI call: PREMUL_SUM scales a copy first, AVG divides after.
+_SCALED = frozenset({"AVG", "PREMUL_SUM"})
+
+
 def _mpi_op(call: Call) -> MPI.Op:
     name = call.redop.name
-    category = call.info.category
-    if category == "bool":
-        return _BOOL_OPS[name]
-    if category == "half":
-        return _half_op(call.info.dtype, name)
-    return _BUILTIN_OPS[name]
+    op = _OPS.get((name, call.info.category))
+    return op if op is not None else _half_op(call.info.dtype, name)
 
 
 class MPIBackend:
@@ -148,15 +153,17 @@ class MPIBackend:
 
     @staticmethod
     def _go(call: Call, blocking, nonblocking, args: tuple, post=None) -> Any:
-        """Run the blocking form, or start the non-blocking one and return a Work."""
+        """Run the blocking form, or start the non-blocking one and return a Work.
+
+        The sync path is the hot one: callers pass the bound methods and one args tuple,
+        and nothing else is built for it.
+        """
         if call.async_op:
             req = nonblocking(*args)
             return Work(call, req.Test, req.Wait, post)
         blocking(*args)
         if post is not None:
-            value = post()
-            if value is not None:
-                return value
+            post()
         return call.result
 
     def _avg_post(self, call: Call, target: Any) -> Callable[[], None] | None:
@@ -181,10 +188,17 @@ class MPIBackend:
     def _all_reduce(self, call: Call) -> Any:
         x = call.buf.array
         mt = _MPI_TYPES[call.buf.dtype]
-        scaled = self._premul(call, x)
-        send = MPI.IN_PLACE if scaled is None else [scaled, mt]
-        args = (send, [x, mt], _mpi_op(call))
-        return self._go(call, self.mpi.Allreduce, self.mpi.Iallreduce, args, self._avg_post(call, x))
+        if call.redop.name in _SCALED:
+            scaled = self._premul(call, x)
+            send = MPI.IN_PLACE if scaled is None else [scaled, mt]
+            args = (send, [x, mt], _mpi_op(call))
+            return self._go(
+                call, self.mpi.Allreduce, self.mpi.Iallreduce, args, self._avg_post(call, x)
+            )
+        if call.async_op:
+            return self._go(call, None, self.mpi.Iallreduce, (MPI.IN_PLACE, [x, mt], _mpi_op(call)))
+        self.mpi.Allreduce(MPI.IN_PLACE, [x, mt], _mpi_op(call))
+        return x
 
     def _reduce(self, call: Call) -> Any:
         x = call.buf.array
@@ -192,16 +206,24 @@ class MPIBackend:
         root = self.mpi.Get_rank() == call.peer
         scaled = self._premul(call, x)
         if root:
-            args = (MPI.IN_PLACE if scaled is None else [scaled, mt], [x, mt], _mpi_op(call), call.peer)
+            args = (
+                MPI.IN_PLACE if scaled is None else [scaled, mt],
+                [x, mt],
+                _mpi_op(call),
+                call.peer,
+            )
         else:
             args = ([x if scaled is None else scaled, mt], None, _mpi_op(call), call.peer)
         post = self._avg_post(call, x) if root else None
         return self._go(call, self.mpi.Reduce, self.mpi.Ireduce, args, post)
 
     def _broadcast(self, call: Call) -> Any:
-        x = call.buf.array
-        args = ([x, _MPI_TYPES[call.buf.dtype]], call.peer)
-        return self._go(call, self.mpi.Bcast, self.mpi.Ibcast, args)
+        b = call.buf
+        args = ([b.array, _MPI_TYPES[b.dtype]], call.peer)
+        if call.async_op:
+            return self._go(call, None, self.mpi.Ibcast, args)
+        self.mpi.Bcast(*args)
+        return call.result
 
     def _all_gather(self, call: Call) -> Any:
         mt = _MPI_TYPES[call.buf.dtype]
@@ -237,7 +259,9 @@ class MPIBackend:
         post = self._avg_post(call, out)
         if call.payload is None:
             args = (send, [out, mt], _mpi_op(call))
-            return self._go(call, self.mpi.Reduce_scatter_block, self.mpi.Ireduce_scatter_block, args, post)
+            return self._go(
+                call, self.mpi.Reduce_scatter_block, self.mpi.Ireduce_scatter_block, args, post
+            )
         args = (send, [out, mt], call.counts[0], _mpi_op(call))
         return self._go(call, self.mpi.Reduce_scatter, self.mpi.Ireduce_scatter, args, post)
 

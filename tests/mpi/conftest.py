@@ -27,7 +27,9 @@ HERE = Path(__file__).parent
 
 def pytest_collection_modifyitems(config, items):
     if not config.getoption("with_mpi", False):
-        skip = pytest.mark.skip(reason="MPI tests run under mpiexec with --with-mpi (make test-mpi)")
+        skip = pytest.mark.skip(
+            reason="MPI tests run under mpiexec with --with-mpi (make test-mpi)"
+        )
         for item in items:
             if HERE in Path(item.path).parents:
                 item.add_marker(skip)

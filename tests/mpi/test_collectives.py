@@ -6,11 +6,25 @@ import pytest
 from helpers import ALL_DTYPES, assert_close, data, reduce_ref
 
 from hpccomm import ReduceOp
-from hpccomm.dtypes import _ALLOWED, SUPPORTED_DTYPES
+from hpccomm.dtypes import ALLOWED_CATEGORIES, SUPPORTED_DTYPES
 
-OPS = [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG, ReduceOp.BAND,
-       ReduceOp.BOR, ReduceOp.BXOR, ReduceOp.PREMUL_SUM(0.5)]
-PAIRS = [(dt, op) for dt in ALL_DTYPES for op in OPS if SUPPORTED_DTYPES[dt].category in _ALLOWED[op.name]]
+OPS = [
+    ReduceOp.SUM,
+    ReduceOp.PRODUCT,
+    ReduceOp.MIN,
+    ReduceOp.MAX,
+    ReduceOp.AVG,
+    ReduceOp.BAND,
+    ReduceOp.BOR,
+    ReduceOp.BXOR,
+    ReduceOp.PREMUL_SUM(0.5),
+]
+PAIRS = [
+    (dt, op)
+    for dt in ALL_DTYPES
+    for op in OPS
+    if SUPPORTED_DTYPES[dt].category in ALLOWED_CATEGORIES[op.name]
+]
 IDS = [f"{dt.name}-{op.name}" for dt, op in PAIRS]
 
 
@@ -26,7 +40,9 @@ def test_all_reduce(comm, dtype, op, async_op):
     x = data(dtype, r, (3, 5))
     got = run(lambda **kw: comm.all_reduce(x, op=op, **kw), async_op)
     assert got is x
-    assert_close(x, reduce_ref([data(dtype, i, (3, 5)) for i in range(n)], op.name, op.factor), dtype)
+    assert_close(
+        x, reduce_ref([data(dtype, i, (3, 5)) for i in range(n)], op.name, op.factor), dtype
+    )
 
 
 @pytest.mark.parametrize(("dtype", "op"), PAIRS, ids=IDS)
@@ -37,7 +53,9 @@ def test_reduce(comm, dtype, op):
     before = x.copy()
     comm.reduce(x, dst=root, op=op)
     if r == root:
-        assert_close(x, reduce_ref([data(dtype, i, (7,)) for i in range(n)], op.name, op.factor), dtype)
+        assert_close(
+            x, reduce_ref([data(dtype, i, (7,)) for i in range(n)], op.name, op.factor), dtype
+        )
     else:
         assert np.array_equal(x, before)
 
@@ -120,7 +138,9 @@ def test_scatter(comm, dtype, uneven):
     if r == src:
         got = comm.scatter(full, src=src, sizes=sizes if uneven else None)
     else:
-        got = comm.scatter(None, src=src, sizes=sizes if uneven else None, out=np.empty((sizes[r], 2), dtype))
+        got = comm.scatter(
+            None, src=src, sizes=sizes if uneven else None, out=np.empty((sizes[r], 2), dtype)
+        )
     start = sum(sizes[:r])
     assert np.array_equal(got, full[start : start + sizes[r]])
 
@@ -152,7 +172,9 @@ def test_all_to_all_single_uneven(comm, async_op):
     inputs = [data(np.float64, i, (sum(splits(i)), 2)) for i in range(n)]
     out_splits = [splits(j)[r] for j in range(n)]
     got = run(
-        lambda **kw: comm.all_to_all_single(inputs[r], input_split_sizes=splits(r), output_split_sizes=out_splits, **kw),
+        lambda **kw: comm.all_to_all_single(
+            inputs[r], input_split_sizes=splits(r), output_split_sizes=out_splits, **kw
+        ),
         async_op,
     )
     blocks = []

@@ -63,32 +63,71 @@ def test_nothing():
 
 
 def test_torchrun():
-    env = {"TORCHELASTIC_RUN_ID": "abc", "RANK": "9", "WORLD_SIZE": "16", "LOCAL_RANK": "1",
-           "LOCAL_WORLD_SIZE": "8", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2"}
+    env = {
+        "TORCHELASTIC_RUN_ID": "abc",
+        "RANK": "9",
+        "WORLD_SIZE": "16",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "8",
+        "GROUP_RANK": "1",
+        "GROUP_WORLD_SIZE": "2",
+    }
     info = d(env)
-    assert (info.launcher, info.rank, info.size, info.local_rank, info.local_size) == ("torchrun", 9, 16, 1, 8)
+    assert (info.launcher, info.rank, info.size, info.local_rank, info.local_size) == (
+        "torchrun",
+        9,
+        16,
+        1,
+        8,
+    )
     assert (info.node_index, info.num_nodes) == (1, 2)
     assert info.sources["rank"] == "RANK" and info.sources["node_index"] == "GROUP_RANK"
 
 
 def test_torchrun_without_run_id():
-    env = {"GROUP_RANK": "0", "LOCAL_WORLD_SIZE": "2", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}
+    env = {
+        "GROUP_RANK": "0",
+        "LOCAL_WORLD_SIZE": "2",
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "1",
+    }
     assert d(env).launcher == "torchrun"
 
 
 def test_srun_plus_torchrun_torchrun_wins():
     # SLURM_PROCID is per node under srun + torchrun: torchrun's variables win.
-    env = {**SRUN_STEP, "SLURM_PROCID": "1", "TORCHELASTIC_RUN_ID": "x", "RANK": "7", "WORLD_SIZE": "8",
-           "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1"}
+    env = {
+        **SRUN_STEP,
+        "SLURM_PROCID": "1",
+        "TORCHELASTIC_RUN_ID": "x",
+        "RANK": "7",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "3",
+        "LOCAL_WORLD_SIZE": "4",
+        "GROUP_RANK": "1",
+    }
     info = d(env)
-    assert (info.launcher, info.rank, info.size, info.local_rank, info.local_size) == ("torchrun", 7, 8, 3, 4)
+    assert (info.launcher, info.rank, info.size, info.local_rank, info.local_size) == (
+        "torchrun",
+        7,
+        8,
+        3,
+        4,
+    )
     assert info.nodelist is None  # not mixed in from the Slurm row
     assert info.job_id == "42"
 
 
 def test_openmpi():
     info = d(OMPI)
-    assert (info.launcher, info.rank, info.size, info.local_rank, info.local_size) == ("openmpi", 5, 8, 1, 4)
+    assert (info.launcher, info.rank, info.size, info.local_rank, info.local_size) == (
+        "openmpi",
+        5,
+        8,
+        1,
+        4,
+    )
     # OMPI_COMM_WORLD_NODE_RANK is not a node index: left to MPI.
     assert info.node_index is None and info.nodelist is None
     assert info.sources["local_rank"] == "OMPI_COMM_WORLD_LOCAL_RANK"
@@ -104,18 +143,42 @@ def test_mpirun_inside_slurm_allocation():
 
 
 def test_mvapich2():
-    env = {"MV2_COMM_WORLD_RANK": "2", "MV2_COMM_WORLD_SIZE": "4", "MV2_COMM_WORLD_LOCAL_RANK": "0",
-           "MV2_COMM_WORLD_LOCAL_SIZE": "2", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "4"}
+    env = {
+        "MV2_COMM_WORLD_RANK": "2",
+        "MV2_COMM_WORLD_SIZE": "4",
+        "MV2_COMM_WORLD_LOCAL_RANK": "0",
+        "MV2_COMM_WORLD_LOCAL_SIZE": "2",
+        "SLURM_PROCID": "0",
+        "SLURM_STEP_NUM_TASKS": "4",
+    }
     info = d(env)
-    assert (info.launcher, info.rank, info.size, info.local_rank, info.local_size) == ("mvapich2", 2, 4, 0, 2)
+    assert (info.launcher, info.rank, info.size, info.local_rank, info.local_size) == (
+        "mvapich2",
+        2,
+        4,
+        0,
+        2,
+    )
 
 
 def test_cray_pals():
-    env = {"PALS_RANKID": "6", "PMI_SIZE": "8", "PALS_LOCAL_RANKID": "2", "PMI_LOCAL_SIZE": "4",
-           "PALS_NODEID": "1", "PMI_RANK": "6"}
+    env = {
+        "PALS_RANKID": "6",
+        "PMI_SIZE": "8",
+        "PALS_LOCAL_RANKID": "2",
+        "PMI_LOCAL_SIZE": "4",
+        "PALS_NODEID": "1",
+        "PMI_RANK": "6",
+    }
     info = d(env)
-    assert (info.launcher, info.rank, info.size, info.local_rank, info.local_size, info.node_index) == (
-        "pals", 6, 8, 2, 4, 1)
+    assert (
+        info.launcher,
+        info.rank,
+        info.size,
+        info.local_rank,
+        info.local_size,
+        info.node_index,
+    ) == ("pals", 6, 8, 2, 4, 1)
 
 
 def test_cray_pals_local_rank_fallback():
@@ -127,7 +190,13 @@ def test_cray_pals_local_rank_fallback():
 def test_hydra():
     env = {"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}
     info = d(env)
-    assert (info.launcher, info.rank, info.size, info.local_rank, info.local_size) == ("hydra", 3, 4, 1, 2)
+    assert (info.launcher, info.rank, info.size, info.local_rank, info.local_size) == (
+        "hydra",
+        3,
+        4,
+        1,
+        2,
+    )
 
 
 def test_hydra_pmi_id():
@@ -147,8 +216,14 @@ def test_srun_step():
 
 @pytest.mark.parametrize(("node", "local_size"), [(0, 3), (1, 2), (2, 2), (3, 1)])
 def test_srun_uneven_tasks_per_node(node, local_size):
-    env = {**SRUN_STEP, "SLURM_NODEID": str(node), "SLURM_STEP_TASKS_PER_NODE": "3,2(x2),1",
-           "SLURM_STEP_NUM_TASKS": "8", "SLURM_STEP_NUM_NODES": "4", "SLURM_STEP_NODELIST": "n[1-4]"}
+    env = {
+        **SRUN_STEP,
+        "SLURM_NODEID": str(node),
+        "SLURM_STEP_TASKS_PER_NODE": "3,2(x2),1",
+        "SLURM_STEP_NUM_TASKS": "8",
+        "SLURM_STEP_NUM_NODES": "4",
+        "SLURM_STEP_NODELIST": "n[1-4]",
+    }
     info = d(env)
     assert info.local_size == local_size and info.num_nodes == 4
 
@@ -167,9 +242,16 @@ def test_srun_step_size_falls_back_to_ntasks():
 
 
 def test_interactive_srun_pty_is_one_task_step():
-    env = {"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
-           "SLURM_STEP_NUM_TASKS": "1", "SLURM_STEP_TASKS_PER_NODE": "1", "SLURM_STEP_NODELIST": "n1",
-           "SLURM_NTASKS": "4"}
+    env = {
+        "SLURM_JOB_ID": "7",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+        "SLURM_STEP_NUM_TASKS": "1",
+        "SLURM_STEP_TASKS_PER_NODE": "1",
+        "SLURM_STEP_NODELIST": "n1",
+        "SLURM_NTASKS": "4",
+    }
     info = d(env)
     assert (info.launcher, info.rank, info.size, info.local_size) == ("slurm", 0, 1, 1)
 
@@ -195,7 +277,10 @@ def test_pmi_rank_only():
 
 
 def test_bad_integer_names_variable():
-    with pytest.raises(ValueError, match=r"launch discovery \(openmpi\): OMPI_COMM_WORLD_RANK='x' is not an integer"):
+    with pytest.raises(
+        ValueError,
+        match=r"launch discovery \(openmpi\): OMPI_COMM_WORLD_RANK='x' is not an integer",
+    ):
         d({**OMPI, "OMPI_COMM_WORLD_RANK": "x"})
 
 
@@ -241,7 +326,11 @@ def test_printable_and_json():
     text = str(info)
     assert "node[1-2]" in text and "[SLURM_PROCID]" in text
     doc = json.loads(info.to_json())
-    assert doc["rank"] == 3 and doc["nodelist"] == ["node1", "node2"] and doc["sources"]["rank"] == "SLURM_PROCID"
+    assert (
+        doc["rank"] == 3
+        and doc["nodelist"] == ["node1", "node2"]
+        and doc["sources"]["rank"] == "SLURM_PROCID"
+    )
 
 
 def test_frozen():
@@ -252,8 +341,15 @@ def test_frozen():
 
 @pytest.mark.parametrize(
     ("value", "parsed"),
-    [(None, None), ("", ()), ("-1", ()), ("NoDevFiles", ()), ("0", ("0",)), ("0,1, 2", ("0", "1", "2")),
-     ("GPU-abc,GPU-def", ("GPU-abc", "GPU-def"))],
+    [
+        (None, None),
+        ("", ()),
+        ("-1", ()),
+        ("NoDevFiles", ()),
+        ("0", ("0",)),
+        ("0,1, 2", ("0", "1", "2")),
+        ("GPU-abc,GPU-def", ("GPU-abc", "GPU-def")),
+    ],
 )
 def test_parse_visible_devices(value, parsed):
     assert parse_visible_devices(value) == parsed
@@ -283,5 +379,7 @@ def test_choose_gpu_sharing():
 @pytest.mark.parametrize("module", ["hpccomm.discovery", "hpccomm"])
 def test_import_leaves_mpi_and_cuda_alone(module):
     code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.startswith(('mpi4py', 'cupy'))))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
     assert out.stdout.strip() == "[]"

@@ -113,7 +113,10 @@ def test_round_trip_many_shapes():
 
     rng = random.Random(7)
     for _ in range(200):
-        names = [f"{rng.choice(['n', 'gpu-', 'rack1_b'])}{str(rng.randrange(0, 120)).zfill(rng.choice([1, 3]))}" for _ in range(rng.randrange(1, 12))]
+        names = [
+            f"{rng.choice(['n', 'gpu-', 'rack1_b'])}{str(rng.randrange(0, 120)).zfill(rng.choice([1, 3]))}"
+            for _ in range(rng.randrange(1, 12))
+        ]
         assert expand(compress(names)) == names
 
 
@@ -126,7 +129,13 @@ def test_compress_rejects_unwritable_names():
 
 @pytest.mark.parametrize(
     ("spec", "counts"),
-    [("2(x3),1", [2, 2, 2, 1]), ("3,2(x2),1", [3, 2, 2, 1]), ("4", [4]), ("1(x2)", [1, 1]), ("3,2", [3, 2])],
+    [
+        ("2(x3),1", [2, 2, 2, 1]),
+        ("3,2(x2),1", [3, 2, 2, 1]),
+        ("4", [4]),
+        ("1(x2)", [1, 1]),
+        ("3,2", [3, 2]),
+    ],
 )
 def test_tasks_per_node(spec, counts):
     assert expand_tasks_per_node(spec) == counts

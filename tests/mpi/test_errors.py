@@ -1,0 +1,219 @@
+"""Every validation error: the message names the op, the rank, and expected versus actual.
+Errors are raised before anything reaches MPI, on every rank alike (or the test runs the
+check only where it raises), so no rank is left waiting."""
+
+import numpy as np
+import pytest
+
+from hpccomm import DtypeError, InvalidArgumentError, P2POp, ReduceOp
+
+
+def where(comm, op):
+    return rf"{op} \(rank {comm.rank} of {comm.size}\)"
+
+
+def test_unsupported_dtype(comm):
+    with pytest.raises(
+        DtypeError,
+        match=where(comm, "all_reduce") + r": array has dtype <U1, expected one of bool, int8",
+    ):
+        comm.all_reduce(np.array(["a"]))
+
+
+def test_not_an_array(comm):
+    with pytest.raises(
+        DtypeError,
+        match=where(comm, "broadcast") + r": array is list, expected a NumPy or CuPy array",
+    ):
+        comm.broadcast([1, 2, 3])
+
+
+@pytest.mark.parametrize(
+    ("dtype", "op", "text"),
+    [
+        (
+            np.float32,
+            ReduceOp.BAND,
+            "op BAND is not defined for dtype float32: bitwise ops are defined for integers and bool only",
+        ),
+        (np.float16, ReduceOp.BXOR, "op BXOR is not defined for dtype float16"),
+        (
+            np.complex64,
+            ReduceOp.MAX,
+            "op MAX is not defined for dtype complex64: complex numbers have no order",
+        ),
+        (np.complex128, ReduceOp.MIN, "op MIN is not defined for dtype complex128"),
+        (np.complex128, ReduceOp.PRODUCT, "op PRODUCT is not defined for dtype complex128"),
+        (np.int32, ReduceOp.AVG, "op AVG is not defined for dtype int32"),
+        (np.bool_, ReduceOp.PREMUL_SUM(2.0), "op PREMUL_SUM is not defined for dtype bool"),
+    ],
+)
+def test_op_dtype_refusals(comm, dtype, op, text):
+    with pytest.raises(DtypeError, match=where(comm, "all_reduce") + ": " + text):
+        comm.all_reduce(np.zeros(2, dtype=dtype), op=op)
+    with pytest.raises(TypeError):  # DtypeError is a TypeError too
+        comm.reduce_scatter(np.zeros(2 * comm.size, dtype=dtype), op=op)
+
+
+def test_bad_op_objects(comm):
+    with pytest.raises(DtypeError, match="ReduceOp.PREMUL_SUM without a factor"):
+        comm.all_reduce(np.ones(1), op=ReduceOp.PREMUL_SUM)
+    with pytest.raises(
+        DtypeError, match=where(comm, "all_reduce") + r": op is 'median', expected a ReduceOp"
+    ):
+        comm.all_reduce(np.ones(1), op="median")
+
+
+def test_non_contiguous_refused(comm):
+    x = np.zeros((4, 4))[:, ::2]
+    with pytest.raises(
+        InvalidArgumentError,
+        match=where(comm, "all_reduce")
+        + r": array is not C-contiguous \(shape \(4, 2\), strides \(32, 16\)\)",
+    ):
+        comm.all_reduce(x)
+
+
+@pytest.mark.parametrize("root", [-1, 10**6, 1.5, None])
+def test_root_out_of_range(comm, root):
+    with pytest.raises(
+        InvalidArgumentError,
+        match=where(comm, "broadcast")
+        + rf": src is {root!r}, expected a rank in 0..{comm.size - 1}",
+    ):
+        comm.broadcast(np.ones(2), src=root)
+
+
+def test_peer_out_of_range(comm):
+    with pytest.raises(
+        InvalidArgumentError,
+        match=where(comm, "send") + rf": dst is {comm.size}, expected a rank in 0..{comm.size - 1}",
+    ):
+        comm.send(np.ones(2), comm.size)
+    with pytest.raises(
+        InvalidArgumentError, match=where(comm, "recv") + r": tag is -2, expected an integer >= 0"
+    ):
+        comm.recv(np.ones(2), 0, tag=-2)
+
+
+def test_all_gather_out_wrong_shape(comm):
+    n = comm.size
+    with pytest.raises(
+        InvalidArgumentError,
+        match=where(comm, "all_gather") + rf": out has shape \(3,\), expected \({2 * n},\)",
+    ):
+        comm.all_gather(np.ones(2), out=np.empty(3))
+
+
+def test_out_wrong_dtype(comm):
+    with pytest.raises(
+        DtypeError, match=where(comm, "all_gather") + r": out has dtype float32, expected float64"
+    ):
+        comm.all_gather(np.ones(2), out=np.empty(2 * comm.size, dtype=np.float32))
+
+
+def test_sizes_wrong_length_and_sum(comm):
+    n = comm.size
+    with pytest.raises(
+        InvalidArgumentError,
+        match=where(comm, "reduce_scatter")
+        + rf": sizes has {n + 1} entries, expected {n} \(one per rank\)",
+    ):
+        comm.reduce_scatter(np.ones(n), sizes=[1] * (n + 1))
+    with pytest.raises(
+        InvalidArgumentError,
+        match=where(comm, "reduce_scatter")
+        + rf": sizes sums to {n + 1}, expected {n} \(rows of the array\)",
+    ):
+        comm.reduce_scatter(np.ones(n), sizes=[1] * (n - 1) + [2])
+    with pytest.raises(InvalidArgumentError, match=r"sizes\[0\] is -1, expected an integer >= 0"):
+        comm.all_gather(np.ones(1), sizes=[-1] + [1] * (n - 1))
+
+
+def test_sizes_disagree_with_own_rows(comm):
+    n = comm.size
+    with pytest.raises(
+        InvalidArgumentError,
+        match=rf"sizes\[{comm.rank}\] is 5, expected 2 \(this rank's array has 2 rows\)",
+    ):
+        comm.all_gather(np.ones(2), sizes=[5] * n)
+
+
+def test_equal_blocks_need_multiple(comm):
+    n = comm.size
+    if n == 1:
+        pytest.skip("every row count is a multiple of 1")
+    with pytest.raises(
+        InvalidArgumentError,
+        match=where(comm, "all_to_all")
+        + rf": array has {n + 1} rows along axis 0, expected a multiple of {n}",
+    ):
+        comm.all_to_all(np.ones(n + 1))
+
+
+def test_split_sizes_must_sum(comm):
+    n = comm.size
+    with pytest.raises(
+        InvalidArgumentError,
+        match=where(comm, "all_to_all") + rf": input_split_sizes sums to {n}, expected {n + 3}",
+    ):
+        comm.all_to_all_single(
+            np.ones(n + 3), input_split_sizes=[1] * n, output_split_sizes=[1] * n
+        )
+    with pytest.raises(
+        InvalidArgumentError, match="output_split_sizes is None with uneven input_split_sizes"
+    ):
+        comm.all_to_all_single(np.ones(n), input_split_sizes=[1] * n)
+
+
+def test_scatter_non_source_needs_out(comm):
+    if comm.size == 1:
+        pytest.skip("no non-source rank at size 1")
+    if comm.rank != 0:  # raised before MPI is touched: the source rank does not call
+        with pytest.raises(
+            InvalidArgumentError, match=where(comm, "scatter") + ": non-source ranks need out="
+        ):
+            comm.scatter(None, src=0)
+
+
+def test_batch_needs_p2pops(comm):
+    with pytest.raises(
+        InvalidArgumentError, match=where(comm, "batch_isend_irecv") + ": expected a list of P2POp"
+    ):
+        comm.batch_isend_irecv([("send", np.ones(1), 0)])
+    with pytest.raises(
+        InvalidArgumentError, match="P2POp: op is 'post', expected 'send' or 'recv'"
+    ):
+        P2POp("post", np.ones(1), 0)
+
+
+def test_scatter_object_length(comm):
+    if comm.rank == 0:
+        with pytest.raises(
+            InvalidArgumentError,
+            match=where(comm, "scatter_object")
+            + rf": objects has {comm.size + 1} entries, expected {comm.size}",
+        ):
+            comm.scatter_object(list(range(comm.size + 1)), src=0)
+
+
+def test_new_group_bad_ranks(comm):
+    with pytest.raises(
+        InvalidArgumentError, match=where(comm, "new_group") + r": ranks \[0, 0\] must be distinct"
+    ):
+        comm.new_group([0, 0])
+
+
+def test_timeout_names_the_stuck_operation(comm):
+    if comm.size == 1:
+        pytest.skip("needs a peer that never sends")
+    comm.timeout = 0.3
+    # Nobody sends tag 99: the receive must time out, not hang. The receive stays posted
+    # (MPI cannot cancel it); the fixture frees this duplicate communicator.
+    if comm.rank == 0:
+        from hpccomm import CommTimeoutError
+
+        with pytest.raises(
+            CommTimeoutError, match=r"recv #\d+ on .* \(rank 0 of \d+\): not complete after 0.3 s"
+        ):
+            comm.recv(np.empty(1), 1, tag=99)

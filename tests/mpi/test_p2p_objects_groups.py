@@ -1,0 +1,187 @@
+"""Point-to-point, batched p2p, Python objects (a >16 MiB one included), groups, launch."""
+
+import numpy as np
+import pytest
+
+import hpccomm
+from hpccomm import P2POp
+from hpccomm.discovery import discover
+
+pair = pytest.mark.skipif(
+    "__import__('mpi4py.MPI').MPI.COMM_WORLD.Get_size() < 2", reason="needs at least 2 ranks"
+)
+
+
+@pair
+def test_send_recv_named_and_any_source(comm):
+    n, r = comm.size, comm.rank
+    if r == 0:
+        for _ in range(1, n):
+            buf = np.empty(3, dtype=np.int64)
+            src = comm.recv(buf)  # any source
+            assert list(buf) == [src] * 3
+        buf = np.empty(2)
+        assert comm.recv(buf, 1, tag=7) == 1 and list(buf) == [7.0, 7.0]
+    else:
+        comm.send(np.full(3, r, dtype=np.int64), 0)
+        if r == 1:
+            comm.send(np.full(2, 7.0), 0, tag=7)
+
+
+@pair
+def test_isend_irecv(comm):
+    n, r = comm.size, comm.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    buf = np.empty(1000, dtype=np.float32)
+    rw = comm.irecv(buf, left, tag=3)
+    sw = comm.isend(np.full(1000, r, dtype=np.float32), right, tag=3)
+    assert sw.wait(timeout=60) is None
+    assert rw.wait(timeout=60) == left
+    assert rw.is_completed() and rw.exception() is None
+    assert (buf == left).all()
+
+
+def test_sendrecv_ring(comm):
+    n, r = comm.size, comm.rank
+    got = comm.sendrecv(np.array([r, 2 * r]), dst=(r + 1) % n, src=(r - 1) % n)
+    left = (r - 1) % n
+    assert list(got) == [left, 2 * left]
+    out = np.empty(2, dtype=np.int64)
+    work = comm.sendrecv(np.array([r, r]), dst=(r + 1) % n, src=(r - 1) % n, out=out, async_op=True)
+    assert work.wait(timeout=60) is out and list(out) == [left, left]
+
+
+def test_batch_isend_irecv_both_directions(comm):
+    n, r = comm.size, comm.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    from_left, from_right = np.empty(4), np.empty(4)
+    ops = [
+        P2POp("send", np.full(4, float(r)), right, tag=1),
+        P2POp("send", np.full(4, float(-r)), left, tag=2),
+        P2POp(comm.irecv, from_left, left, tag=1),
+        P2POp(comm.irecv, from_right, right, tag=2),
+    ]
+    comm.batch_isend_irecv(ops).wait(timeout=60)
+    assert (from_left == left).all() and (from_right == -right).all()
+
+
+def test_objects(comm):
+    n, r = comm.size, comm.rank
+    assert comm.broadcast_object({"k": [r]} if r == 0 else None, src=0) == {"k": [0]}
+    assert comm.all_gather_object(f"r{r}") == [f"r{i}" for i in range(n)]
+    got = comm.gather_object((r, "x"), dst=n - 1)
+    assert got == ([(i, "x") for i in range(n)] if r == n - 1 else None)
+    assert comm.scatter_object([{"i": i} for i in range(n)] if r == 0 else None, src=0) == {"i": r}
+
+
+@pair
+def test_send_recv_object(comm):
+    r = comm.rank
+    if r == 0:
+        comm.send_object({"payload": np.arange(3)}, 1, tag=5)
+    elif r == 1:
+        got = comm.recv_object(0, tag=5)
+        assert list(got["payload"]) == [0, 1, 2]
+
+
+def test_object_over_16_mib_goes_out_of_band(comm):
+    big = np.arange(5 * (1 << 20), dtype=np.float32) if comm.rank == 0 else None  # 20 MiB
+    got = comm.broadcast_object({"w": big, "meta": "m"}, src=0)
+    assert (
+        got["meta"] == "m"
+        and got["w"].nbytes == 20 * (1 << 20)
+        and got["w"][-1] == 5 * (1 << 20) - 1
+    )
+
+
+def test_split_odd_groups(comm):
+    n, r = comm.size, comm.rank
+    color = 0 if r < (n + 1) // 2 else 1  # sizes ceil(n/2) and floor(n/2): odd ones included
+    sub = comm.split(color)
+    members = [i for i in range(n) if (0 if i < (n + 1) // 2 else 1) == color]
+    assert sub.size == len(members) and sub.rank == members.index(r)
+    x = np.array([r])
+    sub.all_reduce(x)
+    assert x[0] == sum(members)
+    assert sub.translate([sub.rank], comm) == [r]
+    sub.free()
+
+
+def test_split_none_and_key(comm):
+    n, r = comm.size, comm.rank
+    sub = comm.split(None if r == 0 else 1, key=-r)
+    if r == 0:
+        assert sub is None
+    else:
+        assert sub.size == n - 1 and sub.rank == n - 1 - r  # reversed by key
+
+
+def test_new_group(comm):
+    n, r = comm.size, comm.rank
+    ranks = list(range(n - 1, -1, -2))  # every other rank, reversed
+    g = comm.new_group(ranks)
+    if r in ranks:
+        assert g.rank == ranks.index(r) and g.size == len(ranks)
+        x = np.array([1])
+        g.all_reduce(x)
+        assert x[0] == len(ranks)
+        assert g.world_rank() == hpccomm.world().rank
+        assert comm.translate(ranks, g) == list(range(len(ranks)))
+    else:
+        assert g is None
+
+
+def test_group_rank_translation(comm, world):
+    assert world.group_rank(world.rank) == world.rank
+    assert world.world_rank(0) == 0
+
+
+def test_dup_and_free_lifecycle(comm):
+    d = comm.dup()
+    d.barrier()
+    d.free()
+    d.free()  # idempotent
+    assert d.freed
+    with pytest.raises(
+        hpccomm.ClosedError, match=r"all_reduce \(rank \d+ of \d+\): communicator .* already freed"
+    ):
+        d.all_reduce(np.ones(1))
+    with pytest.raises(hpccomm.ClosedError, match="already freed"):
+        d.mpi  # noqa: B018
+
+
+def test_context_manager_frees(comm):
+    with comm.dup() as d:
+        d.barrier()
+    assert d.freed
+
+
+def test_node_and_leaders(comm):
+    node = comm.node
+    assert node.size == comm.local_size and node.rank == comm.local_rank
+    assert 0 <= comm.node_index < comm.num_nodes
+    leaders = comm.leaders
+    if comm.local_rank == 0:
+        assert leaders.size == comm.num_nodes and leaders.rank == comm.node_index
+    else:
+        assert leaders is None
+
+
+def test_launch_discovery_agrees_with_mpi(world):
+    from mpi4py import MPI
+
+    env = discover()
+    launch = world.launch
+    assert (launch.rank, launch.size) == (MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
+    for field in ("rank", "size", "local_rank", "local_size"):
+        value = getattr(env, field)
+        assert value is None or value == getattr(launch, field), field
+    assert launch.local_size == world.local_size and launch.local_rank == world.local_rank
+    assert launch.num_nodes == len(set(launch.nodelist)) or launch.nodelist is not None
+    everyone = world.all_gather_object((launch.local_rank, launch.hostname))
+    mine = sorted(lr for lr, h in everyone if h == launch.hostname)
+    assert mine == list(range(launch.local_size))
+
+
+def test_init_is_idempotent(world):
+    assert hpccomm.init() is world and hpccomm.is_initialized()

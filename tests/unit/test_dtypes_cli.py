@@ -1,0 +1,165 @@
+"""Dtype/op tables, in-process CLI calls, and the CLI under mpiexec (bounded)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from hpccomm import DtypeError, ReduceOp
+from hpccomm.cli import main
+from hpccomm.dtypes import SUPPORTED_DTYPES, as_reduce_op, check_op, dtype_info
+
+BIN = Path(sys.executable).parent
+MPIEXEC = shutil.which("mpiexec", path=str(BIN)) or shutil.which("mpiexec")
+
+
+def mpi_env():
+    env = dict(os.environ)
+    env.update(
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        OMPI_MCA_mpi_yield_when_idle="1",
+    )
+    for key in [k for k in env if k.startswith(("SLURM_", "OMPI_COMM_WORLD", "PMIX_", "PMI_"))]:
+        del env[key]
+    return env
+
+
+def test_every_documented_dtype_is_supported():
+    names = {info.name for info in SUPPORTED_DTYPES.values()}
+    assert names == {
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "bfloat16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
+    }
+    assert dtype_info(np.dtype(ml_dtypes.bfloat16), "x").category == "half"
+    assert dtype_info(np.dtype("l"), "x").name == "int64"
+
+
+def test_dtype_info_refusal_message():
+    with pytest.raises(
+        DtypeError, match=r"^op \(rank 1 of 2\): out has dtype object, expected one of bool"
+    ):
+        dtype_info(np.dtype(object), "op (rank 1 of 2)", "out")
+
+
+@pytest.mark.parametrize("name", ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"])
+def test_bool_accepts_logical_ops(name):
+    check_op(getattr(ReduceOp, name), dtype_info(np.dtype(bool), "x"), "x")
+
+
+def test_reduce_op_names_and_equality():
+    assert as_reduce_op("SUM", "x") is ReduceOp.SUM
+    assert ReduceOp.PREMUL_SUM(2.0) == ReduceOp.PREMUL_SUM(2.0) != ReduceOp.PREMUL_SUM(3.0)
+    assert repr(ReduceOp.PREMUL_SUM(0.5)) == "ReduceOp.PREMUL_SUM(0.5)"
+    with pytest.raises(DtypeError, match="factor is str"):
+        ReduceOp.PREMUL_SUM("x")
+
+
+def test_info_no_mpi_in_process(monkeypatch, capsys):
+    monkeypatch.setenv("SLURM_JOB_ID", "9")
+    monkeypatch.delenv("SLURM_STEP_NUM_TASKS", raising=False)
+    for var in (
+        "OMPI_COMM_WORLD_RANK",
+        "PMIX_RANK",
+        "PMI_RANK",
+        "TORCHELASTIC_RUN_ID",
+        "MPI_LOCALRANKID",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    assert main(["info", "--no-mpi", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["launcher"] == "slurm-batch" and doc["size"] == 1
+    assert "launch the ranks with srun" in doc["warnings"][0]
+
+
+def test_cli_reports_bad_environment(monkeypatch, capsys):
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "zero")
+    assert main(["info", "--no-mpi"]) == 2
+    assert "OMPI_COMM_WORLD_RANK='zero' is not an integer" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the 'mpi' extra)")
+def test_info_table_under_mpiexec_4_ranks():
+    out = subprocess.run(
+        [MPIEXEC, "--oversubscribe", "-n", "4", str(BIN / "hpccomm"), "info"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=mpi_env(),
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].split() == ["rank", "local", "node", "hostname", "launcher", "gpu", "job"]
+    rows = [line.split() for line in lines[1:5]]
+    assert [r[0] for r in rows] == ["0", "1", "2", "3"]
+    assert sorted(r[1] for r in rows) == ["0/4", "1/4", "2/4", "3/4"]
+    assert {r[2] for r in rows} == {"0/1"} and {r[4] for r in rows} == {"openmpi"}
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the 'mpi' extra)")
+def test_info_json_standalone_singleton():
+    out = subprocess.run(
+        [str(BIN / "hpccomm"), "info", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=mpi_env(),
+    )
+    assert out.returncode == 0, out.stderr
+    (doc,) = json.loads(out.stdout)
+    assert (doc["rank"], doc["size"], doc["launcher"], doc["sources"]["size"]) == (
+        0,
+        1,
+        "none",
+        "MPI COMM_WORLD",
+    )
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the 'mpi' extra)")
+def test_doctor_under_mpiexec_3_ranks():
+    out = subprocess.run(
+        [MPIEXEC, "--oversubscribe", "-n", "3", str(BIN / "hpccomm"), "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=mpi_env(),
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = json.loads(out.stdout)
+    assert len(doc["ranks"]) == 3
+    assert [c["name"] for c in doc["checks"] if not c["ok"]] == []
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the 'mpi' extra)")
+def test_broken_launch_is_named(tmp_path):
+    # A stale OMPI_COMM_WORLD_SIZE claims 8 ranks in a 1-rank (singleton) run.
+    env = mpi_env()
+    env.update(OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_SIZE="8")
+    out = subprocess.run(
+        [sys.executable, "-c", "import hpccomm; hpccomm.init()"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert out.returncode != 0
+    assert "size is 8 from OMPI_COMM_WORLD_SIZE but 1 from MPI COMM_WORLD" in out.stderr
