@@ -50,6 +50,54 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
+def _cmd_layout(args: argparse.Namespace) -> int:
+    from .layout import Layout
+
+    layout = Layout(
+        args.world, tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, ep=args.ep, order=args.order
+    )
+    dims = (
+        args.groups.split(",")
+        if args.groups
+        else [t for t in layout.order if layout.sizes[t] > 1] or ["dp"]
+    )
+    dims = ["-".join(layout.normalize(d)) for d in dims]
+    if args.rank is not None:
+        coords = layout.coords(args.rank)
+        groups = {d: layout.group_of(args.rank, d) for d in dims}
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "layout": layout.to_dict(),
+                        "rank": args.rank,
+                        "coords": coords,
+                        "groups": groups,
+                    },
+                    sort_keys=True,
+                )
+            )
+            return 0
+        print(f"rank {args.rank}: " + " ".join(f"{t}={i}" for t, i in coords.items()))
+        for d, members in groups.items():
+            print(f"{d:<8}{members}")
+        return 0
+    table = {d: layout.groups(d) for d in dims}
+    if args.embedding:
+        table["embedding"] = layout.embedding_groups()
+    if args.json:
+        print(json.dumps({"layout": layout.to_dict(), "groups": table}, sort_keys=True))
+        return 0
+    sizes = " ".join(f"{t}={s}" for t, s in layout.sizes.items())
+    mesh = ", ".join(f"{n}={s}" for n, s in zip(layout.mesh_names, layout.mesh_shape, strict=True))
+    print(f"world {layout.world_size}: {sizes}; order {'-'.join(layout.order)} (DeviceMesh {mesh})")
+    print(f"{'dims':<10}{'#':>4}  members")
+    for d, groups in table.items():
+        for i, members in enumerate(groups):
+            print(f"{d:<10}{i:>4}  {members}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpccomm", description="HPC communication toolkit")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -68,6 +116,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds per operation before it counts as hung (default 60)",
     )
     p.set_defaults(func=_cmd_doctor)
+    p = sub.add_parser(
+        "layout", help="print the TP/PP/DP/CP/EP groups of a parallel layout (no MPI)"
+    )
+    p.add_argument("--world", type=int, required=True, help="world size")
+    for name in ("tp", "pp", "cp", "ep"):
+        p.add_argument(f"--{name}", type=int, default=1, help=f"{name} size (default 1)")
+    p.add_argument("--dp", type=int, default=None, help="dp size (default: world / the others)")
+    p.add_argument("--order", default="tp-cp-ep-dp-pp", help="Megatron order, first token fastest")
+    p.add_argument(
+        "--groups", help="comma list of dims to show, e.g. tp,dp,tp-pp (default: dims > 1)"
+    )
+    p.add_argument("--embedding", action="store_true", help="also show the embedding groups")
+    p.add_argument("--rank", type=int, help="show one rank's coordinates and groups")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_layout)
     return parser
 
 

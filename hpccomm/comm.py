@@ -49,6 +49,8 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
     from .discovery import LaunchInfo
+    from .layout import Layout
+    from .parallel import ParallelGroups
     from .work import Work
 
 __all__ = ["Communicator"]
@@ -587,6 +589,32 @@ class Communicator:
         from .runtime import world
 
         return world().translate([world_rank], self)[0]
+
+    def layout(
+        self,
+        layout: Layout | None = None,
+        *,
+        tp: int = 1,
+        pp: int = 1,
+        dp: int | None = None,
+        cp: int = 1,
+        ep: int = 1,
+        order: str = "tp-cp-ep-dp-pp",
+    ) -> ParallelGroups:
+        """This rank's tensor/pipeline/data/context/expert parallel groups.
+
+        Pass a :class:`~hpccomm.layout.Layout` or its sizes (dp derived when None). Groups
+        are made with :meth:`split` on first use and cached; that first use is collective.
+
+        Example (4 ranks, ``g = comm.layout(tp=2, dp=2)``): ``g.tp`` on rank 3 holds ranks
+        [2, 3], ``g.dp`` holds [1, 3]; ``g.group("tp-dp")`` holds all four.
+        """
+        from .layout import Layout
+        from .parallel import ParallelGroups
+
+        if layout is None:
+            layout = Layout(self._size, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, order=order)
+        return ParallelGroups(self, layout)
 
     @property
     def node(self) -> Communicator:

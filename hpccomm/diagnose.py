@@ -53,7 +53,10 @@ def format_launch_table(infos: list[dict]) -> str:
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
-    lines = ["  ".join(cell.ljust(wd) for cell, wd in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines = [
+        "  ".join(cell.ljust(wd) for cell, wd in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
     notes = sorted({w for d in infos for w in d.get("warnings", ())})
     lines.extend(f"warning: {w}" for w in notes)
     return "\n".join(lines)

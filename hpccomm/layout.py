@@ -1,0 +1,272 @@
+"""Parallel layouts: tensor/pipeline/data/context/expert parallel groups from one call.
+
+Pure arithmetic, no MPI. Two conventions, one object:
+
+- Megatron order string (default ``"tp-cp-ep-dp-pp"``): the FIRST token varies fastest,
+  ``rank = sum_i idx_i * prod_{j<i} size_j``.
+- DeviceMesh shape with dimension names: ``arange(world).reshape(shape)``, the LAST dimension
+  varies fastest. So Megatron order ``"tp-dp-pp"`` is the mesh ``("pp", "dp", "tp")``.
+
+The group of a set of tokens M holds the ranks that differ only in the coordinates of M.
+
+Example (world 64, tp 4, pp 2, dp 8, default order): rank 37 has tp 1, dp 1, pp 1; TP groups
+are [0..3], [4..7], ...; DP groups [0, 4, ..., 28], ...; PP groups [0, 32], ...
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["Layout", "TOKENS", "DEFAULT_ORDER"]
+
+TOKENS = ("tp", "cp", "ep", "dp", "pp")
+DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+
+
+def _parse_tokens(spec: str | Sequence[str], known: Sequence[str], what: str) -> tuple[str, ...]:
+    tokens = tuple(spec.split("-")) if isinstance(spec, str) else tuple(spec)
+    unknown = [t for t in tokens if t not in known]
+    if unknown:
+        raise ValueError(
+            f"layout: {what} {spec!r} has unknown token(s) {unknown}; known: {'-'.join(known)}"
+        )
+    repeated = sorted({t for t in tokens if tokens.count(t) > 1})
+    if repeated:
+        raise ValueError(f"layout: {what} {spec!r} repeats {repeated}; each token may appear once")
+    if not tokens:
+        raise ValueError(f"layout: {what} is empty")
+    return tokens
+
+
+class Layout:
+    """A world of ``world_size`` ranks laid out as a grid of named dimensions.
+
+    Args:
+        world_size: number of ranks.
+        tp, pp, cp, ep: sizes (default 1).
+        dp: data-parallel size; None derives it as world / (tp*pp*cp*ep).
+        order: Megatron order string, first token fastest (default "tp-cp-ep-dp-pp").
+
+    Raises:
+        ValueError: sizes whose product is not the world size (saying what would fit),
+            unknown or repeated tokens, or ep > 1 together with cp > 1 (Megatron's dense
+            layout does not combine them: use :meth:`expert` for expert parallelism).
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        *,
+        tp: int = 1,
+        pp: int = 1,
+        dp: int | None = None,
+        cp: int = 1,
+        ep: int = 1,
+        order: str = DEFAULT_ORDER,
+        _tokens: Sequence[str] = TOKENS,
+    ) -> None:
+        tokens = _parse_tokens(order, _tokens, "order")
+        missing = [t for t in _tokens if t not in tokens]
+        if missing:
+            raise ValueError(
+                f"layout: order {order!r} lacks {missing}; it must name each of {'-'.join(_tokens)} once"
+            )
+        sizes = {"tp": tp, "pp": pp, "cp": cp, "ep": ep}
+        for name, value in [
+            *sizes.items(),
+            ("world", world_size),
+            ("dp", dp if dp is not None else 1),
+        ]:
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"layout: {name} is {value!r}, expected an integer >= 1")
+        others = tp * pp * cp * ep
+        if dp is None:
+            if world_size % others:
+                raise ValueError(
+                    f"layout: world {world_size} is not divisible by tp*pp*cp*ep = "
+                    f"{tp}*{pp}*{cp}*{ep} = {others}; world sizes that fit are multiples of {others}"
+                )
+            dp = world_size // others
+        sizes["dp"] = dp
+        product = others * dp
+        if product != world_size:
+            fit = (
+                f"dp={world_size // others}"
+                if world_size % others == 0
+                else f"a world size of {product}"
+            )
+            raise ValueError(
+                f"layout: tp*pp*dp*cp*ep = {tp}*{pp}*{dp}*{cp}*{ep} = {product}, expected the world "
+                f"size {world_size}; {fit} would fit"
+            )
+        if ep > 1 and cp > 1 and "ep" in tokens and "cp" in tokens:
+            raise ValueError(
+                f"layout: ep={ep} and cp={cp} are both above 1, which the dense layout does not "
+                f"support; lay out attention with cp and experts with layout.expert(ep={ep})"
+            )
+        self.world_size = world_size
+        self.order = tokens
+        self.sizes = {t: sizes[t] for t in tokens}
+
+    # -- the DeviceMesh convention -------------------------------------------------------
+
+    @classmethod
+    def from_mesh(cls, shape: Sequence[int], names: Sequence[str]) -> Layout:
+        """Build from a DeviceMesh-style shape (last dimension fastest), e.g.
+        ``Layout.from_mesh((2, 8, 4), ("pp", "dp", "tp"))`` == ``Layout(64, tp=4, dp=8, pp=2,
+        order="tp-dp-pp")``. Dimensions not named get size 1."""
+        if len(shape) != len(names):
+            raise ValueError(
+                f"layout: mesh shape {tuple(shape)} has {len(shape)} dims but {len(names)} names"
+            )
+        names = _parse_tokens(list(names), TOKENS, "mesh names")
+        sizes = dict(zip(names, shape, strict=True))
+        order = list(reversed(names)) + [t for t in TOKENS if t not in names]
+        return cls(
+            math.prod(shape),
+            tp=sizes.get("tp", 1),
+            pp=sizes.get("pp", 1),
+            dp=sizes.get("dp", 1),
+            cp=sizes.get("cp", 1),
+            ep=sizes.get("ep", 1),
+            order="-".join(order),
+        )
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        """The DeviceMesh shape (slowest first) equivalent to the order."""
+        return tuple(self.sizes[t] for t in reversed(self.order))
+
+    @property
+    def mesh_names(self) -> tuple[str, ...]:
+        return tuple(reversed(self.order))
+
+    # -- coordinates ---------------------------------------------------------------------
+
+    def _check_rank(self, rank: int) -> None:
+        if not isinstance(rank, int) or not 0 <= rank < self.world_size:
+            raise ValueError(f"layout: rank {rank!r} is not in 0..{self.world_size - 1}")
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """This rank's index along every dimension."""
+        self._check_rank(rank)
+        out = {}
+        for t in self.order:
+            rank, out[t] = divmod(rank, self.sizes[t])
+        return out
+
+    def rank_of(self, **coords: int) -> int:
+        """The rank at the given coordinates (unnamed dimensions: 0)."""
+        rank, stride = 0, 1
+        for t in self.order:
+            i = coords.pop(t, 0)
+            if not 0 <= i < self.sizes[t]:
+                raise ValueError(f"layout: {t}={i} is not in 0..{self.sizes[t] - 1}")
+            rank += i * stride
+            stride *= self.sizes[t]
+        if coords:
+            raise ValueError(
+                f"layout: unknown dimension(s) {sorted(coords)}; known: {'-'.join(self.order)}"
+            )
+        return rank
+
+    def normalize(self, dims: str | Sequence[str]) -> tuple[str, ...]:
+        """``dims`` as a tuple of tokens in this layout's order ("pp-tp" -> ("tp", "pp"))."""
+        return tuple(sorted(_parse_tokens(dims, self.order, "dims"), key=self.order.index))
+
+    def groups(self, dims: str | Sequence[str]) -> list[list[int]]:
+        """Every group of the dimension(s) ``dims`` ("tp", "dp-cp", "tp-pp"...), each sorted
+        by rank, ordered by their lowest rank."""
+        chosen = _parse_tokens(dims, self.order, "dims")
+        rest = [t for t in self.order if t not in chosen]
+        out = []
+        for fixed in itertools.product(*(range(self.sizes[t]) for t in rest)):
+            base = dict(zip(rest, fixed, strict=True))
+            members = [
+                self.rank_of(**base, **dict(zip(chosen, idx, strict=True)))
+                for idx in itertools.product(*(range(self.sizes[t]) for t in chosen))
+            ]
+            out.append(sorted(members))
+        return sorted(out)
+
+    def group_of(self, rank: int, dims: str | Sequence[str]) -> list[int]:
+        """The members of ``rank``'s group along ``dims``."""
+        chosen = _parse_tokens(dims, self.order, "dims")
+        mine = self.coords(rank)
+        fixed = {t: mine[t] for t in self.order if t not in chosen}
+        return sorted(
+            self.rank_of(**fixed, **dict(zip(chosen, idx, strict=True)))
+            for idx in itertools.product(*(range(self.sizes[t]) for t in chosen))
+        )
+
+    def embedding_groups(self) -> list[list[int]]:
+        """First and last pipeline stage of every pipeline (one rank when pp == 1)."""
+        return sorted(sorted({g[0], g[-1]}) for g in self.groups("pp"))
+
+    def expert(self, *, ep: int, tp: int = 1) -> Layout:
+        """Megatron's expert layout on the same world: its own tp (expert tensor parallel),
+        ep and dp (derived), the same pp, cp = 1, order "tp-ep-dp-pp"."""
+        pp = self.sizes["pp"]
+        return Layout(
+            self.world_size,
+            tp=tp,
+            ep=ep,
+            pp=pp,
+            dp=None,
+            cp=1,
+            order="tp-ep-dp-pp",
+            _tokens=("tp", "ep", "dp", "pp"),
+        )
+
+    # -- serialization and comparison -----------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "world_size": self.world_size,
+            "order": "-".join(self.order),
+            "sizes": dict(self.sizes),
+        }
+
+    def to_json(self) -> str:
+        """A small JSON document (for checkpoint metadata)."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | dict[str, Any]) -> Layout:
+        doc = json.loads(text) if isinstance(text, str) else text
+        try:
+            sizes, order, world = doc["sizes"], doc["order"], doc["world_size"]
+        except (KeyError, TypeError) as exc:
+            raise ValueError(
+                f"layout: JSON lacks {exc}; expected world_size, order, sizes"
+            ) from None
+        tokens = tuple(order.split("-"))
+        known = TOKENS if set(tokens) == set(TOKENS) else tokens
+        return cls(world, order=order, _tokens=known, **{k: v for k, v in sizes.items()})
+
+    def differences(self, other: Layout) -> list[str]:
+        """What differs between two layouts, in words (empty when equal)."""
+        out = []
+        if self.world_size != other.world_size:
+            out.append(f"world size {self.world_size} != {other.world_size}")
+        for t in sorted(set(self.sizes) | set(other.sizes)):
+            a, b = self.sizes.get(t, 1), other.sizes.get(t, 1)
+            if a != b:
+                out.append(f"{t} {a} != {b}")
+        if self.order != other.order:
+            out.append(f"order {'-'.join(self.order)} != {'-'.join(other.order)}")
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Layout) and not self.differences(other)
+
+    def __hash__(self) -> int:
+        return hash((self.world_size, self.order, tuple(self.sizes.items())))
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{t}={s}" for t, s in self.sizes.items())
+        return f"Layout({self.world_size}, {sizes}, order={'-'.join(self.order)!r})"

@@ -1,0 +1,83 @@
+"""A rank's Communicators for every dimension of a :class:`~hpccomm.layout.Layout`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .errors import InvalidArgumentError
+from .layout import Layout
+
+if TYPE_CHECKING:
+    from .comm import Communicator
+
+__all__ = ["ParallelGroups"]
+
+
+class ParallelGroups:
+    """This rank's groups of a layout over ``comm``, created on first use and cached.
+
+    Creating a group is collective over ``comm``: every rank must ask for the same
+    dimensions in the same order (``comm.layout(...).tp`` on every rank, say). ``free()``
+    frees the groups made so far.
+
+    Example (4 ranks, ``groups = comm.layout(tp=2, dp=2)``): rank 3 has ``groups.tp``
+    holding world ranks [2, 3] and ``groups.dp`` holding [1, 3].
+    """
+
+    def __init__(self, comm: Communicator, layout: Layout) -> None:
+        if layout.world_size != comm.size:
+            raise InvalidArgumentError(
+                f"layout (rank {comm.rank} of {comm.size}): the layout is for {layout.world_size} "
+                f"ranks, expected {comm.size} (this communicator's size)"
+            )
+        self.comm = comm
+        self.layout = layout
+        self._groups: dict[tuple[str, ...], Communicator] = {}
+
+    @property
+    def coords(self) -> dict[str, int]:
+        """This rank's coordinates (tp, cp, ep, dp, pp)."""
+        return self.layout.coords(self.comm.rank)
+
+    def members(self, dims: str | Sequence[str]) -> list[int]:
+        """Ranks (of ``comm``) in this rank's group along ``dims``."""
+        return self.layout.group_of(self.comm.rank, dims)
+
+    def group(self, dims: str | Sequence[str]) -> Communicator:
+        """This rank's Communicator along ``dims`` ("tp", "dp-cp", "tp-pp", ...), members in
+        rank order. Collective over ``comm`` on first use."""
+        key = self.layout.normalize(dims)
+        group = self._groups.get(key)
+        if group is None:
+            members = self.members(key)
+            group = self.comm.split(members[0], key=self.comm.rank)
+            group.name = f"{self.comm.name}/{'-'.join(key)}"
+            self._groups[key] = group
+        return group
+
+    @property
+    def tp(self) -> Communicator:
+        return self.group("tp")
+
+    @property
+    def pp(self) -> Communicator:
+        return self.group("pp")
+
+    @property
+    def dp(self) -> Communicator:
+        return self.group("dp")
+
+    @property
+    def cp(self) -> Communicator:
+        return self.group("cp")
+
+    @property
+    def ep(self) -> Communicator:
+        return self.group("ep")
+
+    def free(self) -> None:
+        """Free every group made so far (idempotent)."""
+        for group in self._groups.values():
+            group.free()
+        self._groups.clear()
