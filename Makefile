@@ -17,24 +17,35 @@ MPIEXEC  := $(BIN)/mpiexec --oversubscribe
 MPI_TIMEOUT ?= 300
 BOUND    := timeout -k 10 $(MPI_TIMEOUT)
 
-.PHONY: install test test-unit test-mpi run info lint format bench clean
+.PHONY: install test test-unit test-mpi test-slurm slurm-up slurm-down run info lint format bench clean
 
 install:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
 	$(BIN)/python -m pip install -e '.[mpi,test]'
 
-test: test-mpi test-unit
+test: test-mpi test-slurm test-unit
 
 test-mpi:
 	@for n in 1 2 3 4; do \
 	  echo "== tests/mpi on $$n ranks"; \
-	  $(BOUND) $(MPIEXEC) -n $$n $(BIN)/python -m pytest -q -p no:cacheprovider --with-mpi tests/mpi \
+	  $(BOUND) $(MPIEXEC) -n $$n $(BIN)/python -m pytest -q -p no:cacheprovider --color=no --with-mpi tests/mpi \
 	    || exit 1; \
 	done
 
 test-unit:
-	$(BOUND) $(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
+	$(BOUND) $(BIN)/python -m pytest -q -p no:cacheprovider --color=no tests/unit
+
+# Needs the local two-node cluster (make slurm-up); without it the tests skip and say why.
+test-slurm:
+	$(BOUND) $(BIN)/python -m pytest -q -rs -p no:cacheprovider --color=no tests/slurm
+
+# A real two-node Slurm cluster on this machine (installs Debian packages if missing; root).
+slurm-up:
+	timeout -k 10 600 tests/slurm/cluster.sh up
+
+slurm-down:
+	timeout -k 10 120 tests/slurm/cluster.sh down
 
 run:
 	$(BOUND) $(MPIEXEC) -n $(NP) $(BIN)/hpccomm doctor

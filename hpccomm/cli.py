@@ -98,6 +98,37 @@ def _cmd_layout(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_sbatch(args: argparse.Namespace) -> int:
+    from .slurm import BatchOptions, render, submit
+
+    command = list(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
+    opts = BatchOptions(
+        command=command,
+        nodes=args.nodes,
+        ntasks_per_node=args.ntasks_per_node,
+        gpus_per_node=args.gpus_per_node,
+        gpus_per_task=args.gpus_per_task,
+        cpus_per_task=args.cpus_per_task,
+        time=args.time,
+        partition=args.partition,
+        account=args.account,
+        job_name=args.job_name,
+        output=args.output_log,
+        mpi=args.mpi,
+        array=args.array,
+        extra=args.extra or [],
+    )
+    script = render(opts)
+    if args.o:
+        with open(args.o, "w") as f:
+            f.write(script)
+    if args.submit:
+        print(submit(script))
+    elif not args.o:
+        print(script, end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpccomm", description="HPC communication toolkit")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -131,6 +162,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=int, help="show one rank's coordinates and groups")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_layout)
+    p = sub.add_parser("sbatch", help="render (print, write or submit) a Slurm batch script")
+    p.add_argument("--nodes", "-N", type=int, default=1)
+    p.add_argument("--ntasks-per-node", type=int, default=1)
+    p.add_argument("--gpus-per-node", type=int)
+    p.add_argument("--gpus-per-task", type=int)
+    p.add_argument("--cpus-per-task", type=int)
+    p.add_argument("--time", default="00:30:00", help="Slurm time limit (default 00:30:00)")
+    p.add_argument("--partition")
+    p.add_argument("--account")
+    p.add_argument("--job-name", default="hpccomm")
+    p.add_argument("--output", dest="output_log", help="the job's log file (#SBATCH --output)")
+    p.add_argument("--mpi", default="pmix", help="srun MPI plug-in (default pmix, for Open MPI)")
+    p.add_argument("--array", help="job array indices, e.g. 0-3")
+    p.add_argument("--extra", action="append", help="an extra '#SBATCH ...' line (repeatable)")
+    p.add_argument("-o", metavar="FILE", help="write the script to FILE instead of printing it")
+    p.add_argument("--submit", action="store_true", help="submit with sbatch and print the job id")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command to run on every task")
+    p.set_defaults(func=_cmd_sbatch)
     return parser
 
 
@@ -144,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if not isinstance(exc, HpccommError) and not isinstance(exc, ValueError):
             raise
-        print(f"hpccomm {args.command}: {exc}", file=sys.stderr)
+        print(f"hpccomm: {exc}", file=sys.stderr)
         return 2
 
 

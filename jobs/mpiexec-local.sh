@@ -1,0 +1,16 @@
+#!/bin/bash
+# Plain mpiexec on a machine without Slurm (a workstation, a cloud VM).
+#
+#   jobs/mpiexec-local.sh [NP] [command...]     default: 4 ranks, hpccomm doctor
+#
+# Uses the project's .venv (embedded Open MPI) when present. Root and more ranks than cores
+# work: the Open MPI settings for both are set below.
+set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+NP="${1:-4}"
+shift || true
+[ $# -gt 0 ] || set -- hpccomm doctor
+if [ -x "$here/.venv/bin/mpiexec" ]; then export PATH="$here/.venv/bin:$PATH"; fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1   # only matters as root
+export OMPI_MCA_mpi_yield_when_idle=1                              # oversubscribed ranks yield
+exec mpiexec --oversubscribe -n "$NP" "$@"

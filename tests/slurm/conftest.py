@@ -1,0 +1,67 @@
+"""The Slurm tests need the local two-node cluster (``make slurm-up``); without it they skip
+and say why. Every wait on the cluster is bounded."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CONF = Path(os.environ.get("SLURM_RIG", ROOT / ".slurm")) / "etc" / "slurm.conf"
+BIN = Path(sys.executable).parent
+
+
+def cluster_env() -> dict:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "OMPI_", "PMIX_", "PMI_"))
+    }
+    env.update(
+        SLURM_CONF=str(CONF),
+        PATH=f"{BIN}:{env.get('PATH', '')}",
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        OMPI_MCA_mpi_yield_when_idle="1",
+        PMIX_MCA_psec="native",
+        PMIX_MCA_gds="hash",
+    )
+    return env
+
+
+def _why_not() -> str | None:
+    if shutil.which("sinfo") is None:
+        return "Slurm is not installed (make slurm-up installs and starts the test cluster)"
+    if not CONF.exists():
+        return f"no test cluster configuration at {CONF} (run make slurm-up)"
+    try:
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N %T"],
+            capture_output=True,
+            text=True,
+            timeout=15,
+            env=cluster_env(),
+        )
+    except subprocess.TimeoutExpired:
+        return "sinfo did not answer in 15 s (is slurmctld running? make slurm-up)"
+    idle = [
+        line
+        for line in out.stdout.splitlines()
+        if line.split()[-1:] in (["idle"], ["mixed"], ["allocated"])
+    ]
+    if out.returncode != 0 or len(idle) < 2:
+        return f"the test cluster is not up (sinfo: {out.stdout.strip() or out.stderr.strip()}); run make slurm-up"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    why = None
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.path).parents:
+            why = why or _why_not() or ""
+            if why:
+                item.add_marker(pytest.mark.skip(reason=why))

@@ -1,0 +1,144 @@
+"""hpccomm on a real two-node Slurm cluster: srun steps, the job templates, the batch shell,
+mpirun inside an allocation, a job array and `hpccomm sbatch --submit`."""
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import BIN, ROOT, cluster_env
+
+pytestmark = pytest.mark.timeout(300)
+JOBS = ROOT / "jobs"
+
+
+def run(cmd, timeout=120, **kw):
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=cluster_env(), **kw
+    )
+    return out
+
+
+def srun_json(*args):
+    out = run(["srun", *args, "--mpi=pmix", str(BIN / "hpccomm"), "info", "--json"])
+    assert out.returncode == 0, f"srun failed:\n{out.stdout}\n{out.stderr}"
+    return json.loads(out.stdout)
+
+
+def sbatch_wait(script, tmp_path, *args, extra_env=None):
+    """Submit, wait (bounded), return (job id, output text). A failed job's output goes into
+    the assertion message."""
+    log = tmp_path / "job-%j.out"
+    env = cluster_env()
+    env.update(extra_env or {})
+    cmd = ["sbatch", "--parsable", "--wait", f"--output={log}", "--time=5", *args, str(script)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        jobs = run(["squeue", "-h", "-o", "%i"]).stdout.split()
+        run(["scancel", *jobs])
+        pytest.fail(
+            f"job did not finish in 240 s: {cmd}; outputs: {[p.read_text() for p in tmp_path.glob('job-*.out')]}"
+        )
+    job = stdout.strip().split(";")[0]
+    text = "\n".join(p.read_text() for p in sorted(tmp_path.glob("job-*.out")))
+    assert proc.returncode == 0, (
+        f"job {job} failed ({proc.returncode}): {stderr}\n--- job output ---\n{text}"
+    )
+    return job, text
+
+
+def test_srun_two_nodes_four_ranks():
+    infos = sorted(srun_json("-N2", "-n4"), key=lambda d: d["rank"])
+    assert [d["rank"] for d in infos] == [0, 1, 2, 3]
+    assert {d["num_nodes"] for d in infos} == {2}
+    assert [d["local_rank"] for d in infos] == [0, 1, 0, 1]
+    assert [d["node_index"] for d in infos] == [0, 0, 1, 1]
+    assert [d["hostname"] for d in infos] == ["node1", "node1", "node2", "node2"]
+    assert {tuple(d["nodelist"]) for d in infos} == {("node1", "node2")}
+    assert {d["launcher"] for d in infos} == {"slurm"}
+    assert infos[0]["sources"]["local_size"] == "SLURM_STEP_TASKS_PER_NODE[SLURM_NODEID]"
+
+
+def test_srun_uneven_layout():
+    infos = sorted(srun_json("-N2", "-n3"), key=lambda d: d["rank"])
+    assert [d["local_size"] for d in infos] == [2, 2, 1]
+    assert [d["node_index"] for d in infos] == [0, 0, 1]
+
+
+def test_batch_shell_is_not_a_step(tmp_path):
+    script = tmp_path / "shell.sh"
+    script.write_text("#!/bin/bash\nhpccomm info --no-mpi --json\n")
+    _, text = sbatch_wait(script, tmp_path, "-N2", "-n4")
+    doc = json.loads(text.strip().splitlines()[-1])
+    assert (doc["launcher"], doc["rank"], doc["size"]) == ("slurm-batch", 0, 1)
+    assert doc["nodelist"] == ["node1", "node2"]
+    assert "launch the ranks with srun" in doc["warnings"][0]
+
+
+def test_cpu_template_doctor_passes_across_both_nodes(tmp_path):
+    _, text = sbatch_wait(JOBS / "cpu-mpi.sbatch", tmp_path)
+    assert "doctor: 11 of 11 operations passed on 4 ranks" in text, text
+    assert "node1" in text and "node2" in text
+
+
+def test_mpirun_inside_allocation_is_open_mpi(tmp_path):
+    _, text = sbatch_wait(
+        JOBS / "mpirun-in-allocation.sbatch",
+        tmp_path,
+        extra_env={"HPCCOMM_CMD": "hpccomm info --json"},
+    )
+    infos = json.loads(text[text.index("[") :])
+    assert len(infos) == 4 and {d["launcher"] for d in infos} == {"openmpi"}
+    assert sorted(d["hostname"] for d in infos) == ["node1", "node1", "node2", "node2"]
+    assert {d["num_nodes"] for d in infos} == {2}
+
+
+def test_job_array_sees_task_id(tmp_path):
+    log = tmp_path / "arr-%A_%a.out"
+    env = cluster_env()
+    out = subprocess.run(
+        ["sbatch", "--parsable", "--wait", f"--output={log}", "--time=5", str(JOBS / "job-array.sbatch")],
+        capture_output=True, text=True, timeout=240, env=env,
+    )  # fmt: skip
+    texts = {p.name: p.read_text() for p in tmp_path.glob("arr-*.out")}
+    assert out.returncode == 0, f"{out.stderr}\n{texts}"
+    job = out.stdout.strip().split(";")[0]
+    assert len(texts) == 2, texts
+    for task in (0, 1):
+        text = texts[f"arr-{job}_{task}.out"]
+        assert f"array task {task} of job {job}" in text
+        assert f"[{task}]" in text.splitlines()[-1]
+
+
+def test_hpccomm_sbatch_submit(tmp_path):
+    log = tmp_path / "gen-%j.out"
+    out = run(
+        [str(BIN / "hpccomm"), "sbatch", "-N", "2", "--ntasks-per-node", "2", "--time", "5", "--job-name", "gen",
+         "--output", str(log), "--submit", "--", "hpccomm", "info", "--json"],
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    job = out.stdout.strip()
+    assert job.isdigit()
+    deadline = time.monotonic() + 180
+    while run(["squeue", "-h", "-j", job]).stdout.strip():
+        if time.monotonic() > deadline:
+            run(["scancel", job])
+            pytest.fail(f"job {job} still queued or running after 180 s")
+        time.sleep(0.5)
+    text = Path(str(log).replace("%j", job)).read_text()
+    infos = json.loads(text)
+    assert sorted(d["node_index"] for d in infos) == [0, 0, 1, 1]
+
+
+def test_templates_are_valid_bash_with_headers():
+    for path in sorted(JOBS.iterdir()):
+        assert (
+            subprocess.run(["bash", "-n", str(path)], capture_output=True, timeout=10).returncode
+            == 0
+        ), path
+        head = path.read_text().splitlines()[1]
+        assert head.startswith("# ") and len(head) > 20, path
