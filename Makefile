@@ -8,7 +8,6 @@ NP       ?= 4
 # Open MPI refuses root without these, and refuses more ranks than cores without oversubscribe.
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
-export PRTE_MCA_rmaps_default_mapping_policy := :oversubscribe
 # Ranks that wait yield the core: 4 ranks on 2 cores would otherwise spin against each other.
 export OMPI_MCA_mpi_yield_when_idle := 1
 export PYTHONUNBUFFERED := 1

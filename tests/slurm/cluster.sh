@@ -107,8 +107,9 @@ down() {
   fi
   for pidfile in "$RIG"/run/slurmctld.pid "$RIG"/run/slurmd-node1.pid "$RIG"/run/slurmd-node2.pid; do
     for _ in $(seq 1 20); do alive "$pidfile" || break; sleep 0.5; done
-    if alive "$pidfile"; then kill "$(cat "$pidfile")" 2>/dev/null || true; fi
-    rm -f "$pidfile"
+    if alive "$pidfile"; then kill "$(cat "$pidfile")" 2>/dev/null || true; sleep 2; fi
+    if alive "$pidfile"; then log "$(basename "$pidfile" .pid) ignores SIGTERM: SIGKILL"; kill -9 "$(cat "$pidfile")" 2>/dev/null || true; sleep 0.5; fi
+    if alive "$pidfile"; then log "could not stop pid $(cat "$pidfile") ($pidfile)"; else rm -f "$pidfile"; fi
   done
   if [ -f "$RIG/run/munged.ours" ] && [ -f /run/munge/munged.pid ] && kill -0 "$(cat /run/munge/munged.pid)" 2>/dev/null; then
     kill "$(cat /run/munge/munged.pid)" || true
