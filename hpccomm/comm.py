@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import record
 from .buffers import resolve
+from .cuda_aware import CPU_ONLY, DeviceConfig
 from .dtypes import ReduceOp
 from .errors import BackendError, ClosedError, HpccommError, InvalidArgumentError, where
 from .ops import (
@@ -48,6 +49,8 @@ from .record import Call
 if TYPE_CHECKING:
     from mpi4py import MPI
 
+    from .backends.mpi_device import DeviceMPIBackend
+    from .backends.nccl import NcclBackend
     from .discovery import LaunchInfo
     from .layout import Layout
     from .parallel import ParallelGroups
@@ -83,6 +86,7 @@ class Communicator:
         node_comm: MPI.Intracomm | None = None,
         node_index: int | None = None,
         num_nodes: int | None = None,
+        device: DeviceConfig = CPU_ONLY,
     ) -> None:
         from .backends.mpi import MPIBackend
 
@@ -102,6 +106,9 @@ class Communicator:
         self._node: Communicator | None = None
         self._leaders: Communicator | None | bool = False  # False: not computed yet
         self._children: list[Communicator] = []
+        self._device = device
+        self._nccl: NcclBackend | None = None
+        self._device_mpi: DeviceMPIBackend | None = None
 
     # -- properties --------------------------------------------------------------------
 
@@ -164,6 +171,56 @@ class Communicator:
     def freed(self) -> bool:
         return self._freed
 
+    @property
+    def device(self) -> DeviceConfig:
+        """This rank's GPU, the device-collective backend and the MPI device path."""
+        return self._device
+
+    @property
+    def nccl(self) -> Any:
+        """The ``cupy.cuda.nccl.NcclCommunicator`` of this group (None until enabled)."""
+        return None if self._nccl is None else self._nccl.comm
+
+    def enable_nccl(self) -> None:
+        """Create this group's NCCL communicator now (collective over the group: rank 0 makes
+        the unique id, MPI broadcasts it, every rank joins on its bound GPU). Device
+        collectives create it on first use anyway; call this first when the first device
+        operation is a send/recv.
+
+        Raises:
+            GpuBindingError: two ranks of the group share a GPU (raised on every rank).
+            HpccommError: no GPU is bound on this rank, or CuPy/NCCL are missing.
+        """
+        self._check_open("enable_nccl")
+        if self._nccl is not None:
+            return
+        if self._device.gpu is None:
+            raise HpccommError(
+                f"enable_nccl (rank {self._rank} of {self._size}): no GPU is bound on this rank (hpccomm.init(gpu=True))"
+            )
+        from .backends.nccl import NcclBackend
+
+        self._nccl = NcclBackend(self._mpi, self._device.gpu)
+
+    def _device_backend(self, call: Call) -> Any:
+        """The backend for a call with device arrays (NCCL, or MPI direct/staged)."""
+        if self._device.mode == "nccl":
+            if self._nccl is None:
+                if call.op.p2p:
+                    raise InvalidArgumentError(
+                        f"{call}: the first device operation on {self.name} is point-to-point, but "
+                        f"creating the NCCL communicator is collective; call comm.enable_nccl() on "
+                        f"every rank first (or hpccomm.init(nccl=True))"
+                    )
+                self.enable_nccl()
+            if self._nccl.supports(call):
+                return self._nccl
+        if self._device_mpi is None:
+            from .backends.mpi_device import DeviceMPIBackend
+
+            self._device_mpi = DeviceMPIBackend(self._backend, self._device.path)
+        return self._device_mpi
+
     def __repr__(self) -> str:
         state = " freed" if self._freed else ""
         return f"<hpccomm.Communicator {self.name} rank {self._rank} of {self._size}{state}>"
@@ -202,7 +259,10 @@ class Communicator:
         if out is not None:
             call.out = resolve(out, call, "out")
         op.prepare(call)
-        backend = self._backend
+        b = call.buf if call.buf is not None else call.out
+        if b is None and op is BATCH_P2P and payload:
+            b = payload[0].buf
+        backend = self._backend if b is None or b.device is None else self._device_backend(call)
         listening = bool(record.listeners)
         if listening:
             record.notify("start", call)
@@ -505,12 +565,16 @@ class Communicator:
 
     # -- groups -------------------------------------------------------------------------
 
-    def _adopt(self, mpi_comm: MPI.Intracomm, name: str) -> Communicator | None:
+    def _adopt(
+        self, mpi_comm: MPI.Intracomm, name: str, device: DeviceConfig | None = None
+    ) -> Communicator | None:
         from mpi4py import MPI
 
         if mpi_comm == MPI.COMM_NULL:
             return None
-        child = Communicator(mpi_comm, name=name, timeout=self._timeout)
+        child = Communicator(
+            mpi_comm, name=name, timeout=self._timeout, device=device or self._device
+        )
         self._children.append(child)
         return child
 
@@ -553,10 +617,22 @@ class Communicator:
             group.Free()
         return self._adopt(new, f"{self.name}/group{ranks}")
 
-    def dup(self) -> Communicator:
-        """A new communicator with the same ranks and separate message space."""
+    def dup(self, *, device_backend: str | None = None) -> Communicator:
+        """A new communicator with the same ranks and separate message space.
+
+        Args:
+            device_backend: "nccl" or "mpi" to change how device arrays travel on the copy
+                (default: as on this one). All ranks must call this.
+        """
         self._check_open("dup")
-        child = self._adopt(self._mpi.Dup(), f"{self.name}/dup")
+        device = self._device
+        if device_backend is not None:
+            if device_backend not in ("nccl", "mpi"):
+                raise InvalidArgumentError(
+                    f"dup (rank {self._rank} of {self._size}): device_backend is {device_backend!r}, expected 'nccl' or 'mpi'"
+                )
+            device = device._replace(mode=device_backend)
+        child = self._adopt(self._mpi.Dup(), f"{self.name}/dup", device)
         assert child is not None
         return child
 
@@ -626,7 +702,9 @@ class Communicator:
             mpi_node = self._node_mpi
             if mpi_node is None:
                 mpi_node = self._mpi.Split_type(MPI.COMM_TYPE_SHARED, key=self._rank)
-            self._node = Communicator(mpi_node, name=f"{self.name}/node", timeout=self._timeout)
+            self._node = Communicator(
+                mpi_node, name=f"{self.name}/node", timeout=self._timeout, device=self._device
+            )
             self._children.append(self._node)
         return self._node
 
@@ -665,7 +743,9 @@ class Communicator:
         for child in reversed(self._children):
             child.free()
         self._children.clear()
-        self._backend.close()
+        for backend in (self._nccl, self._device_mpi, self._backend):
+            if backend is not None:
+                backend.close()
         self._freed = True
         from mpi4py import MPI
 

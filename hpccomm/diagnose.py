@@ -25,8 +25,10 @@ __all__ = [
 
 
 def gather_launch(comm: Communicator) -> list[dict] | None:
-    """Every rank's verified launch description (as dicts), on rank 0; None elsewhere."""
+    """Every rank's verified launch description (as dicts, with its device path), on rank 0;
+    None elsewhere."""
     info = comm.launch.to_dict() if comm.launch is not None else {"rank": comm.rank}
+    info["device"] = comm.device.describe()
     return comm.gather_object(info, dst=0)
 
 
@@ -57,6 +59,8 @@ def format_launch_table(infos: list[dict]) -> str:
         "  ".join(cell.ljust(wd) for cell, wd in zip(row, widths, strict=True)).rstrip()
         for row in rows
     ]
+    devices = sorted({d["device"] for d in infos if "device" in d})
+    lines.extend(devices)
     notes = sorted({w for d in infos for w in d.get("warnings", ())})
     lines.extend(f"warning: {w}" for w in notes)
     return "\n".join(lines)

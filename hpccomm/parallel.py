@@ -53,6 +53,8 @@ class ParallelGroups:
             members = self.members(key)
             group = self.comm.split(members[0], key=self.comm.rank)
             group.name = f"{self.comm.name}/{'-'.join(key)}"
+            if self.comm.nccl is not None:  # subgroups of an NCCL communicator get theirs too
+                group.enable_nccl()
             self._groups[key] = group
         return group
 

@@ -38,6 +38,7 @@ class Call:
         "t_start",
         "t_end",
         "error",
+        "quiet",
     )
 
     def __init__(self, op, comm, seq, peer, tag, buf, out, redop, async_op, stream, payload):
@@ -58,6 +59,7 @@ class Call:
         self.t_start = 0.0
         self.t_end = 0.0
         self.error = None
+        self.quiet = False  # an inner call of a backend (staging): not reported to listeners
 
     def __str__(self) -> str:
         """The "op (rank r of n)" prefix of every message about this call."""

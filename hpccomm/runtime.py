@@ -7,6 +7,7 @@ import os
 import warnings
 from typing import TYPE_CHECKING
 
+from .cuda_aware import DeviceConfig, decide
 from .discovery import LaunchInfo, discover
 from .errors import HpccommError, LaunchMismatchError
 from .gpuselect import choose_gpu, sharing_allowed
@@ -145,7 +146,42 @@ def _bind_gpu(info: LaunchInfo, want_gpu: bool | None) -> LaunchInfo:
     return info.replace(visible_gpus=visible, gpu=gpu, sources=sources)
 
 
-def init(*, timeout: float | None = None, gpu: bool | None = None) -> Communicator:
+def _device_config(
+    info: LaunchInfo, device_backend: str, cuda_aware_mpi: bool | None
+) -> DeviceConfig:
+    """Pick the device-collective backend and decide the MPI device path (no CUDA calls
+    beyond what binding made)."""
+    if device_backend not in ("auto", "nccl", "mpi"):
+        raise HpccommError(
+            f"init: device_backend is {device_backend!r}, expected 'auto', 'nccl' or 'mpi'"
+        )
+    path = decide(cuda_aware_mpi)
+    if info.gpu is None:
+        return DeviceConfig(None, "mpi", path)
+    mode = device_backend
+    if mode != "mpi":
+        try:
+            from cupy.cuda import nccl
+
+            nccl.get_version()
+            mode = "nccl"
+        except Exception as exc:  # CuPy built without NCCL, or the library failed to load
+            if device_backend == "nccl":
+                raise HpccommError(
+                    f"init: device_backend='nccl' but NCCL is unavailable: {exc}"
+                ) from exc
+            mode = "mpi"
+    return DeviceConfig(info.gpu, mode, path)
+
+
+def init(
+    *,
+    timeout: float | None = None,
+    gpu: bool | None = None,
+    device_backend: str = "auto",
+    cuda_aware_mpi: bool | None = None,
+    nccl: bool = False,
+) -> Communicator:
     """Initialize MPI (once), verify the launch and return the world Communicator.
 
     Idempotent: later calls return the same communicator (their arguments must not differ).
@@ -155,6 +191,12 @@ def init(*, timeout: float | None = None, gpu: bool | None = None) -> Communicat
             bound, as in MPI).
         gpu: True to require a GPU, False to stay CPU-only, None to use one if CuPy and a
             visible GPU are there.
+        device_backend: for device (CuPy) arrays: "nccl", "mpi", or "auto" (NCCL when CuPy
+            has it). Host arrays always go through MPI.
+        cuda_aware_mpi: True/False to state whether MPI takes device pointers; None asks
+            ``HPCCOMM_CUDA_AWARE_MPI`` and then the library (see :mod:`hpccomm.cuda_aware`).
+        nccl: create the world's NCCL communicator now instead of on the first device
+            collective.
 
     Returns:
         The world Communicator (a duplicate of COMM_WORLD, so hpccomm's traffic never mixes
@@ -176,6 +218,7 @@ def init(*, timeout: float | None = None, gpu: bool | None = None) -> Communicat
         MPI.Init_thread()
     info, node = verify_launch(info, MPI.COMM_WORLD)
     info = _bind_gpu(info, gpu)
+    device = _device_config(info, device_backend, cuda_aware_mpi)
     from .comm import Communicator
 
     _world = Communicator(
@@ -186,7 +229,10 @@ def init(*, timeout: float | None = None, gpu: bool | None = None) -> Communicat
         node_comm=node,
         node_index=info.node_index,
         num_nodes=info.num_nodes,
+        device=device,
     )
+    if nccl:
+        _world.enable_nccl()
     return _world
 
 

@@ -57,7 +57,7 @@ class Work:
             self._exc = HpccommError(f"{self._where()}: {exc}")
             self._exc.__cause__ = exc
         call.error = self._exc
-        if record.listeners:
+        if record.listeners and not call.quiet:
             record.notify("end", call)
 
     def is_completed(self) -> bool:

@@ -26,7 +26,9 @@ def mpi_env():
         OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
         OMPI_MCA_mpi_yield_when_idle="1",
     )
-    for key in [k for k in env if k.startswith(("SLURM_", "OMPI_COMM_WORLD", "PRTE_", "PMIX_", "PMI_"))]:
+    for key in [
+        k for k in env if k.startswith(("SLURM_", "OMPI_COMM_WORLD", "PRTE_", "PMIX_", "PMI_"))
+    ]:
         del env[key]
     return env
 
