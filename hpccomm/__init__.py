@@ -17,6 +17,7 @@ from .errors import (
     InvalidArgumentError,
     LaunchMismatchError,
 )
+from .layout import Layout
 from .ops import P2POp
 from .record import CallLog, add_listener, remove_listener
 from .runtime import init, is_initialized, world
@@ -36,6 +37,7 @@ __all__ = [
     "InvalidArgumentError",
     "LaunchInfo",
     "LaunchMismatchError",
+    "Layout",
     "P2POp",
     "ReduceOp",
     "Work",

@@ -254,20 +254,36 @@ class Communicator:
             self._seq += 1
             seq = self._seq
         call = Call(op, self, seq, peer, tag, None, None, redop, async_op, stream, payload)
+        b = None
         if array is not None:
-            call.buf = resolve(array, call)
+            call.buf = b = resolve(array, call)
         if out is not None:
             call.out = resolve(out, call, "out")
         op.prepare(call)
-        b = call.buf if call.buf is not None else call.out
-        if b is None and op is BATCH_P2P and payload:
-            b = payload[0].buf
+        if b is None:
+            b = (
+                call.out
+                if call.out is not None
+                else (payload[0].buf if op is BATCH_P2P and payload else None)
+            )
         backend = self._backend if b is None or b.device is None else self._device_backend(call)
+        if record.listeners or self._timeout is not None:
+            return self._run_observed(call, backend)
+        try:
+            return backend.run(call)
+        except HpccommError:
+            raise
+        except Exception as exc:
+            raise BackendError(f"{call}: {backend.name} failed: {exc}") from exc
+
+    def _run_observed(self, call: Call, backend: Any) -> Any:
+        """The run step when someone listens or a timeout bounds blocking calls."""
         listening = bool(record.listeners)
         if listening:
             record.notify("start", call)
         timeout = self._timeout
-        bounded = timeout is not None and not async_op and op.nonblocking
+        async_op = call.async_op
+        bounded = timeout is not None and not async_op and call.op.nonblocking
         if bounded:
             call.async_op = True
         try:

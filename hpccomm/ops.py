@@ -2,12 +2,14 @@
 
 Each spec's ``prepare(call)`` checks the resolved buffers against the operation's rules
 (dtype, op, shape, contiguity, counts, root/peer range, split sizes), allocates the output when
-none was given, and stores element counts/displacements in ``call.counts``. Errors name the
+none was given, and stores the rows per rank and elements per row in ``call.counts`` (see
+:func:`displacements`). Errors name the
 operation, the rank, the argument and expected versus actual.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,7 +26,7 @@ from .dtypes import (
 from .errors import DtypeError, InvalidArgumentError
 from .record import Call
 
-__all__ = ["OpSpec", "SPECS", "P2POp"]
+__all__ = ["OpSpec", "SPECS", "P2POp", "displacements"]
 
 
 class OpSpec:
@@ -92,7 +94,7 @@ def _check_out(call: Call, shape: tuple[int, ...], template: Buffer) -> None:
         call.out = resolve(empty_like_module(template, shape), call, "out")
         return
     out = call.out
-    if tuple(out.array.shape) != shape:
+    if out.array.shape != shape:
         raise InvalidArgumentError(
             f"{w(call)}: out has shape {tuple(out.array.shape)}, expected {shape}"
         )
@@ -130,12 +132,12 @@ def _check_sizes(call: Call, sizes: Any, arg: str, total: int | None) -> list[in
     return out
 
 
-def _counts(rows: list[int], row_elems: int) -> tuple[list[int], list[int]]:
+def displacements(blocks: tuple[list[int], int]) -> tuple[list[int], list[int]]:
+    """Element counts and displacements per rank from ``call.counts``'s (rows per rank,
+    elements per row); computed only by the paths that need them (the v-variants)."""
+    rows, row_elems = blocks
     counts = [r * row_elems for r in rows]
-    displs = [0] * len(counts)
-    for i in range(1, len(counts)):
-        displs[i] = displs[i - 1] + counts[i - 1]
-    return counts, displs
+    return counts, [0, *itertools.accumulate(counts[:-1])]
 
 
 def _equal_blocks(call: Call, rows: int, arg: str = "array") -> int:
@@ -187,12 +189,12 @@ def _p_all_gather(call: Call) -> None:
     if call.op is GATHER:
         _check_root(call, "dst")
         if call.comm.rank != call.peer:
-            call.counts = (None, None)
+            call.counts = None
             call.out = None
             call.result = None
             return
     _check_out(call, shape, b)
-    call.counts = _counts(out_rows, row_elems)
+    call.counts = (out_rows, row_elems)
     call.result = call.out.array
 
 
@@ -230,7 +232,7 @@ def _p_scatter(call: Call) -> None:
         )
         template = call.out
     _check_out(call, (blocks[comm.rank], *rest), template)
-    call.counts = _counts(blocks, row_elems)
+    call.counts = (blocks, row_elems)
     call.result = call.out.array
 
 
@@ -246,7 +248,7 @@ def _p_reduce_scatter(call: Call) -> None:
         else _check_sizes(call, sizes, "sizes", rows)
     )
     _check_out(call, (blocks[call.comm.rank], *rest), b)
-    call.counts = _counts(blocks, row_elems)
+    call.counts = (blocks, row_elems)
     call.result = call.out.array
 
 
@@ -275,7 +277,7 @@ def _p_all_to_all(call: Call) -> None:
     else:
         recv = _check_sizes(call, out_splits, "output_split_sizes", None)
     _check_out(call, (sum(recv), *rest), b)
-    call.counts = (_counts(send, row_elems), _counts(recv, row_elems))
+    call.counts = ((send, row_elems), (recv, row_elems))
     call.result = call.out.array
 
 

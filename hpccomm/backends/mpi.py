@@ -231,20 +231,22 @@ class MPIBackend:
         out = call.out.array
         if call.payload is None:
             return self._go(call, self.mpi.Allgather, self.mpi.Iallgather, (send, [out, mt]))
-        counts, displs = call.counts
+        counts, displs = O.displacements(call.counts)
         args = (send, [out, counts, displs, mt])
         return self._go(call, self.mpi.Allgatherv, self.mpi.Iallgatherv, args)
 
     def _gather(self, call: Call) -> Any:
         mt = _MPI_TYPES[call.buf.dtype]
         send = [call.buf.array, mt]
-        counts, displs = call.counts
-        recv = None if call.out is None else [call.out.array, counts, displs, mt]
+        recv = None
+        if call.out is not None:
+            counts, displs = O.displacements(call.counts)
+            recv = [call.out.array, counts, displs, mt]
         return self._go(call, self.mpi.Gatherv, self.mpi.Igatherv, (send, recv, call.peer))
 
     def _scatter(self, call: Call) -> Any:
         mt = _MPI_TYPES[call.out.dtype]
-        counts, displs = call.counts
+        counts, displs = O.displacements(call.counts)
         is_root = self.mpi.Get_rank() == call.peer
         send = [call.buf.array, counts, displs, mt] if is_root else None
         args = (send, [call.out.array, mt], call.peer)
@@ -262,15 +264,15 @@ class MPIBackend:
             return self._go(
                 call, self.mpi.Reduce_scatter_block, self.mpi.Ireduce_scatter_block, args, post
             )
-        args = (send, [out, mt], call.counts[0], _mpi_op(call))
+        args = (send, [out, mt], O.displacements(call.counts)[0], _mpi_op(call))
         return self._go(call, self.mpi.Reduce_scatter, self.mpi.Ireduce_scatter, args, post)
 
     def _all_to_all(self, call: Call) -> Any:
         mt = _MPI_TYPES[call.buf.dtype]
-        (scounts, sdispls), (rcounts, rdispls) = call.counts
         if call.payload is None:
             args = ([call.buf.array, mt], [call.out.array, mt])
             return self._go(call, self.mpi.Alltoall, self.mpi.Ialltoall, args)
+        (scounts, sdispls), (rcounts, rdispls) = map(O.displacements, call.counts)
         args = ([call.buf.array, scounts, sdispls, mt], [call.out.array, rcounts, rdispls, mt])
         return self._go(call, self.mpi.Alltoallv, self.mpi.Ialltoallv, args)
 

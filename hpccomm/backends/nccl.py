@@ -417,7 +417,7 @@ class NcclBackend:
         if call.payload is None:
             self.comm.allGather(x.data.ptr, out.data.ptr, x.size * per, dt, s)
             return None
-        counts, displs = call.counts
+        counts, displs = O.displacements(call.counts)
         flat_out = self._rows(out)
         flat_out[displs[self.rank] : displs[self.rank] + counts[self.rank]] = self._rows(x)
         peers = [p for p in range(self.size) if p != self.rank]
@@ -433,7 +433,7 @@ class NcclBackend:
         if self.rank != root:
             self._grouped([(x, root, 0, x.size)], [], dt, per, s)
             return None
-        counts, displs = call.counts
+        counts, displs = O.displacements(call.counts)
         flat_out = self._rows(call.out.array)
         flat_out[displs[root] : displs[root] + counts[root]] = x
         recvs = [(flat_out, p, displs[p], counts[p]) for p in range(self.size) if p != root]
@@ -444,7 +444,7 @@ class NcclBackend:
         dt, per = self._type(call)
         out = self._rows(call.out.array)
         root = call.peer
-        counts, displs = call.counts
+        counts, displs = O.displacements(call.counts)
         if self.rank != root:
             self._grouped([], [(out, root, 0, counts[self.rank])], dt, per, s)
             return None
@@ -463,7 +463,7 @@ class NcclBackend:
                 src.data.ptr, out.data.ptr, out.size * plan.per_element, plan.dtype, plan.op, s
             )
             return self._avg(plan, out)
-        counts, displs = call.counts
+        counts, displs = O.displacements(call.counts)
         flat = self._rows(src)
         nccl = self._nccl_mod
         nccl.groupStart()  # uneven blocks: one reduce per destination, grouped
@@ -486,7 +486,7 @@ class NcclBackend:
 
     def _all_to_all(self, call: Call, s: int):
         dt, per = self._type(call)
-        (scounts, sdispls), (rcounts, rdispls) = call.counts
+        (scounts, sdispls), (rcounts, rdispls) = map(O.displacements, call.counts)
         x, out = self._rows(call.buf.array), self._rows(call.out.array)
         sends = [(x, p, sdispls[p], scounts[p]) for p in range(self.size)]
         recvs = [(out, p, rdispls[p], rcounts[p]) for p in range(self.size)]

@@ -165,3 +165,15 @@ def test_broken_launch_is_named(tmp_path):
     )
     assert out.returncode != 0
     assert "size is 8 from OMPI_COMM_WORLD_SIZE but 1 from MPI COMM_WORLD" in out.stderr
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the 'mpi' extra)")
+def test_jobs_mpiexec_local_script():
+    script = Path(__file__).resolve().parents[2] / "jobs" / "mpiexec-local.sh"
+    env = mpi_env()
+    env["PATH"] = f"{BIN}:{env['PATH']}"
+    out = subprocess.run(
+        [str(script), "2", "hpccomm", "info"], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    assert [line.split()[0] for line in out.stdout.splitlines()[1:3]] == ["0", "1"]

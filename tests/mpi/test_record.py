@@ -1,0 +1,51 @@
+"""The record step: every operation, sync or async, reaches listeners with its sequence
+number, op, group, peer, dtype, shape and times; errors are recorded too."""
+
+import numpy as np
+import pytest
+
+import hpccomm
+from hpccomm import CallLog
+
+
+def test_records_sync_async_and_p2p(comm):
+    n, r = comm.size, comm.rank
+    with CallLog() as log:
+        comm.all_reduce(np.ones((2, 3), dtype=np.float32))
+        comm.broadcast(np.ones(4), src=n - 1)
+        work = comm.all_gather(np.ones(2, dtype=np.int16), async_op=True)
+        assert len(log.records) == 2  # the async one is recorded when it completes
+        work.wait()
+        comm.sendrecv(np.ones(1), dst=(r + 1) % n, src=(r - 1) % n)
+    ops = [rec["op"] for rec in log.records]
+    assert ops == ["all_reduce", "broadcast", "all_gather", "sendrecv"]
+    first = log.records[0]
+    assert (first["dtype"], first["shape"], first["count"], first["redop"]) == (
+        "float32",
+        (2, 3),
+        6,
+        "ReduceOp.SUM",
+    )
+    assert first["group"] == comm.name and first["t_end"] >= first["t_start"] > 0
+    assert log.records[1]["peer"] == n - 1
+    seqs = [rec["seq"] for rec in log.records[:3]]
+    assert seqs == [seqs[0], seqs[0] + 1, seqs[0] + 2]  # collective sequence on this group
+    assert log.records[3]["seq"] == 1  # the first point-to-point call on this group
+    assert log.records[2]["async"] is True
+
+
+def test_records_errors(comm):
+    with CallLog() as log:
+        with pytest.raises(hpccomm.DtypeError):
+            comm.all_reduce(np.ones(2), op=hpccomm.ReduceOp.BAND)
+    # Validation failed before the record step: nothing reached the backend, nothing recorded.
+    assert log.records == []
+
+
+def test_no_listener_after_exit(comm):
+    log = CallLog()
+    with log:
+        comm.barrier()
+    comm.barrier()
+    assert [rec["op"] for rec in log.records] == ["barrier"]
+    assert not hpccomm.record.listeners
