@@ -3,16 +3,19 @@
 Each spec's ``prepare(call)`` checks the resolved buffers against the operation's rules
 (dtype, op, shape, contiguity, counts, root/peer range, split sizes), allocates the output when
 none was given, and stores the rows per rank and elements per row in ``call.counts`` (see
-:func:`displacements`). Errors name the
-operation, the rank, the argument and expected versus actual.
+:func:`displacements`). Errors name the operation, the rank, the argument and expected versus
+actual.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
 
 from .buffers import Buffer, empty_like_module, resolve
 from .dtypes import (
@@ -30,7 +33,8 @@ __all__ = ["OpSpec", "SPECS", "P2POp", "displacements"]
 
 
 class OpSpec:
-    """One operation: its name, kind ("collective", "p2p" or "object") and validator."""
+    """One operation: its name, kind ("collective" or "p2p", which picks the sequence counter),
+    validator, and whether backends have a non-blocking form (object transfers do not)."""
 
     __slots__ = ("name", "kind", "prepare", "nonblocking", "p2p")
 
@@ -81,9 +85,22 @@ def _check_reduce(call: Call, b: Buffer) -> None:
         check_op(redop, info, call)
 
 
+def _as_int(value: Any) -> int | None:
+    """``value`` as an int when it is an integer (NumPy integers too, bool not), else None."""
+    if type(value) is int:
+        return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    return None
+
+
 def _check_root(call: Call, name: str) -> None:
     n = call.comm.size
     root = call.peer
+    if type(root) is not int:
+        as_int = _as_int(root)
+        if as_int is not None:
+            root = call.peer = as_int
     if type(root) is not int or not 0 <= root < n:
         raise InvalidArgumentError(f"{w(call)}: {name} is {root!r}, expected a rank in 0..{n - 1}")
 
@@ -115,6 +132,8 @@ def _dev(b: Buffer) -> str:
 
 def _check_sizes(call: Call, sizes: Any, arg: str, total: int | None) -> list[int]:
     n = call.comm.size
+    if isinstance(sizes, np.ndarray) and sizes.ndim == 1:
+        sizes = sizes.tolist()
     if not isinstance(sizes, Sequence) or len(sizes) != n:
         got = len(sizes) if isinstance(sizes, Sequence) else type(sizes).__name__
         raise InvalidArgumentError(
@@ -122,9 +141,10 @@ def _check_sizes(call: Call, sizes: Any, arg: str, total: int | None) -> list[in
         )
     out = []
     for i, s in enumerate(sizes):
-        if not isinstance(s, int) or isinstance(s, bool) or s < 0:
+        value = _as_int(s)
+        if value is None or value < 0:
             raise InvalidArgumentError(f"{w(call)}: {arg}[{i}] is {s!r}, expected an integer >= 0")
-        out.append(s)
+        out.append(value)
     if total is not None and sum(out) != total:
         raise InvalidArgumentError(
             f"{w(call)}: {arg} sums to {sum(out)}, expected {total} (rows of the array)"

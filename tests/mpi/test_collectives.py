@@ -214,3 +214,13 @@ def test_op_by_name(comm):
     x = np.array([comm.rank])
     comm.all_reduce(x, op="max")
     assert x[0] == comm.size - 1
+
+
+def test_numpy_integers_for_ranks_and_sizes(comm):
+    n, r = comm.size, comm.rank
+    x = np.arange(3.0) if r == 0 else np.zeros(3)
+    comm.broadcast(x, src=np.int64(0))
+    assert list(x) == [0.0, 1.0, 2.0]
+    sizes = np.array([1] * n)
+    got = comm.all_gather(np.array([r]), sizes=sizes)
+    assert list(got) == list(range(n))

@@ -217,3 +217,10 @@ def test_timeout_names_the_stuck_operation(comm):
             CommTimeoutError, match=r"recv #\d+ on .* \(rank 0 of \d+\): not complete after 0.3 s"
         ):
             comm.recv(np.empty(1), 1, tag=99)
+
+
+def test_bool_is_not_a_rank(comm):
+    with pytest.raises(
+        InvalidArgumentError, match=where(comm, "broadcast") + r": src is True, expected a rank"
+    ):
+        comm.broadcast(np.ones(1), src=True)

@@ -49,3 +49,24 @@ def test_no_listener_after_exit(comm):
     comm.barrier()
     assert [rec["op"] for rec in log.records] == ["barrier"]
     assert not hpccomm.record.listeners
+
+
+def test_async_work_never_waited_is_reported(comm):
+    import gc
+    import warnings
+
+    x = np.ones(4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        work = comm.all_reduce(x, async_op=True)
+        while not work.is_completed():  # complete it, but never call wait()
+            pass
+        del work
+        gc.collect()
+        pending = comm.barrier(async_op=True)
+        del pending
+        gc.collect()
+    texts = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert any("barrier #" in t and "dropped without wait()" in t for t in texts), texts
+    assert not any("all_reduce #" in t for t in texts)  # a completed handle is fine
+    comm.barrier()
