@@ -217,6 +217,10 @@ class DeviceWork(Work):
             raise self._exc
         return self._result
 
+    def is_completed(self) -> bool:
+        """True when the GPU has finished the operation (never blocks)."""
+        return bool(self._event.done)
+
     def synchronize(self, timeout: float | None = None) -> Any:
         """Block the host until the operation completes; on timeout abort the communicator
         (NCCL would spin forever) and raise CommTimeoutError."""
@@ -302,18 +306,20 @@ class NcclBackend:
             )
         stream = call.stream if call.stream is not None else self._cupy.cuda.get_current_stream()
         try:
-            with self._cupy.cuda.Device(self.device):
+            # The stream is made current too, so hpccomm's own CuPy work (PREMUL_SUM's scaled
+            # copy, local block copies, AVG's division) is ordered with the NCCL calls.
+            with self._cupy.cuda.Device(self.device), stream:
                 post = self._table[call.op](call, stream.ptr)
                 self.comm.check_async_error()
                 if call.async_op:
                     event = self._cupy.cuda.Event(disable_timing=True)
                     event.record(stream)
                     return DeviceWork(call, event, self, post)
+                if post is not None:
+                    post()
         except self._nccl_mod.NcclError as exc:
             self.abort(f"{call.op.name} #{call.seq} failed: {exc}")
             raise BackendError(f"{call}: NCCL error {exc} (communicator aborted)") from exc
-        if post is not None:
-            post()
         return call.result
 
     def check(self) -> None:
