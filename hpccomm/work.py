@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import record
-from .errors import CommTimeoutError, HpccommError
+from .errors import BackendError, CommTimeoutError, HpccommError
 
 __all__ = ["Work"]
 
@@ -60,10 +60,24 @@ class Work:
         if record.listeners and not call.quiet:
             record.notify("end", call)
 
+    def _backend_error(self, exc: Exception) -> BackendError:
+        c = self._call
+        err = BackendError(f"{c}: failed while completing: {exc}")
+        err.__cause__ = exc
+        c.error = err
+        return err
+
     def is_completed(self) -> bool:
         """True when the operation has finished (never blocks)."""
-        if not self._done and self._test():
-            self._finish()
+        if not self._done:
+            try:
+                done = self._test()
+            except HpccommError:
+                raise
+            except Exception as exc:
+                raise self._backend_error(exc) from exc
+            if done:
+                self._finish()
         return self._done
 
     def wait(self, timeout: float | None = None) -> Any:
@@ -78,23 +92,31 @@ class Work:
             HpccommError: the operation failed.
         """
         if not self._done:
-            if timeout is None:
-                self._block()
-            else:
-                deadline = time.monotonic() + timeout
-                pause = 1e-6
-                while not self._test():
-                    if time.monotonic() >= deadline:
-                        raise CommTimeoutError(
-                            f"{self._where()}: not complete after {timeout:g} s; some rank of "
-                            f"the group has not joined it (MPI cannot cancel it: abort the job)"
-                        )
-                    time.sleep(pause)
-                    pause = min(pause * 2, 1e-3)
+            try:
+                self._block_until_done(timeout)
+            except HpccommError:
+                raise
+            except Exception as exc:
+                raise self._backend_error(exc) from exc
             self._finish()
         if self._exc is not None:
             raise self._exc
         return self._result
+
+    def _block_until_done(self, timeout: float | None) -> None:
+        if timeout is None:
+            self._block()
+            return
+        deadline = time.monotonic() + timeout
+        pause = 1e-6
+        while not self._test():
+            if time.monotonic() >= deadline:
+                raise CommTimeoutError(
+                    f"{self._where()}: not complete after {timeout:g} s; some rank of "
+                    f"the group has not joined it (MPI cannot cancel it: abort the job)"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
 
     def result(self) -> Any:
         """The operation's result, waiting for it first."""

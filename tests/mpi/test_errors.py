@@ -224,3 +224,40 @@ def test_bool_is_not_a_rank(comm):
         InvalidArgumentError, match=where(comm, "broadcast") + r": src is True, expected a rank"
     ):
         comm.broadcast(np.ones(1), src=True)
+
+
+def test_short_receive_is_a_backend_error_naming_the_op(comm):
+    # A mismatch only visible across ranks: rank 0 sends 4 elements, rank 1 receives 2.
+    if comm.size < 2:
+        pytest.skip("needs 2 ranks")
+    from hpccomm import BackendError
+
+    if comm.rank == 0:
+        comm.send(np.arange(4.0), 1, tag=3)
+    elif comm.rank == 1:
+        with pytest.raises(
+            BackendError, match=where(comm, "recv") + r": .*failed.*(TRUNCATE|truncat)"
+        ):
+            comm.recv(np.empty(2), 0, tag=3)
+        comm.timeout = None  # the same through the blocking call, without the timeout's polling
+        comm.send(np.zeros(1), 0, tag=4)
+    if comm.rank == 0:
+        comm.timeout = None
+        comm.recv(np.empty(1), 1, tag=4)
+        comm.send(np.arange(4.0), 1, tag=5)
+    elif comm.rank == 1:
+        with pytest.raises(
+            BackendError, match=where(comm, "recv") + r": mpi failed: .*(TRUNCATE|truncat)"
+        ):
+            comm.recv(np.empty(2), 0, tag=5)
+
+
+def test_long_receive_leaves_the_tail(comm):
+    if comm.size < 2:
+        pytest.skip("needs 2 ranks")
+    if comm.rank == 0:
+        comm.send(np.arange(2.0), 1, tag=6)
+    elif comm.rank == 1:
+        buf = np.full(4, -1.0)
+        assert comm.recv(buf, 0, tag=6) == 0
+        assert list(buf) == [0.0, 1.0, -1.0, -1.0]
