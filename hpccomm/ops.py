@@ -76,15 +76,6 @@ def _check_array(call: Call, b: Buffer, arg: str = "array"):
     return dtype_info(b.dtype, call, arg)
 
 
-def _check_reduce(call: Call, b: Buffer) -> None:
-    info = call.info = _check_array(call, b)
-    redop = call.redop
-    if type(redop) is not ReduceOp:
-        redop = call.redop = as_reduce_op(redop, call)
-    if info.category not in ALLOWED_CATEGORIES[redop.name]:
-        check_op(redop, info, call)
-
-
 def _as_int(value: Any) -> int | None:
     """``value`` as an int when it is an integer (NumPy integers too, bool not), else None."""
     if type(value) is int:
@@ -174,8 +165,20 @@ def _equal_blocks(call: Call, rows: int, arg: str = "array") -> int:
 
 
 def _p_all_reduce(call: Call) -> None:
-    _check_reduce(call, call.buf)
-    call.result = call.buf.array
+    """all_reduce's checks, and the reduction checks of reduce and reduce_scatter. The
+    common case is tested inline (this is the hottest path); _check_array and check_op
+    produce the errors."""
+    b = call.buf
+    info = SUPPORTED_DTYPES.get(b.dtype)
+    if info is None or not b.contiguous:
+        info = _check_array(call, b)
+    call.info = info
+    redop = call.redop
+    if type(redop) is not ReduceOp:
+        redop = call.redop = as_reduce_op(redop, call)
+    if info.category not in ALLOWED_CATEGORIES[redop.name]:
+        check_op(redop, info, call)
+    call.result = b.array
 
 
 def _p_reduce(call: Call) -> None:
@@ -257,7 +260,7 @@ def _p_scatter(call: Call) -> None:
 
 
 def _p_reduce_scatter(call: Call) -> None:
-    _check_reduce(call, call.buf)
+    _p_all_reduce(call)
     b = call.buf
     rows, rest, row_elems = _rows(b)
     n = call.comm.size

@@ -195,9 +195,10 @@ class MPIBackend:
             return self._go(
                 call, self.mpi.Allreduce, self.mpi.Iallreduce, args, self._avg_post(call, x)
             )
+        op = _OPS.get((call.redop.name, call.info.category)) or _mpi_op(call)
         if call.async_op:
-            return self._go(call, None, self.mpi.Iallreduce, (MPI.IN_PLACE, [x, mt], _mpi_op(call)))
-        self.mpi.Allreduce(MPI.IN_PLACE, [x, mt], _mpi_op(call))
+            return self._go(call, None, self.mpi.Iallreduce, (MPI.IN_PLACE, [x, mt], op))
+        self.mpi.Allreduce(MPI.IN_PLACE, [x, mt], op)
         return x
 
     def _reduce(self, call: Call) -> Any:
