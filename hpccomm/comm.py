@@ -345,6 +345,8 @@ class Communicator:
 
         Returns:
             ``array`` (reduced on ``dst``), or a Work.
+
+        Example (2 ranks, ``x = [r + 1]``, dst=1): rank 1 ends with ``[3]``, rank 0 keeps ``[1]``.
         """
         return self._dispatch(REDUCE, array, None, dst, None, op, async_op, None, stream)
 
@@ -396,6 +398,9 @@ class Communicator:
         """Like :meth:`all_gather`, but only ``dst`` receives; other ranks get None.
 
         All ranks of the group must call this, in the same order.
+
+        Example (3 ranks, rank r gives ``[r]``, dst=0): rank 0 gets ``[0, 1, 2]``, ranks 1
+        and 2 get None.
         """
         return self._dispatch(GATHER, array, out, dst, None, None, async_op, sizes, stream)
 
@@ -446,7 +451,14 @@ class Communicator:
     ) -> Any:
         """Rank i's block j (axis 0, equal blocks) goes to rank j's block i.
 
-        All ranks of the group must call this, in the same order.
+        All ranks of the group must call this, in the same order, with the same shape (rows a
+        multiple of the group size).
+
+        Returns:
+            ``out`` (allocated like ``array`` if None), or a Work.
+
+        Example (2 ranks, rank r gives ``[10r, 10r+1]``): rank 0 gets ``[0, 10]``, rank 1
+        gets ``[1, 11]``.
         """
         return self._dispatch(ALL_TO_ALL, array, out, None, None, None, async_op, None, stream)
 
@@ -464,7 +476,14 @@ class Communicator:
 
         All ranks of the group must call this, in the same order. ``input_split_sizes[j]``
         rows go to rank j; ``output_split_sizes[j]`` rows arrive from rank j (they must match
-        what rank j sends here: a mismatch is only visible across ranks).
+        what rank j sends here: a mismatch is only visible across ranks). Without split sizes
+        this is :meth:`all_to_all`.
+
+        Returns:
+            ``out``, ``sum(output_split_sizes)`` rows, blocks in source-rank order.
+
+        Example (2 ranks; rank 0 sends ``[a]`` to 0 and ``[b, c]`` to 1, rank 1 sends ``[d]``
+        to 0 and nothing to 1): rank 0 gets ``[a, d]``, rank 1 gets ``[b, c]``.
         """
         splits = (
             None
