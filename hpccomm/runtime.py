@@ -22,14 +22,18 @@ __all__ = ["init", "world", "is_initialized", "verify_launch"]
 _world: Communicator | None = None
 
 
-def _mismatch(
-    what: str, env_value: object, source: str, mpi_value: object, mpi_source: str
-) -> LaunchMismatchError:
-    return LaunchMismatchError(
-        f"init (rank {{rank}}): broken launch: {what} is {env_value} from {source} but "
-        f"{mpi_value} from {mpi_source}; the process was started by a different launcher than "
-        f"the environment says (e.g. plain python or mpirun inside srun), or the variables are stale"
-    )
+def _mismatch(what: str, env_value: object, source: str, mpi_value: object, mpi_source: str) -> str:
+    return f"{what} is {env_value} from {source} but {mpi_value} from {mpi_source}"
+
+
+_SINGLETON_HINT = (
+    "; each process started its own 1-rank MPI world: launch with `srun --mpi=pmix` (Open MPI; "
+    "--mpi=pmi2 for MPICH) or mpiexec, not plain srun or python"
+)
+_STALE_HINT = (
+    "; the process was started by a different launcher than the environment says (e.g. mpirun "
+    "inside srun), or the variables are stale"
+)
 
 
 def verify_launch(info: LaunchInfo, comm: MPI.Intracomm) -> tuple[LaunchInfo, MPI.Intracomm]:
@@ -71,7 +75,10 @@ def verify_launch(info: LaunchInfo, comm: MPI.Intracomm) -> tuple[LaunchInfo, MP
     # Every rank learns whether any rank failed, so no rank walks on into a hang.
     failed = comm.allreduce(1 if errors else 0, op=MPI.SUM)
     if errors:
-        raise LaunchMismatchError(str(errors[0]).replace("{rank}", f"{rank} of {size}"))
+        hint = _SINGLETON_HINT if size == 1 and (info.size or 1) > 1 else _STALE_HINT
+        raise LaunchMismatchError(
+            f"init (rank {rank} of {size}): broken launch: {'; '.join(errors)}{hint}"
+        )
     if failed:
         raise LaunchMismatchError(
             f"init (rank {rank} of {size}): broken launch: {failed} other rank(s) found the "

@@ -142,3 +142,10 @@ def test_templates_are_valid_bash_with_headers():
         ), path
         head = path.read_text().splitlines()[1]
         assert head.startswith("# ") and len(head) > 20, path
+
+
+def test_srun_without_pmix_is_named_not_hung():
+    out = run(["srun", "-N2", "-n2", "--mpi=none", str(BIN / "hpccomm"), "info"])
+    assert out.returncode != 0
+    assert "size is 2 from SLURM_STEP_NUM_TASKS but 1 from MPI COMM_WORLD" in out.stderr, out.stderr
+    assert "srun --mpi=pmix" in out.stderr

@@ -165,6 +165,7 @@ def test_broken_launch_is_named(tmp_path):
     )
     assert out.returncode != 0
     assert "size is 8 from OMPI_COMM_WORLD_SIZE but 1 from MPI COMM_WORLD" in out.stderr
+    assert "its own 1-rank MPI world" in out.stderr
 
 
 @pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the 'mpi' extra)")
