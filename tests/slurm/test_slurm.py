@@ -111,7 +111,8 @@ def test_job_array_sees_task_id(tmp_path):
     for task in (0, 1):
         text = texts[f"arr-{job}_{task}.out"]
         assert f"array task {task} of job {job}" in text
-        assert f"[{task}]" in text.splitlines()[-1]
+        rows = [line.split() for line in text.splitlines() if line[:1].isdigit()]
+        assert rows and all(row[-1].endswith(f"[{task}]") for row in rows), text
 
 
 def test_hpccomm_sbatch_submit(tmp_path):
