@@ -47,11 +47,15 @@ def choose_gpu(
         return local_rank
     if allow_sharing:
         return local_rank % visible
-    shared = [r for r in range(local_size) if r % visible == local_rank % visible]
+    mine = local_rank % visible
+    shared = [r for r in range(local_size) if r % visible == mine]
+    if len(shared) < 2:  # this rank would be alone on its GPU; name a pair that is not
+        mine = 0
+        shared = [r for r in range(local_size) if r % visible == 0]
     raise GpuBindingError(
         f"GPU choice (local rank {local_rank} of {local_size}): {visible} GPUs are visible for "
         f"{local_size} ranks on this node, so local ranks {shared} would share GPU "
-        f"{local_rank % visible}; give each task its own GPU (srun --gpus-per-task=1, or "
+        f"{mine}; give each task its own GPU (srun --gpus-per-task=1, or "
         f"--ntasks-per-node={visible}), or allow sharing explicitly with "
         f"{ALLOW_SHARING_ENV}=1 (NCCL also needs NCCL_MULTI_RANK_GPU_ENABLE=1)"
     )

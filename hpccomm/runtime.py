@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from .cuda_aware import DeviceConfig, decide
 from .discovery import LaunchInfo, discover
-from .errors import HpccommError, LaunchMismatchError
+from .errors import GpuBindingError, HpccommError, LaunchMismatchError
 from .gpuselect import choose_gpu, sharing_allowed
 
 if TYPE_CHECKING:
@@ -137,17 +137,35 @@ def _bind_gpu(info: LaunchInfo, want_gpu: bool | None) -> LaunchInfo:
             count = 0
         visible = tuple(str(i) for i in range(count))
         sources["visible_gpus"] = "CUDA device count"
-    gpu = choose_gpu(
-        len(visible), info.local_rank, info.local_size, allow_sharing=sharing_allowed(os.environ)
-    )
+    try:
+        gpu = choose_gpu(
+            len(visible),
+            info.local_rank,
+            info.local_size,
+            allow_sharing=sharing_allowed(os.environ),
+        )
+    except GpuBindingError as exc:
+        if want_gpu:
+            raise
+        # gpu=None asked for a GPU only if one fits: never share one silently, never fail a
+        # CPU job over it.
+        warnings.warn(f"hpccomm: staying CPU-only: {exc}", RuntimeWarning, stacklevel=3)
+        return info.replace(visible_gpus=visible, gpu=None, sources=sources)
     if gpu is None:
         if want_gpu:
             raise HpccommError(
                 f"init (rank {info.rank} of {info.size}): gpu=True but no GPU is visible"
             )
         return info.replace(visible_gpus=visible, gpu=None, sources=sources)
-    import cupy
-
+    try:
+        import cupy
+    except ImportError:
+        if want_gpu:
+            raise HpccommError(
+                f"init (rank {info.rank} of {info.size}): gpu=True but CuPy is not installed "
+                f"(pip install 'hpccomm[gpu]')"
+            ) from None
+        return info.replace(visible_gpus=visible, gpu=None, sources=sources)
     cupy.cuda.Device(gpu).use()
     sources["gpu"] = "local rank and visible GPUs"
     return info.replace(visible_gpus=visible, gpu=gpu, sources=sources)

@@ -383,3 +383,9 @@ def test_import_leaves_mpi_and_cuda_alone(module):
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_choose_gpu_too_few_names_a_real_pair_on_every_rank():
+    for lr in range(3):
+        with pytest.raises(GpuBindingError, match=r"local ranks \[0, 2\] would share GPU 0"):
+            choose_gpu(2, lr, 3)

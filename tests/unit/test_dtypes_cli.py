@@ -178,3 +178,41 @@ def test_jobs_mpiexec_local_script():
     )
     assert out.returncode == 0, out.stderr
     assert [line.split()[0] for line in out.stdout.splitlines()[1:3]] == ["0", "1"]
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the 'mpi' extra)")
+@pytest.mark.parametrize(
+    ("visible", "gpu_arg", "expect"),
+    [
+        ("0", "None", "gpu=None ok"),  # a GPU is visible but CuPy is not installed here: CPU-only
+        ("0", "True", "CuPy is not installed"),
+        ("", "True", "gpu=True but no GPU is visible"),
+    ],
+)
+def test_gpu_binding_without_cupy(visible, gpu_arg, expect):
+    import importlib.util
+
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed: this checks the machine without it")
+    env = mpi_env()
+    env["CUDA_VISIBLE_DEVICES"] = visible
+    code = f"import hpccomm; c = hpccomm.init(gpu={gpu_arg}); print('gpu=None ok' if c.device.gpu is None else c.device.gpu)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert expect in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the 'mpi' extra)")
+def test_too_few_gpus_for_the_ranks_under_mpiexec():
+    env = mpi_env()
+    env["CUDA_VISIBLE_DEVICES"] = "0,1"
+    code = "import hpccomm; c = hpccomm.init(gpu={}); print('cpu-only' if c.device.gpu is None else c.device.gpu)"
+    auto = subprocess.run([MPIEXEC, "--oversubscribe", "-n", "3", sys.executable, "-c", code.format("None")],
+                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert auto.returncode == 0 and auto.stdout.split() == ["cpu-only"] * 3, auto.stderr
+    assert "staying CPU-only" in auto.stderr and "would share GPU" in auto.stderr
+    strict = subprocess.run([MPIEXEC, "--oversubscribe", "-n", "3", sys.executable, "-c", code.format("True")],
+                            capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert strict.returncode != 0
+    assert "local ranks [0, 2] would share GPU 0" in strict.stderr
