@@ -150,91 +150,94 @@ class MPIBackend:
         self._pkl5 = None
 
     # -- helpers ------------------------------------------------------------------------
+    #
+    # Every operation has the same shape: build the MPI buffer specs, then either start the
+    # non-blocking form and return a Work (async_op), or run the blocking form and return the
+    # result. The sync path is the hot one: nothing else is built for it.
 
     @staticmethod
-    def _go(call: Call, blocking, nonblocking, args: tuple, post=None) -> Any:
-        """Run the blocking form, or start the non-blocking one and return a Work.
+    def _started(call: Call, req: MPI.Request, post: Callable[[], Any] | None = None) -> Work:
+        return Work(call, req.Test, req.Wait, post)
 
-        The sync path is the hot one: callers pass the bound methods and one args tuple,
-        and nothing else is built for it.
-        """
-        if call.async_op:
-            req = nonblocking(*args)
-            return Work(call, req.Test, req.Wait, post)
-        blocking(*args)
-        if post is not None:
-            post()
-        return call.result
-
-    def _avg_post(self, call: Call, target: Any) -> Callable[[], None] | None:
-        if call.redop.name != "AVG":
-            return None
+    def _reduction(self, call: Call, x: Any, mt: MPI.Datatype) -> tuple[Any, Any, Any]:
+        """(send spec, MPI op, post-step) of a reduction over ``x``: PREMUL_SUM sends a
+        scaled copy, AVG divides the result by the group size afterwards."""
+        name = call.redop.name
+        op = _OPS.get((name, call.info.category)) or _mpi_op(call)
+        if name not in _SCALED:
+            return [x, mt], op, None
+        if name == "PREMUL_SUM":
+            return [(x * call.redop.factor).astype(x.dtype, copy=False), mt], op, None
         n = self.mpi.Get_size()
+        return [x, mt], op, n
+
+    @staticmethod
+    def _divide(target: Any, n: int | None) -> Callable[[], None] | None:
+        if n is None:
+            return None
 
         def divide() -> None:
             np.divide(target, n, out=target)
 
         return divide
 
-    @staticmethod
-    def _premul(call: Call, array: Any) -> Any:
-        """The send buffer of a reduction: a scaled copy for PREMUL_SUM, else the array."""
-        if call.redop.name == "PREMUL_SUM":
-            return (array * call.redop.factor).astype(array.dtype, copy=False)
-        return None
-
     # -- collectives --------------------------------------------------------------------
 
     def _all_reduce(self, call: Call) -> Any:
         x = call.buf.array
         mt = _MPI_TYPES[call.buf.dtype]
-        if call.redop.name in _SCALED:
-            scaled = self._premul(call, x)
-            send = MPI.IN_PLACE if scaled is None else [scaled, mt]
-            args = (send, [x, mt], _mpi_op(call))
-            return self._go(
-                call, self.mpi.Allreduce, self.mpi.Iallreduce, args, self._avg_post(call, x)
-            )
-        op = _OPS.get((call.redop.name, call.info.category)) or _mpi_op(call)
+        send, op, n = self._reduction(call, x, mt)
+        if send[0] is x:
+            send = MPI.IN_PLACE
         if call.async_op:
-            return self._go(call, None, self.mpi.Iallreduce, (MPI.IN_PLACE, [x, mt], op))
-        self.mpi.Allreduce(MPI.IN_PLACE, [x, mt], op)
+            return self._started(call, self.mpi.Iallreduce(send, [x, mt], op), self._divide(x, n))
+        self.mpi.Allreduce(send, [x, mt], op)
+        if n is not None:
+            np.divide(x, n, out=x)
         return x
 
     def _reduce(self, call: Call) -> Any:
         x = call.buf.array
         mt = _MPI_TYPES[call.buf.dtype]
-        root = self.mpi.Get_rank() == call.peer
-        scaled = self._premul(call, x)
-        if root:
-            args = (
-                MPI.IN_PLACE if scaled is None else [scaled, mt],
-                [x, mt],
-                _mpi_op(call),
-                call.peer,
-            )
+        send, op, n = self._reduction(call, x, mt)
+        if self.mpi.Get_rank() == call.peer:
+            recv = [x, mt]
+            if send[0] is x:
+                send = MPI.IN_PLACE
         else:
-            args = ([x if scaled is None else scaled, mt], None, _mpi_op(call), call.peer)
-        post = self._avg_post(call, x) if root else None
-        return self._go(call, self.mpi.Reduce, self.mpi.Ireduce, args, post)
+            recv, n = None, None
+        if call.async_op:
+            req = self.mpi.Ireduce(send, recv, op, call.peer)
+            return self._started(call, req, self._divide(x, n))
+        self.mpi.Reduce(send, recv, op, call.peer)
+        if n is not None:
+            np.divide(x, n, out=x)
+        return x
 
     def _broadcast(self, call: Call) -> Any:
-        b = call.buf
-        args = ([b.array, _MPI_TYPES[b.dtype]], call.peer)
+        x = call.buf.array
+        buf = [x, _MPI_TYPES[call.buf.dtype]]
         if call.async_op:
-            return self._go(call, None, self.mpi.Ibcast, args)
-        self.mpi.Bcast(*args)
-        return call.result
+            return self._started(call, self.mpi.Ibcast(buf, call.peer))
+        self.mpi.Bcast(buf, call.peer)
+        return x
 
     def _all_gather(self, call: Call) -> Any:
         mt = _MPI_TYPES[call.buf.dtype]
         send = [call.buf.array, mt]
         out = call.out.array
         if call.payload is None:
-            return self._go(call, self.mpi.Allgather, self.mpi.Iallgather, (send, [out, mt]))
+            recv = [out, mt]
+            if call.async_op:
+                return self._started(call, self.mpi.Iallgather(send, recv))
+            self.mpi.Allgather(send, recv)
+            return out
         counts, displs = O.displacements(call.counts)
-        args = (send, [out, counts, displs, mt])
-        return self._go(call, self.mpi.Allgatherv, self.mpi.Iallgatherv, args)
+        recv = [out, counts, displs, mt]
+        if call.async_op:
+            return self._started(call, self.mpi.Iallgatherv(send, recv))
+        self.mpi.Allgatherv(send, recv)
+        return out
 
     def _gather(self, call: Call) -> Any:
         mt = _MPI_TYPES[call.buf.dtype]
@@ -243,48 +246,74 @@ class MPIBackend:
         if call.out is not None:
             counts, displs = O.displacements(call.counts)
             recv = [call.out.array, counts, displs, mt]
-        return self._go(call, self.mpi.Gatherv, self.mpi.Igatherv, (send, recv, call.peer))
+        if call.async_op:
+            return self._started(call, self.mpi.Igatherv(send, recv, call.peer))
+        self.mpi.Gatherv(send, recv, call.peer)
+        return call.result
 
     def _scatter(self, call: Call) -> Any:
         mt = _MPI_TYPES[call.out.dtype]
-        counts, displs = O.displacements(call.counts)
-        is_root = self.mpi.Get_rank() == call.peer
-        send = [call.buf.array, counts, displs, mt] if is_root else None
-        args = (send, [call.out.array, mt], call.peer)
-        return self._go(call, self.mpi.Scatterv, self.mpi.Iscatterv, args)
+        send = None
+        if self.mpi.Get_rank() == call.peer:
+            counts, displs = O.displacements(call.counts)
+            send = [call.buf.array, counts, displs, mt]
+        recv = [call.out.array, mt]
+        if call.async_op:
+            return self._started(call, self.mpi.Iscatterv(send, recv, call.peer))
+        self.mpi.Scatterv(send, recv, call.peer)
+        return call.result
 
     def _reduce_scatter(self, call: Call) -> Any:
-        x = call.buf.array
         mt = _MPI_TYPES[call.buf.dtype]
-        scaled = self._premul(call, x)
-        send = [x if scaled is None else scaled, mt]
+        send, op, n = self._reduction(call, call.buf.array, mt)
         out = call.out.array
-        post = self._avg_post(call, out)
+        recv = [out, mt]
         if call.payload is None:
-            args = (send, [out, mt], _mpi_op(call))
-            return self._go(
-                call, self.mpi.Reduce_scatter_block, self.mpi.Ireduce_scatter_block, args, post
-            )
-        args = (send, [out, mt], O.displacements(call.counts)[0], _mpi_op(call))
-        return self._go(call, self.mpi.Reduce_scatter, self.mpi.Ireduce_scatter, args, post)
+            if call.async_op:
+                req = self.mpi.Ireduce_scatter_block(send, recv, op)
+                return self._started(call, req, self._divide(out, n))
+            self.mpi.Reduce_scatter_block(send, recv, op)
+        else:
+            counts = O.displacements(call.counts)[0]
+            if call.async_op:
+                req = self.mpi.Ireduce_scatter(send, recv, counts, op)
+                return self._started(call, req, self._divide(out, n))
+            self.mpi.Reduce_scatter(send, recv, counts, op)
+        if n is not None:
+            np.divide(out, n, out=out)
+        return out
 
     def _all_to_all(self, call: Call) -> Any:
         mt = _MPI_TYPES[call.buf.dtype]
+        out = call.out.array
         if call.payload is None:
-            args = ([call.buf.array, mt], [call.out.array, mt])
-            return self._go(call, self.mpi.Alltoall, self.mpi.Ialltoall, args)
+            send, recv = [call.buf.array, mt], [out, mt]
+            if call.async_op:
+                return self._started(call, self.mpi.Ialltoall(send, recv))
+            self.mpi.Alltoall(send, recv)
+            return out
         (scounts, sdispls), (rcounts, rdispls) = map(O.displacements, call.counts)
-        args = ([call.buf.array, scounts, sdispls, mt], [call.out.array, rcounts, rdispls, mt])
-        return self._go(call, self.mpi.Alltoallv, self.mpi.Ialltoallv, args)
+        send = [call.buf.array, scounts, sdispls, mt]
+        recv = [out, rcounts, rdispls, mt]
+        if call.async_op:
+            return self._started(call, self.mpi.Ialltoallv(send, recv))
+        self.mpi.Alltoallv(send, recv)
+        return out
 
     def _barrier(self, call: Call) -> Any:
-        return self._go(call, self.mpi.Barrier, self.mpi.Ibarrier, ())
+        if call.async_op:
+            return self._started(call, self.mpi.Ibarrier())
+        self.mpi.Barrier()
+        return None
 
     # -- point-to-point -----------------------------------------------------------------
 
     def _send(self, call: Call) -> Any:
-        args = ([call.buf.array, _MPI_TYPES[call.buf.dtype]], call.peer, call.tag)
-        return self._go(call, self.mpi.Send, self.mpi.Isend, args)
+        buf = [call.buf.array, _MPI_TYPES[call.buf.dtype]]
+        if call.async_op:
+            return self._started(call, self.mpi.Isend(buf, call.peer, call.tag))
+        self.mpi.Send(buf, call.peer, call.tag)
+        return None
 
     def _recv(self, call: Call) -> Any:
         status = MPI.Status()
