@@ -186,9 +186,14 @@ class MPIBackend:
     def _all_reduce(self, call: Call) -> Any:
         x = call.buf.array
         mt = _MPI_TYPES[call.buf.dtype]
-        send, op, n = self._reduction(call, x, mt)
-        if send[0] is x:
-            send = MPI.IN_PLACE
+        name = call.redop.name
+        if name in _SCALED:  # AVG / PREMUL_SUM: the general form
+            send, op, n = self._reduction(call, x, mt)
+            if send[0] is x:
+                send = MPI.IN_PLACE
+        else:  # the hottest path of all: no helper frames
+            send, n = MPI.IN_PLACE, None
+            op = _OPS.get((name, call.info.category)) or _mpi_op(call)
         if call.async_op:
             return self._started(call, self.mpi.Iallreduce(send, [x, mt], op), self._divide(x, n))
         self.mpi.Allreduce(send, [x, mt], op)
