@@ -2,8 +2,9 @@
 
 Raw mpi4py means the uppercase methods on preallocated NumPy buffers (the fastest way to use
 mpi4py). hpccomm runs the same operation through its dispatch (resolve, validate, record,
-backend) with ``out=`` preallocated too. The two alternate in rounds so drift hits both; each
-figure is the median over rounds of the slowest rank's mean time per call.
+backend) with ``out=`` preallocated too. The two alternate in rounds (and which one goes first
+alternates too) so drift and order hit both; each figure is the median over rounds of the
+slowest rank's mean time per call.
 
     mpiexec -n 4 python benchmarks/bench_ops.py [--ops all_reduce,send_recv] [--max-bytes 16M]
 
@@ -116,7 +117,7 @@ def main(argv=None) -> int:
     rows = []
     wanted = args.ops.split(",")
     for nbytes in sizes:
-        iters = max(5, min(2000, int(2e8 // max(nbytes * comm.size, 1) // 50)))
+        iters = max(20, min(2000, (64 << 20) // max(nbytes * comm.size, 1)))
         for name, (raw_fn, hp_fn, S) in cases(comm, raw, nbytes).items():
             if name not in wanted:
                 continue
@@ -124,9 +125,13 @@ def main(argv=None) -> int:
                 for _ in range(3):
                     fn()
             t_raw, t_hp = [], []
-            for _ in range(args.rounds):
-                t_raw.append(time_block(raw, raw_fn, iters))
-                t_hp.append(time_block(raw, hp_fn, iters))
+            for i in range(args.rounds):  # alternate which goes first, so order bias cancels
+                if i % 2:
+                    t_hp.append(time_block(raw, hp_fn, iters))
+                    t_raw.append(time_block(raw, raw_fn, iters))
+                else:
+                    t_raw.append(time_block(raw, raw_fn, iters))
+                    t_hp.append(time_block(raw, hp_fn, iters))
             tr, th = statistics.median(t_raw), statistics.median(t_hp)
             if name == "send_recv":  # ping-pong: one-way time is half the round trip
                 tr, th = tr / 2, th / 2
