@@ -1,0 +1,107 @@
+"""Repeated identical calls reuse their validation (hpccomm/memo.py): results stay right when
+contents change, anything that changes what validation saw is validated again, and outputs
+hpccomm allocates are never handed out twice."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import hpccomm
+from hpccomm import ReduceOp
+
+
+@pytest.fixture
+def plain(world):
+    c = world.dup()
+    c.timeout = None
+    yield c
+    c.free()
+
+
+def test_repeat_with_new_contents(plain):
+    n, r = plain.size, plain.rank
+    x = np.empty(5)
+    out = np.empty(5 * n)
+    for step in range(4):
+        x[:] = r + step
+        assert plain.all_reduce(x) is x
+        assert (x == sum(i + step for i in range(n))).all()
+        x[:] = r * step
+        assert plain.all_gather(x, out=out) is out
+        assert list(out[::5]) == [i * step for i in range(n)]
+    assert len(plain._memos) == 2
+
+
+def test_in_place_shape_or_dtype_change_is_validated_again(plain):
+    n = plain.size
+    x = np.arange(4.0 * n)
+    plain.all_reduce(x)
+    x.shape = (2 * n, 2)  # the same object, a new shape
+    out = plain.reduce_scatter(x) if n > 0 else None
+    assert out.shape == (2, 2)
+    y = np.zeros(4, dtype=np.int64)
+    plain.all_reduce(y, op=ReduceOp.BAND)
+    y.dtype = np.float64  # a view change on the same object: BAND is no longer defined
+    with pytest.raises(hpccomm.DtypeError, match="op BAND is not defined for dtype float64"):
+        plain.all_reduce(y, op=ReduceOp.BAND)
+
+
+def test_non_contiguous_after_strides_change_is_refused(plain):
+    base = np.zeros(8)
+    x = base[:4]
+    plain.all_reduce(x)
+    with warnings.catch_warnings():  # NumPy >= 2.4 deprecates this, but it still works
+        warnings.simplefilter("ignore", DeprecationWarning)
+        x.strides = (16,)  # now every other element of base: not contiguous
+    with pytest.raises(hpccomm.InvalidArgumentError, match="not C-contiguous"):
+        plain.all_reduce(x)
+
+
+def test_allocated_outputs_are_never_reused(plain):
+    x = np.ones(3)
+    a = plain.all_gather(x)
+    b = plain.all_gather(x)
+    assert a is not b and np.array_equal(a, b)
+    c = plain.reduce_scatter(np.ones(2 * plain.size))
+    d = plain.reduce_scatter(np.ones(2 * plain.size))
+    assert c is not d
+
+
+def test_other_arguments_change_the_result(plain):
+    n, r = plain.size, plain.rank
+    x = np.full(2, float(r))
+    plain.all_reduce(x, op=ReduceOp.MAX)
+    assert x[0] == n - 1
+    x[:] = r
+    plain.all_reduce(x, op=ReduceOp.MIN)
+    assert x[0] == 0
+    for src in range(n):
+        y = np.full(3, float(r))
+        plain.broadcast(y, src=src)
+        assert (y == src).all()
+
+
+def test_listeners_see_every_repeat(plain):
+    x = np.ones(2)
+    plain.all_reduce(x)
+    with hpccomm.CallLog() as log:
+        plain.all_reduce(x)
+        plain.all_reduce(x)
+    assert [rec["seq"] for rec in log.records] == [2, 3]
+
+
+def test_free_releases_the_memo(world):
+    c = world.dup()
+    c.timeout = None
+    c.all_reduce(np.ones(1))
+    assert c._memos
+    c.free()
+    assert not c._memos
+
+
+def test_sequence_numbers_keep_counting_on_repeats(plain):
+    x = np.ones(1)
+    for _ in range(3):
+        plain.all_reduce(x)
+    assert plain._memos and next(iter(plain._memos.values())).call.seq == 3
