@@ -257,34 +257,39 @@ class Communicator:
             seq = self._seq
         # A repeat of the last identical call skips resolve and validate (see memo.py);
         # listeners, timeouts and async calls always take the full path.
-        plain = not async_op and not record.listeners and self._timeout is None
-        memo = self._memos.get(op) if plain else None
-        if memo is not None and memo.matches(array, out, peer, tag, redop):
-            call = memo.call
-            call.seq = seq
+        observed = record.listeners or self._timeout is not None
+        plain = not (async_op or observed)
+        if plain:
+            memo = self._memos.get(op)
+            if memo is not None and memo.matches(array, out, peer, tag, redop):
+                memo.call.seq = seq
+                return self._run(op, memo.call, self._backend)
+        call = Call(op, self, seq, peer, tag, None, None, redop, async_op, stream, payload)
+        b = None
+        if array is not None:
+            call.buf = b = resolve(array, call)
+        if out is not None:
+            call.out = resolve(out, call, "out")
+        op.prepare(call)
+        if b is None:
+            b = (
+                call.out
+                if call.out is not None
+                else (payload[0].buf if op is BATCH_P2P and payload else None)
+            )
+        if b is None or b.device is None:
             backend = self._backend
+            if plain and eligible(call, array, out):
+                self._memos[op] = Memo(call, array, out, peer, tag, redop)
         else:
-            call = Call(op, self, seq, peer, tag, None, None, redop, async_op, stream, payload)
-            b = None
-            if array is not None:
-                call.buf = b = resolve(array, call)
-            if out is not None:
-                call.out = resolve(out, call, "out")
-            op.prepare(call)
-            if b is None:
-                b = (
-                    call.out
-                    if call.out is not None
-                    else (payload[0].buf if op is BATCH_P2P and payload else None)
-                )
-            if b is None or b.device is None:
-                backend = self._backend
-                if plain and eligible(call, array, out):
-                    self._memos[op] = Memo(call, array, out, peer, tag, redop)
-            else:
-                backend = self._device_backend(call)
-        if record.listeners or self._timeout is not None:
+            backend = self._device_backend(call)
+        if observed:
             return self._run_observed(call, backend)
+        return self._run(op, call, backend)
+
+    def _run(self, op: OpSpec, call: Call, backend: Any) -> Any:
+        """The run step: a backend failure becomes a BackendError naming the call (and
+        forgets the memoised validation of the op)."""
         try:
             return backend.run(call)
         except HpccommError:
