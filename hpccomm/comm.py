@@ -262,8 +262,16 @@ class Communicator:
         if plain:
             memo = self._memos.get(op)
             if memo is not None and memo.matches(array, out, peer, tag, redop):
-                memo.call.seq = seq
-                return self._run(op, memo.call, self._backend)
+                call = memo.call
+                call.seq = seq
+                if memo.fast is None:
+                    return self._run(op, call, self._backend)
+                try:
+                    memo.fast()
+                except Exception as exc:
+                    self._memos.pop(op, None)
+                    raise BackendError(f"{call}: {self._backend.name} failed: {exc}") from exc
+                return call.result
         call = Call(op, self, seq, peer, tag, None, None, redop, async_op, stream, payload)
         b = None
         if array is not None:
@@ -280,7 +288,7 @@ class Communicator:
         if b is None or b.device is None:
             backend = self._backend
             if plain and eligible(call, array, out):
-                self._memos[op] = Memo(call, array, out, peer, tag, redop)
+                self._memos[op] = Memo(call, backend.fast(call), array, out, peer, tag, redop)
         else:
             backend = self._device_backend(call)
         if observed:

@@ -4,7 +4,8 @@ Training loops call the same operation on the same buffers every step. The dispa
 per operation and group, the validated Call of the last synchronous host call together with
 the arguments it came from; a later call with the *same array objects* (shape, strides and
 dtype unchanged) and equal scalar arguments reuses that Call instead of resolving and
-validating again. Everything else (a new array, a changed shape, listeners, a timeout,
+validating again, and runs it through the backend's one-call repeat (``Backend.fast``) where
+the backend offers one. Everything else (a new array, a changed shape, listeners, a timeout,
 async_op, split sizes, streams, device arrays, an output hpccomm allocated) takes the full
 path. The memo keeps a reference to the last arrays of each operation until the next call of
 that operation with other arrays, or ``free()``.
@@ -12,6 +13,7 @@ that operation with other arrays, or ``free()``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,6 +30,7 @@ class Memo:
 
     __slots__ = (
         "call",
+        "fast",
         "array",
         "out",
         "peer",
@@ -41,8 +44,18 @@ class Memo:
         "odtype",
     )
 
-    def __init__(self, call: Call, array: Any, out: Any, peer: Any, tag: Any, redop: Any) -> None:
+    def __init__(
+        self,
+        call: Call,
+        fast: Callable[[], Any] | None,
+        array: Any,
+        out: Any,
+        peer: Any,
+        tag: Any,
+        redop: Any,
+    ) -> None:
         self.call = call
+        self.fast = fast  # the backend's one-call repeat of this call, or None
         self.array, self.out, self.peer, self.tag, self.redop = array, out, peer, tag, redop
         self.shape, self.strides, self.dtype = array.shape, array.strides, array.dtype
         if out is None:

@@ -8,6 +8,7 @@ Python objects go through ``mpi4py.util.pkl5`` (pickle protocol 5, large buffers
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -100,6 +101,7 @@ _OPS: dict[tuple[str, str], MPI.Op] = {
 }
 # Ops that need work around the MPI call: PREMUL_SUM scales a copy first, AVG divides after.
 _SCALED = frozenset({"AVG", "PREMUL_SUM"})
+_REDUCING = frozenset({O.ALL_REDUCE, O.REDUCE, O.REDUCE_SCATTER})
 
 
 def _mpi_op(call: Call) -> MPI.Op:
@@ -148,6 +150,40 @@ class MPIBackend:
 
     def close(self) -> None:
         self._pkl5 = None
+
+    def fast(self, call: Call) -> Callable[[], Any] | None:
+        """A zero-argument callable that runs this validated, synchronous call again with one
+        MPI call (its result is ``call.result``), for the dispatch's memo; None for calls that
+        need more (AVG/PREMUL_SUM steps, an any-source receive's status, split sizes)."""
+        op, m = call.op, self.mpi
+        if call.payload is not None or call.async_op:
+            return None
+        b = call.buf
+        mt = _MPI_TYPES[b.dtype]
+        x = [b.array, mt]
+        if op in _REDUCING:
+            if call.redop.name in _SCALED:
+                return None
+            mpi_op = _OPS.get((call.redop.name, call.info.category)) or _mpi_op(call)
+            if op is O.ALL_REDUCE:
+                return partial(m.Allreduce, MPI.IN_PLACE, x, mpi_op)
+            if op is O.REDUCE_SCATTER:
+                return partial(m.Reduce_scatter_block, x, [call.out.array, mt], mpi_op)
+            if m.Get_rank() == call.peer:
+                return partial(m.Reduce, MPI.IN_PLACE, x, mpi_op, call.peer)
+            return partial(m.Reduce, x, None, mpi_op, call.peer)
+        if op is O.BROADCAST:
+            return partial(m.Bcast, x, call.peer)
+        if op is O.ALL_GATHER:
+            return partial(m.Allgather, x, [call.out.array, mt])
+        if op is O.ALL_TO_ALL:
+            return partial(m.Alltoall, x, [call.out.array, mt])
+        if op is O.SEND:
+            return partial(m.Send, x, call.peer, call.tag)
+        if op is O.RECV and call.peer is not None and call.tag is not None:
+            call.result = call.peer  # a receive from a named source returns that source
+            return partial(m.Recv, x, call.peer, call.tag)
+        return None
 
     # -- helpers ------------------------------------------------------------------------
     #

@@ -36,6 +36,10 @@ class DeviceMPIBackend:
         self.path = path
         self.pool = pool if pool is not None else StagingPool()
 
+    def fast(self, call: Call) -> None:
+        """No one-call repeats here: device calls are never memoised."""
+        return None
+
     def supports(self, call: Call) -> bool:
         return True
 

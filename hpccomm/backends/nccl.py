@@ -291,6 +291,10 @@ class NcclBackend:
 
     # -- the interface ------------------------------------------------------------------
 
+    def fast(self, call: Call) -> None:
+        """No one-call repeats here: device calls are never memoised."""
+        return None
+
     def supports(self, call: Call) -> bool:
         return call.op in self._table
 

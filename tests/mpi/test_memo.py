@@ -105,3 +105,36 @@ def test_sequence_numbers_keep_counting_on_repeats(plain):
     for _ in range(3):
         plain.all_reduce(x)
     assert plain._memos and next(iter(plain._memos.values())).call.seq == 3
+
+
+def test_repeats_of_every_memoised_op(plain):
+    n, r = plain.size, plain.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    x = np.empty(4)
+    big = np.empty(4 * n)
+    out = np.empty(4 * n)
+    blk = np.empty(4)
+    recv = np.empty(2)
+    for step in range(3):
+        x[:] = r + step
+        plain.reduce(x, dst=n - 1)
+        if r == n - 1:
+            assert (x == sum(i + step for i in range(n))).all()
+        big[:] = np.arange(4 * n) + step
+        assert plain.reduce_scatter(big, out=blk) is blk
+        assert list(blk) == [n * (4 * r + k + step) for k in range(4)]
+        big[:] = np.arange(4 * n) + 100 * r + step
+        assert plain.all_to_all(big, out=out) is out
+        assert list(out[::4]) == [100 * j + 4 * r + step for j in range(n)]
+        x[:] = float(r + step)
+        plain.all_reduce(x, op=ReduceOp.AVG)  # not a one-call repeat: divides after
+        assert np.allclose(x, (n - 1) / 2 + step)
+        if n > 1:
+            send = np.full(2, float(r * 10 + step))
+            if r % 2 == 0:
+                plain.send(send, right, tag=7)
+                assert plain.recv(recv, left, tag=7) == left
+            else:
+                assert plain.recv(recv, left, tag=7) == left
+                plain.send(send, right, tag=7)
+            assert (recv == left * 10 + step).all()
