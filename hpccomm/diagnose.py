@@ -239,8 +239,3 @@ def format_checks(results: list[CheckResult], size: int) -> str:
         f"doctor: {len(results) - failed} of {len(results)} operations passed on {size} ranks"
     )
     return "\n".join(lines)
-
-
-def launch_table(comm: Communicator) -> str | None:
-    infos = gather_launch(comm)
-    return None if infos is None else format_launch_table(infos)

@@ -29,7 +29,7 @@ from .dtypes import (
 from .errors import DtypeError, InvalidArgumentError
 from .record import Call
 
-__all__ = ["OpSpec", "SPECS", "P2POp", "displacements"]
+__all__ = ["OpSpec", "P2POp", "displacements"]
 
 
 class OpSpec:
@@ -440,9 +440,3 @@ GATHER_OBJECT = OpSpec("gather_object", "collective", _p_rooted_object, nonblock
 SCATTER_OBJECT = OpSpec("scatter_object", "collective", _p_rooted_object, nonblocking=False)
 SEND_OBJECT = OpSpec("send_object", "p2p", _p_send_object, nonblocking=False)
 RECV_OBJECT = OpSpec("recv_object", "p2p", _p_send_object, nonblocking=False)
-
-SPECS = (
-    ALL_REDUCE, REDUCE, BROADCAST, ALL_GATHER, GATHER, SCATTER, REDUCE_SCATTER, ALL_TO_ALL,
-    BARRIER, SEND, RECV, SENDRECV, BATCH_P2P, BROADCAST_OBJECT, ALL_GATHER_OBJECT,
-    GATHER_OBJECT, SCATTER_OBJECT, SEND_OBJECT, RECV_OBJECT,
-)  # fmt: skip

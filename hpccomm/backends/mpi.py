@@ -20,7 +20,7 @@ from ..dtypes import SUPPORTED_DTYPES
 from ..record import Call
 from ..work import Work
 
-__all__ = ["MPIBackend", "mpi_datatype"]
+__all__ = ["MPIBackend"]
 
 _MPI_TYPE_BY_NAME = {
     "bool": MPI.C_BOOL,
@@ -72,11 +72,6 @@ _HALF_UFUNCS = {
     "MAX": np.maximum,
 }
 _half_ops: dict[tuple[np.dtype, str], MPI.Op] = {}
-
-
-def mpi_datatype(dtype: np.dtype) -> MPI.Datatype:
-    """The MPI datatype hpccomm sends a dtype as (2-byte words for float16/bfloat16)."""
-    return _MPI_TYPES[dtype]
 
 
 def _half_op(dtype: np.dtype, name: str) -> MPI.Op:
