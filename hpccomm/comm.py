@@ -256,9 +256,9 @@ class Communicator:
             self._seq += 1
             seq = self._seq
         # A repeat of the last identical call skips resolve and validate (see memo.py);
-        # listeners, timeouts and async calls always take the full path.
+        # listeners, timeouts, async calls, split sizes and streams always take the full path.
         observed = record.listeners or self._timeout is not None
-        plain = not (async_op or observed)
+        plain = not (async_op or observed) and payload is None and stream is None
         if plain:
             memo = self._memos.get(op)
             if memo is not None and memo.matches(array, out, peer, tag, redop):

@@ -138,3 +138,20 @@ def test_repeats_of_every_memoised_op(plain):
                 assert plain.recv(recv, left, tag=7) == left
                 plain.send(send, right, tag=7)
             assert (recv == left * 10 + step).all()
+
+
+def test_split_sizes_after_an_equal_call_on_the_same_arrays(plain):
+    n, r = plain.size, plain.rank
+    x = np.arange(n, dtype=np.int64) + 10 * r
+    out = np.empty(n, dtype=np.int64)
+    plain.all_to_all_single(x, out=out)  # equal blocks: memoised
+    assert list(out) == [10 * j + r for j in range(n)]
+    # The same arrays with split sizes: every rank sends all its rows to itself.
+    mine = [n if j == r else 0 for j in range(n)]
+    assert (
+        plain.all_to_all_single(x, out=out, input_split_sizes=mine, output_split_sizes=mine) is out
+    )
+    assert list(out) == list(x)
+    sizes = [1] * n
+    shards = plain.all_gather(np.array([r]), sizes=sizes)
+    assert list(shards) == list(range(n))
