@@ -118,7 +118,12 @@ class DeviceMPIBackend:
                 self.pool.give(h)
             return value if isinstance(value, int) else call.result  # a receive's source rank
 
-        outcome = self.host.run(hcall)
+        try:
+            outcome = self.host.run(hcall)
+        except BaseException:
+            for h in lent:  # the operation never started: the buffers are free again
+                self.pool.give(h)
+            raise
         if isinstance(outcome, Work):
             inner = outcome
             return Work(call, inner.is_completed, inner.wait, lambda: finish(inner.wait()))
