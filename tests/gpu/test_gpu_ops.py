@@ -30,7 +30,23 @@ OPS = [
 ]
 
 
+def _cupy_bf16() -> bool:
+    try:
+        cp.zeros(1, dtype=ml_dtypes.bfloat16)
+        return True
+    except Exception:  # CuPy < 14 has no bfloat16
+        return False
+
+
+HAS_BF16 = _cupy_bf16()
+needs_bf16 = pytest.mark.skipif(
+    not HAS_BF16, reason=f"CuPy {cp.__version__} has no bfloat16 arrays (CuPy >= 14 with ml_dtypes)"
+)
+
+
 def dev(x):
+    if np.dtype(x.dtype) == np.dtype(ml_dtypes.bfloat16) and not HAS_BF16:
+        pytest.skip(f"CuPy {cp.__version__} has no bfloat16 arrays (CuPy >= 14 with ml_dtypes)")
     return cp.asarray(x)
 
 
@@ -156,6 +172,7 @@ def test_streams_and_async_work(gcomm):
     assert (cp.asnumpy(y) == n).all()
 
 
+@needs_bf16
 def test_bf16_native_sum_large(gcomm):
     n = gcomm.size
     x = cp.asarray(np.ones(1 << 16, dtype=ml_dtypes.bfloat16))
