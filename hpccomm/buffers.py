@@ -55,10 +55,8 @@ def resolve(x: Any, where: object, arg: str = "array") -> Buffer:
     ``where`` is the message prefix (or an object whose ``str()`` gives it, formatted only on
     error).
     """
-    if type(x) is np.ndarray:
-        return _new(Buffer, (x, x.size, x.dtype, None, x.flags.c_contiguous, np))
     if isinstance(x, np.ndarray):
-        return Buffer(x, x.size, x.dtype, None, x.flags.c_contiguous, np)
+        return _new(Buffer, (x, x.size, x.dtype, None, x.flags.c_contiguous, np))
     mod = type(x).__module__
     if mod.startswith("cupy"):
         return _device_buffer(x)

@@ -14,7 +14,7 @@ untouched, and collectives called in different orders hang unless the communicat
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import record
 from .buffers import resolve
@@ -269,8 +269,7 @@ class Communicator:
                 try:
                     memo.fast()
                 except Exception as exc:
-                    self._memos.pop(op, None)
-                    raise BackendError(f"{call}: {self._backend.name} failed: {exc}") from exc
+                    self._reraise(op, call, self._backend, exc)
                 return call.result
         call = Call(op, self, seq, peer, tag, None, None, redop, async_op, stream, payload)
         b = None
@@ -300,12 +299,16 @@ class Communicator:
         forgets the memoised validation of the op)."""
         try:
             return backend.run(call)
-        except HpccommError:
-            self._memos.pop(op, None)
-            raise
         except Exception as exc:
-            self._memos.pop(op, None)
-            raise BackendError(f"{call}: {backend.name} failed: {exc}") from exc
+            self._reraise(op, call, backend, exc)
+
+    def _reraise(self, op: OpSpec, call: Call, backend: Any, exc: Exception) -> NoReturn:
+        """Forget the op's memoised validation and raise: hpccomm's own errors as they are,
+        a library's as a BackendError naming the call."""
+        self._memos.pop(op, None)
+        if isinstance(exc, HpccommError):
+            raise exc
+        raise BackendError(f"{call}: {backend.name} failed: {exc}") from exc
 
     def _run_observed(self, call: Call, backend: Any) -> Any:
         """The run step when someone listens or a timeout bounds blocking calls."""

@@ -81,14 +81,11 @@ class Memo:
 
 
 def eligible(call: Call, array: Any, out: Any) -> bool:
-    """Whether a validated call may be memoised: host NumPy arrays, no split sizes or
-    stream, synchronous, and no output that hpccomm allocated (a reused Call would hand the
-    same new array out twice)."""
+    """Whether a validated plain call (the dispatch asks only for synchronous calls without
+    split sizes or a stream) may be memoised: host NumPy arrays, and no output that hpccomm
+    allocated (a reused Call would hand the same new array out twice)."""
     return (
         type(array) is _ndarray
         and (out is None or type(out) is _ndarray)
-        and call.payload is None
-        and call.stream is None
-        and not call.async_op
         and (out is not None or call.out is None)
     )

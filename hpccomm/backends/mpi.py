@@ -147,19 +147,18 @@ class MPIBackend:
         self._pkl5 = None
 
     def fast(self, call: Call) -> Callable[[], Any] | None:
-        """A zero-argument callable that runs this validated, synchronous call again with one
-        MPI call (its result is ``call.result``), for the dispatch's memo; None for calls that
-        need more (AVG/PREMUL_SUM steps, an any-source receive's status, split sizes)."""
+        """A zero-argument callable that runs this validated plain call (synchronous, no split
+        sizes, no stream: the only ones the dispatch memoises) again with one MPI call (its
+        result is ``call.result``); None for calls that need more (AVG/PREMUL_SUM steps, an
+        any-source receive's status)."""
         op, m = call.op, self.mpi
-        if call.payload is not None or call.async_op:
-            return None
         b = call.buf
         mt = _MPI_TYPES[b.dtype]
         x = [b.array, mt]
         if op in _REDUCING:
             if call.redop.name in _SCALED:
                 return None
-            mpi_op = _OPS.get((call.redop.name, call.info.category)) or _mpi_op(call)
+            mpi_op = _mpi_op(call)
             if op is O.ALL_REDUCE:
                 return partial(m.Allreduce, MPI.IN_PLACE, x, mpi_op)
             if op is O.REDUCE_SCATTER:
@@ -194,7 +193,7 @@ class MPIBackend:
         """(send spec, MPI op, post-step) of a reduction over ``x``: PREMUL_SUM sends a
         scaled copy, AVG divides the result by the group size afterwards."""
         name = call.redop.name
-        op = _OPS.get((name, call.info.category)) or _mpi_op(call)
+        op = _mpi_op(call)
         if name not in _SCALED:
             return [x, mt], op, None
         if name == "PREMUL_SUM":
@@ -222,7 +221,7 @@ class MPIBackend:
             send, op, n = self._reduction(call, x, mt)
             if send[0] is x:
                 send = MPI.IN_PLACE
-        else:  # the hottest path of all: no helper frames
+        else:  # the hottest path of all: _mpi_op's builtin lookup inlined, no helper frames
             send, n = MPI.IN_PLACE, None
             op = _OPS.get((name, call.info.category)) or _mpi_op(call)
         if call.async_op:
