@@ -115,6 +115,13 @@ def verify_launch(info: LaunchInfo, comm: MPI.Intracomm) -> tuple[LaunchInfo, MP
     return info.replace(**changes, sources=sources, warnings=tuple(notes)), node
 
 
+def _no_cupy(info: LaunchInfo) -> HpccommError:
+    return HpccommError(
+        f"init (rank {info.rank} of {info.size}): gpu=True but CuPy is not installed "
+        f"(pip install 'hpccomm[gpu]')"
+    )
+
+
 def _bind_gpu(info: LaunchInfo, want_gpu: bool | None) -> LaunchInfo:
     """Choose and select this rank's GPU before CUDA is used; CPU-only when none."""
     if want_gpu is False:
@@ -127,9 +134,7 @@ def _bind_gpu(info: LaunchInfo, want_gpu: bool | None) -> LaunchInfo:
             import cupy
         except ImportError:
             if want_gpu:
-                raise HpccommError(
-                    "init: gpu=True but CuPy is not installed (pip install 'hpccomm[gpu]')"
-                ) from None
+                raise _no_cupy(info) from None
             return info
         try:
             count = cupy.cuda.runtime.getDeviceCount()
@@ -161,10 +166,7 @@ def _bind_gpu(info: LaunchInfo, want_gpu: bool | None) -> LaunchInfo:
         import cupy
     except ImportError:
         if want_gpu:
-            raise HpccommError(
-                f"init (rank {info.rank} of {info.size}): gpu=True but CuPy is not installed "
-                f"(pip install 'hpccomm[gpu]')"
-            ) from None
+            raise _no_cupy(info) from None
         return info.replace(visible_gpus=visible, gpu=None, sources=sources)
     cupy.cuda.Device(gpu).use()
     sources["gpu"] = "local rank and visible GPUs"
