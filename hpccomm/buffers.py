@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .errors import DtypeError
+from .errors import DtypeError, InvalidArgumentError
 
 __all__ = ["Buffer", "resolve", "empty_like_module"]
 
@@ -23,7 +23,8 @@ _DLPACK_CUDA_MANAGED = 13
 
 class Buffer(NamedTuple):
     """One resolved array: the array itself (NumPy or CuPy), element count, dtype, CUDA
-    device id (None for host memory), C-contiguity, and its array module."""
+    device id (None for host memory), C-contiguity, its array module, and whether it may be
+    written (NumPy's read-only flag; device arrays always may)."""
 
     array: Any
     count: int
@@ -31,6 +32,7 @@ class Buffer(NamedTuple):
     device: int | None
     contiguous: bool
     xp: Any
+    writable: bool
 
 
 def _cupy():
@@ -43,9 +45,11 @@ def _cupy():
 
 def _device_buffer(arr: Any) -> Buffer:
     cp = _cupy()
-    return Buffer(arr, arr.size, arr.dtype, arr.device.id, arr.flags.c_contiguous, cp)
+    return Buffer(arr, arr.size, arr.dtype, arr.device.id, arr.flags.c_contiguous, cp, True)
 
 
+_ndarray = np.ndarray
+_masked = np.ma.MaskedArray
 _new = tuple.__new__  # builds a Buffer without NamedTuple's Python-level __new__ (hot path)
 
 
@@ -55,8 +59,14 @@ def resolve(x: Any, where: object, arg: str = "array") -> Buffer:
     ``where`` is the message prefix (or an object whose ``str()`` gives it, formatted only on
     error).
     """
-    if isinstance(x, np.ndarray):
-        return _new(Buffer, (x, x.size, x.dtype, None, x.flags.c_contiguous, np))
+    if type(x) is _ndarray or isinstance(x, np.ndarray) and not isinstance(x, _masked):
+        flags = x.flags
+        return _new(Buffer, (x, x.size, x.dtype, None, flags.c_contiguous, np, flags.writeable))
+    if isinstance(x, _masked):
+        raise InvalidArgumentError(
+            f"{where}: {arg} is a masked array (numpy.ma), expected a plain array: MPI would "
+            f"combine the masked entries too; pass x.filled(value) or x.data explicitly"
+        )
     mod = type(x).__module__
     if mod.startswith("cupy"):
         return _device_buffer(x)

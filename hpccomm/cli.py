@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from collections.abc import Sequence
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "SBATCH_TIMEOUT_ENV"]
+
+# Seconds `hpccomm sbatch --submit` waits for sbatch when --submit-timeout is not given.
+SBATCH_TIMEOUT_ENV = "HPCCOMM_SBATCH_TIMEOUT"
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -98,7 +103,28 @@ def _cmd_layout(args: argparse.Namespace) -> int:
     return 0
 
 
+def _submit_timeout(args: argparse.Namespace) -> float:
+    """Seconds to wait for sbatch: --submit-timeout, else $HPCCOMM_SBATCH_TIMEOUT, else 60."""
+    from .errors import InvalidArgumentError
+    from .slurm import SUBMIT_TIMEOUT
+
+    if args.submit_timeout is not None:
+        what, raw = "--submit-timeout", args.submit_timeout
+    else:
+        what, raw = SBATCH_TIMEOUT_ENV, os.environ.get(SBATCH_TIMEOUT_ENV, "").strip()
+        if not raw:
+            return SUBMIT_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise InvalidArgumentError(f"sbatch: {what} is {raw!r}, expected seconds > 0")
+    return value
+
+
 def _cmd_sbatch(args: argparse.Namespace) -> int:
+    from .errors import HpccommError
     from .slurm import BatchOptions, render, submit
 
     command = list(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
@@ -119,11 +145,15 @@ def _cmd_sbatch(args: argparse.Namespace) -> int:
         extra=args.extra or [],
     )
     script = render(opts)
+    timeout = _submit_timeout(args) if args.submit else None
     if args.o:
-        with open(args.o, "w") as f:
-            f.write(script)
+        try:
+            with open(args.o, "w") as f:
+                f.write(script)
+        except OSError as exc:
+            raise HpccommError(f"sbatch: cannot write {args.o}: {exc.strerror or exc}") from None
     if args.submit:
-        print(submit(script))
+        print(submit(script, timeout=timeout))
     elif not args.o:
         print(script, end="")
     return 0
@@ -178,6 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--extra", action="append", help="an extra '#SBATCH ...' line (repeatable)")
     p.add_argument("-o", metavar="FILE", help="write the script to FILE instead of printing it")
     p.add_argument("--submit", action="store_true", help="submit with sbatch and print the job id")
+    p.add_argument(
+        "--submit-timeout",
+        type=float,
+        metavar="S",
+        help=f"seconds to wait for sbatch before giving up (default: ${SBATCH_TIMEOUT_ENV}, else 60)",
+    )
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command to run on every task")
     p.set_defaults(func=_cmd_sbatch)
     return parser
@@ -185,14 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hpccomm`` command; returns the exit status."""
+    from .errors import HpccommError
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, TypeError, RuntimeError, TimeoutError) as exc:
-        from .errors import HpccommError
-
-        if not isinstance(exc, HpccommError) and not isinstance(exc, ValueError):
-            raise
+    except (HpccommError, ValueError) as exc:
         print(f"hpccomm: {exc}", file=sys.stderr)
         return 2
 

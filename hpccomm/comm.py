@@ -44,6 +44,7 @@ from .ops import (
     SENDRECV,
     OpSpec,
     P2POp,
+    _as_int,
 )
 from .record import Call
 
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
 __all__ = ["Communicator"]
 
 _SUM = ReduceOp.SUM
+_INT_MAX = 2**31 - 1  # MPI's colours and keys are C ints
 
 
 class Communicator:
@@ -366,8 +368,8 @@ class Communicator:
     def reduce(
         self,
         array: Any,
-        *,
         dst: int = 0,
+        *,
         op: ReduceOp = _SUM,
         async_op: bool = False,
         stream: Any = None,
@@ -385,7 +387,7 @@ class Communicator:
         return self._dispatch(REDUCE, array, None, dst, None, op, async_op, None, stream)
 
     def broadcast(
-        self, array: Any, *, src: int = 0, async_op: bool = False, stream: Any = None
+        self, array: Any, src: int = 0, *, async_op: bool = False, stream: Any = None
     ) -> Any:
         """Copy ``src``'s array into every rank's ``array``, in place.
 
@@ -656,10 +658,22 @@ class Communicator:
         self._check_open("split")
         from mpi4py import MPI
 
-        if color is not None and (not isinstance(color, int) or color < 0):
-            raise InvalidArgumentError(
-                f"split (rank {self._rank} of {self._size}): color is {color!r}, expected an integer >= 0 or None"
-            )
+        if color is not None:
+            value = _as_int(color)
+            if value is None or not 0 <= value <= _INT_MAX:
+                raise InvalidArgumentError(
+                    f"split (rank {self._rank} of {self._size}): color is {color!r}, expected an "
+                    f"integer in 0..{_INT_MAX} or None"
+                )
+            color = value
+        if key is not None:
+            value = _as_int(key)
+            if value is None or not -_INT_MAX - 1 <= value <= _INT_MAX:
+                raise InvalidArgumentError(
+                    f"split (rank {self._rank} of {self._size}): key is {key!r}, expected an "
+                    f"integer in {-_INT_MAX - 1}..{_INT_MAX} or None"
+                )
+            key = value
         mpi_color = MPI.UNDEFINED if color is None else color
         new = self._mpi.Split(mpi_color, self._rank if key is None else key)
         return self._adopt(new, f"{self.name}/split({color})")
@@ -670,8 +684,8 @@ class Communicator:
         All ranks of this communicator must call this, with the same list.
         """
         self._check_open("new_group")
-        ranks = list(ranks)
-        bad = [r for r in ranks if not isinstance(r, int) or not 0 <= r < self._size]
+        ranks = [r if _as_int(r) is None else _as_int(r) for r in ranks]
+        bad = [r for r in ranks if type(r) is not int or not 0 <= r < self._size]
         if bad or len(set(ranks)) != len(ranks) or not ranks:
             raise InvalidArgumentError(
                 f"new_group (rank {self._rank} of {self._size}): ranks {ranks} must be distinct "

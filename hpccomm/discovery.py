@@ -4,6 +4,11 @@ Imports neither mpi4py nor CuPy. The launcher that started this process is found
 precedence of ``shared/reference/launchers.md`` (the innermost launcher wins) and every field is
 taken from that launcher's row; fields the launcher does not export are left ``None`` and filled
 from MPI by :func:`hpccomm.init`.
+
+Slurm's per-task variables are trusted only where Slurm wrote them for this process: in an srun
+step (srun sets SLURM_STEP_ID and SLURM_STEP_NUM_TASKS in every task) or in the batch shell
+(task 0). Anywhere else they were inherited or copied from another process and are ignored,
+with a warning that says what was found and why.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import hostlist
-from .errors import GpuBindingError
+from .errors import GpuBindingError, InvalidArgumentError
 from .gpuselect import choose_gpu, parse_visible_devices, sharing_allowed
 
 __all__ = ["LaunchInfo", "discover", "FIELDS"]
@@ -115,16 +120,44 @@ class _Reader:
             try:
                 value = int(raw)
             except ValueError:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"launch discovery ({self.launcher}): {var}={raw!r} is not an integer"
                 ) from None
             self.values[name] = value
             self.sources[name] = var
             return
 
+    def hosts(self, name: str, var: str) -> bool:
+        """Read the Slurm hostlist in ``var`` into ``name``; False when it is unset or empty."""
+        raw = self.env.get(var)
+        if not raw:
+            return False
+        try:
+            names = tuple(hostlist.expand(raw))
+        except ValueError as exc:
+            raise InvalidArgumentError(
+                f"launch discovery ({self.launcher}): {var}={raw!r} is not a Slurm hostlist: {exc}"
+            ) from None
+        self.set(name, names, var)
+        return True
+
+    def tasks_per_node(self, var: str) -> list[int]:
+        """The expanded tasks-per-node list in ``var`` (e.g. ``"2(x3),1"``)."""
+        raw = self.env[var]
+        try:
+            return hostlist.expand_tasks_per_node(raw)
+        except ValueError as exc:
+            raise InvalidArgumentError(
+                f"launch discovery ({self.launcher}): {var}={raw!r} is not a Slurm tasks-per-node "
+                f"list: {exc}"
+            ) from None
+
     def set(self, name: str, value: Any, source: str) -> None:
         self.values[name] = value
         self.sources[name] = source
+
+    def warn(self, text: str) -> None:
+        self.values.setdefault("warnings", []).append(text)
 
 
 def _torchrun(r: _Reader) -> None:
@@ -161,6 +194,57 @@ def _hydra(r: _Reader) -> None:
     r.int("local_size", "MPI_LOCALNRANKS")
 
 
+# srun writes both into every task it starts (Slurm's env_array_for_step); the batch shell and
+# an salloc shell have neither.
+_STEP_VARS = ("SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS")
+# The batch script's own step id (SLURM_BATCH_SCRIPT, 0xfffffffb), which the batch shell of
+# Slurm >= 26.05 exports, printed signed: it marks the batch shell, not an srun step.
+_BATCH_STEP_IDS = frozenset({"-5", "4294967291"})
+# Slurm's per-task variables that would give rank, size or local rank: what a warning lists.
+_TASK_VARS = (
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+    "SLURM_NTASKS",
+    "SLURM_STEP_ID",
+    "SLURM_STEP_NUM_TASKS",
+)
+
+
+def _step_vars(env: Mapping[str, str]) -> list[str]:
+    """Which of srun's step variables are present (the batch script's step id is none)."""
+    return [
+        var
+        for var in _STEP_VARS
+        if var in env and not (var == "SLURM_STEP_ID" and env[var].strip() in _BATCH_STEP_IDS)
+    ]
+
+
+def _not_this_process(env: Mapping[str, str]) -> str | None:
+    """Why Slurm's task variables here cannot have been written for this process (it is
+    neither a task of an srun step nor the batch shell), or None when they can be, or are
+    absent."""
+    present = _step_vars(env)
+    if len(present) == 1:
+        (have,) = present
+        (lack,) = (var for var in _STEP_VARS if var != have)
+        return (
+            f"this process is not a task of an srun step ({have} is set but {lack} is not; srun "
+            f"sets both in every task, a batch or salloc shell neither)"
+        )
+    if present:
+        return None
+    task_ids = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID")
+    not_zero = [f"{v}={env[v]}" for v in task_ids if env.get(v, "").strip() not in ("", "0")]
+    if not_zero:
+        return (
+            f"this process is not a task of an srun step ({' and '.join(_STEP_VARS)}, which srun "
+            f"sets in every task, are missing) nor the batch shell (task 0; here "
+            f"{', '.join(not_zero)})"
+        )
+    return None
+
+
 def _srun_step(r: _Reader) -> None:
     env = r.env
     r.int("rank", "SLURM_PROCID")
@@ -169,15 +253,14 @@ def _srun_step(r: _Reader) -> None:
     r.int("node_index", "SLURM_NODEID")
     r.int("num_nodes", "SLURM_STEP_NUM_NODES", "SLURM_NNODES")
     for var in ("SLURM_STEP_NODELIST", "SLURM_NODELIST"):
-        if env.get(var):
-            r.set("nodelist", tuple(hostlist.expand(env[var])), var)
+        if r.hosts("nodelist", var):
             break
     node = r.values.get("node_index")
     for var in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
         if env.get(var) and node is not None:
-            counts = hostlist.expand_tasks_per_node(env[var])
+            counts = r.tasks_per_node(var)
             if node >= len(counts):
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"launch discovery (slurm): SLURM_NODEID={node} but {var}={env[var]!r} "
                     f"lists only {len(counts)} nodes"
                 )
@@ -191,17 +274,37 @@ def _pmi_only(r: _Reader) -> None:
 
 def _batch_shell(r: _Reader) -> None:
     env = r.env
+    # The batch shell is task 0 of the job (SLURM_PROCID=0); an salloc shell, or a login to one
+    # of the job's nodes, has no task variables at all.
+    batch = "SLURM_PROCID" in env
+    how = "batch shell (no srun step)" if batch else "shell outside any srun step"
     for name, value in (("rank", 0), ("size", 1), ("local_rank", 0), ("local_size", 1)):
-        r.set(name, value, "batch shell (no SLURM_STEP_NUM_TASKS)")
-    r.set("node_index", 0, "batch shell runs on the first node")
+        r.set(name, value, how)
+    r.set("node_index", 0, "batch shell runs on the first node" if batch else how)
     r.int("num_nodes", "SLURM_JOB_NUM_NODES", "SLURM_NNODES")
-    if env.get("SLURM_JOB_NODELIST"):
-        r.set("nodelist", tuple(hostlist.expand(env["SLURM_JOB_NODELIST"])), "SLURM_JOB_NODELIST")
-    ntasks = env.get("SLURM_NTASKS", "?")
-    r.values.setdefault("warnings", []).append(
-        f"this is the batch shell of Slurm job {env.get('SLURM_JOB_ID')} (SLURM_JOB_ID is set, "
-        f"SLURM_STEP_NUM_TASKS is not): it runs as 1 process, not as rank 0 of "
-        f"SLURM_NTASKS={ntasks}; launch the ranks with srun"
+    r.hosts("nodelist", "SLURM_JOB_NODELIST")
+    job = env.get("SLURM_JOB_ID")
+    found = f"SLURM_JOB_ID is set, {' and '.join(_STEP_VARS)} are not"
+    if batch:
+        what = f"this is the batch shell of Slurm job {job} ({found})"
+    else:
+        what = (
+            f"this is a shell of Slurm job {job} outside any srun step (salloc, or a login to "
+            f"one of the job's nodes: {found})"
+        )
+    ntasks = env.get("SLURM_NTASKS")
+    alone = "it runs as 1 process" + (f", not as rank 0 of SLURM_NTASKS={ntasks}" if ntasks else "")
+    r.warn(f"{what}: {alone}; launch the ranks with srun")
+
+
+def _ignore_leftovers(r: _Reader) -> None:
+    env = r.env
+    found = ", ".join(f"{var}={env[var]}" for var in _TASK_VARS if var in env)
+    job = f" (Slurm job {env['SLURM_JOB_ID']})" if env.get("SLURM_JOB_ID") else ""
+    r.warn(
+        f"ignored {found}{job}: {_not_this_process(env)}: they were inherited or copied from "
+        f"another process (a shell inside an allocation, a container), so rank and size come "
+        f"from MPI; if srun did start this process, pass the SLURM_STEP_* variables through"
     )
 
 
@@ -220,8 +323,10 @@ _ROWS: tuple[tuple[str, Callable[[Mapping[str, str]], bool], Callable[[_Reader],
     ("mvapich2", lambda e: "MV2_COMM_WORLD_RANK" in e, _mpi_world("MV2_COMM_WORLD")),
     ("pals", lambda e: "PALS_RANKID" in e, _pals),
     ("hydra", lambda e: "MPI_LOCALRANKID" in e, _hydra),
-    ("slurm", lambda e: "SLURM_STEP_NUM_TASKS" in e, _srun_step),
+    ("slurm", lambda e: len(_step_vars(e)) == len(_STEP_VARS), _srun_step),
     ("pmi", lambda e: "PMIX_RANK" in e or "PMI_RANK" in e, _pmi_only),
+    # Slurm task variables that no Slurm launch wrote for this process: ignored, with a warning.
+    ("none", lambda e: _not_this_process(e) is not None, _ignore_leftovers),
     ("slurm-batch", lambda e: "SLURM_JOB_ID" in e, _batch_shell),
     ("none", lambda e: True, _nothing),
 )
@@ -247,7 +352,8 @@ def discover(
         A frozen :class:`LaunchInfo`; fields the launcher does not export are None.
 
     Raises:
-        ValueError: a launcher variable that should be an integer or a hostlist is malformed.
+        InvalidArgumentError: a launcher variable that should be an integer, a hostlist or a
+            tasks-per-node list is malformed (the message names it and its value).
     """
     env = os.environ if environ is None else environ
     launcher, _, read = next(row for row in _ROWS if row[1](env))

@@ -89,10 +89,14 @@ class ReduceOp:
 
     @staticmethod
     def PREMUL_SUM(factor: float) -> ReduceOp:  # noqa: N802 - torch's spelling
-        """Scale every rank's input by ``factor``, then sum."""
-        if not isinstance(factor, (int, float, complex, np.number)):
+        """Scale every rank's input by ``factor``, then sum. A complex factor is only
+        defined for complex arrays (checked per call)."""
+        if isinstance(factor, (bool, np.bool_)) or not isinstance(
+            factor, (int, float, complex, np.number)
+        ):
             raise DtypeError(
-                f"ReduceOp.PREMUL_SUM: factor is {type(factor).__name__}, expected a number"
+                f"ReduceOp.PREMUL_SUM: factor is {factor!r} ({type(factor).__name__}), expected "
+                f"a real or complex number (not bool)"
             )
         return ReduceOp("PREMUL_SUM", factor)
 
@@ -165,8 +169,14 @@ def as_reduce_op(op: object, where: object) -> ReduceOp:
 
 
 def check_op(op: ReduceOp, info: DtypeInfo, where: object) -> None:
-    """Raise DtypeError naming the op and the dtype when the op is not defined for it."""
+    """Raise DtypeError naming the op and the dtype when the op is not defined for it (or,
+    for PREMUL_SUM, when a complex factor meets a real dtype)."""
     if info.category not in ALLOWED_CATEGORIES[op.name]:
         raise DtypeError(
             f"{where}: op {op.name} is not defined for dtype {info.name}: {_WHY[op.name]}"
+        )
+    if op.factor is not None and info.category != "complex" and np.iscomplexobj(op.factor):
+        raise DtypeError(
+            f"{where}: op PREMUL_SUM has the complex factor {op.factor!r} for dtype {info.name}, "
+            f"expected a real factor (a complex one is only defined for complex arrays)"
         )

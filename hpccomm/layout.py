@@ -3,7 +3,9 @@
 Pure arithmetic, no MPI. Two conventions, one object:
 
 - Megatron order string (default ``"tp-cp-ep-dp-pp"``): the FIRST token varies fastest,
-  ``rank = sum_i idx_i * prod_{j<i} size_j``.
+  ``rank = sum_i idx_i * prod_{j<i} size_j``. As in Megatron-LM's ``RankGenerator``, the order
+  is case-insensitive and may leave out dimensions of size 1 (they are appended, in the order
+  tp, pp, dp, ep, cp); leaving out a dimension of size > 1 is an error.
 - DeviceMesh shape with dimension names: ``arange(world).reshape(shape)``, the LAST dimension
   varies fastest. So Megatron order ``"tp-dp-pp"`` is the mesh ``("pp", "dp", "tp")``.
 
@@ -21,24 +23,42 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from .errors import InvalidArgumentError
+
 __all__ = ["Layout", "TOKENS", "DEFAULT_ORDER"]
 
 TOKENS = ("tp", "cp", "ep", "dp", "pp")
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 
+# The order in which an order string's missing size-1 dimensions are appended: the key order
+# of RankGenerator.name_to_size in Megatron-LM megatron/core/parallel_state.py
+# (RankGenerator.__init__ loops over it and appends "-" + name for each name not in the order).
+_APPEND_ORDER = ("tp", "pp", "dp", "ep", "cp")
 
-def _parse_tokens(spec: str | Sequence[str], known: Sequence[str], what: str) -> tuple[str, ...]:
-    tokens = tuple(spec.split("-")) if isinstance(spec, str) else tuple(spec)
+
+def _parse_tokens(
+    spec: str | Sequence[str], known: Sequence[str], what: str, *, fold_case: bool = False
+) -> tuple[str, ...]:
+    """Split ``spec`` ("tp-dp" or a sequence of tokens) and check each token is known and
+    appears once. ``fold_case`` lower-cases a string first (Megatron's RankGenerator does
+    ``order.lower()``; its get_ranks does not lower-case the group tokens)."""
+    text = spec.lower() if fold_case and isinstance(spec, str) else spec
+    tokens = tuple(text.split("-")) if isinstance(text, str) else tuple(text)
+    if not tokens or tokens == ("",):
+        raise InvalidArgumentError(f"layout: {what} is empty, expected tokens of {'-'.join(known)}")
+    # Megatron rejects an unknown token too (RankGenerator.__init__ looks each one up in
+    # name_to_size: KeyError); it has no check for a repeated token, which hpccomm rejects
+    # because a repeated dimension of size > 1 makes the grid disagree with the world size.
     unknown = [t for t in tokens if t not in known]
     if unknown:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"layout: {what} {spec!r} has unknown token(s) {unknown}; known: {'-'.join(known)}"
         )
     repeated = sorted({t for t in tokens if tokens.count(t) > 1})
     if repeated:
-        raise ValueError(f"layout: {what} {spec!r} repeats {repeated}; each token may appear once")
-    if not tokens:
-        raise ValueError(f"layout: {what} is empty")
+        raise InvalidArgumentError(
+            f"layout: {what} {spec!r} repeats {repeated}; each token may appear once"
+        )
     return tokens
 
 
@@ -49,12 +69,17 @@ class Layout:
         world_size: number of ranks.
         tp, pp, cp, ep: sizes (default 1).
         dp: data-parallel size; None derives it as world / (tp*pp*cp*ep).
-        order: Megatron order string, first token fastest (default "tp-cp-ep-dp-pp").
+        order: Megatron order string, first token fastest (default "tp-cp-ep-dp-pp"), in
+            any case. Dimensions of size 1 may be left out: they are appended in the order
+            tp, pp, dp, ep, cp, as Megatron-LM's RankGenerator does. ``Layout(16, tp=4, pp=2,
+            dp=2, order="tp-pp-dp")`` has the order "tp-pp-dp-ep-cp".
 
     Raises:
-        ValueError: sizes whose product is not the world size (saying what would fit),
-            unknown or repeated tokens, or ep > 1 together with cp > 1 (Megatron's dense
-            layout does not combine them: use :meth:`expert` for expert parallelism).
+        InvalidArgumentError: (a ValueError) sizes that are not integers >= 1 or whose
+            product is not the world size (saying what would fit); an order with unknown or
+            repeated tokens, or leaving out a dimension of size > 1; or ep > 1 together with
+            cp > 1 (Megatron's dense layout does not combine them: use :meth:`expert` for
+            expert parallelism).
     """
 
     def __init__(
@@ -69,12 +94,8 @@ class Layout:
         order: str = DEFAULT_ORDER,
         _tokens: Sequence[str] = TOKENS,
     ) -> None:
-        tokens = _parse_tokens(order, _tokens, "order")
-        missing = [t for t in _tokens if t not in tokens]
-        if missing:
-            raise ValueError(
-                f"layout: order {order!r} lacks {missing}; it must name each of {'-'.join(_tokens)} once"
-            )
+        # Megatron-LM megatron/core/parallel_state.py, RankGenerator.__init__: order.lower().
+        tokens = _parse_tokens(order, _tokens, "order", fold_case=True)
         sizes = {"tp": tp, "pp": pp, "cp": cp, "ep": ep}
         for name, value in [
             *sizes.items(),
@@ -82,13 +103,14 @@ class Layout:
             ("dp", dp if dp is not None else 1),
         ]:
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"layout: {name} is {value!r}, expected an integer >= 1")
+                raise InvalidArgumentError(f"layout: {name} is {value!r}, expected an integer >= 1")
         others = tp * pp * cp * ep
         if dp is None:
             if world_size % others:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"layout: world {world_size} is not divisible by tp*pp*cp*ep = "
-                    f"{tp}*{pp}*{cp}*{ep} = {others}; world sizes that fit are multiples of {others}"
+                    f"{tp}*{pp}*{cp}*{ep} = {others}; world sizes that fit are multiples of "
+                    f"{others}"
                 )
             dp = world_size // others
         sizes["dp"] = dp
@@ -99,16 +121,35 @@ class Layout:
                 if world_size % others == 0
                 else f"a world size of {product}"
             )
-            raise ValueError(
-                f"layout: tp*pp*dp*cp*ep = {tp}*{pp}*{dp}*{cp}*{ep} = {product}, expected the world "
-                f"size {world_size}; {fit} would fit"
+            raise InvalidArgumentError(
+                f"layout: tp*pp*dp*cp*ep = {tp}*{pp}*{dp}*{cp}*{ep} = {product}, expected the "
+                f"world size {world_size}; {fit} would fit"
             )
-        if ep > 1 and cp > 1 and "ep" in tokens and "cp" in tokens:
-            raise ValueError(
+        # Megatron-LM megatron/core/parallel_state.py, RankGenerator.__init__ asserts
+        # "ep == 1 or cp == 1" whatever the order says.
+        if ep > 1 and cp > 1:
+            raise InvalidArgumentError(
                 f"layout: ep={ep} and cp={cp} are both above 1, which the dense layout does not "
                 f"support; lay out attention with cp and experts with layout.expert(ep={ep})"
             )
+        # Megatron-LM megatron/core/parallel_state.py, RankGenerator.__init__: a dimension the
+        # order leaves out is an error when its size is not 1, else appended at the end (in
+        # the order of _APPEND_ORDER). All five sizes are checked, also those outside _tokens,
+        # so that no size > 1 is silently dropped.
+        lacking = [t for t in _APPEND_ORDER if t not in tokens and sizes[t] != 1]
+        if lacking:
+            named = ", ".join(f"{t} (size {sizes[t]})" for t in lacking)
+            them = "it" if len(lacking) == 1 else "them"
+            raise InvalidArgumentError(
+                f"layout: order {order!r} lacks {named}; only dimensions of size 1 may be "
+                f"left out (they are appended), so name {them}, e.g. "
+                f"order={'-'.join((*tokens, *lacking))!r}"
+            )
+        tokens += tuple(t for t in _APPEND_ORDER if t in _tokens and t not in tokens)
         self.world_size = world_size
+        # The order as given (lower-cased, before size-1 dims were appended): expert() passes
+        # it on as Megatron passes the user's order to its expert RankGenerator.
+        self.given_order = order.lower() if isinstance(order, str) else "-".join(order)
         self.order = tokens
         self.sizes = {t: sizes[t] for t in tokens}
 
@@ -118,14 +159,21 @@ class Layout:
     def from_mesh(cls, shape: Sequence[int], names: Sequence[str]) -> Layout:
         """Build from a DeviceMesh-style shape (last dimension fastest), e.g.
         ``Layout.from_mesh((2, 8, 4), ("pp", "dp", "tp"))`` == ``Layout(64, tp=4, dp=8, pp=2,
-        order="tp-dp-pp")``. Dimensions not named get size 1."""
+        order="tp-dp-pp")``. Dimensions not named get size 1 and are appended to the order as
+        for a Megatron order that leaves them out."""
         if len(shape) != len(names):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"layout: mesh shape {tuple(shape)} has {len(shape)} dims but {len(names)} names"
+            )
+        bad = [s for s in shape if not isinstance(s, int) or s < 1]
+        if bad:
+            raise InvalidArgumentError(
+                f"layout: mesh shape {tuple(shape)} has {bad}, expected integers >= 1"
             )
         names = _parse_tokens(list(names), TOKENS, "mesh names")
         sizes = dict(zip(names, shape, strict=True))
-        order = list(reversed(names)) + [t for t in TOKENS if t not in names]
+        # The dimensions not named have size 1: __init__ appends them as Megatron does.
+        order = list(reversed(names))
         return cls(
             math.prod(shape),
             tp=sizes.get("tp", 1),
@@ -149,7 +197,7 @@ class Layout:
 
     def _check_rank(self, rank: int) -> None:
         if not isinstance(rank, int) or not 0 <= rank < self.world_size:
-            raise ValueError(f"layout: rank {rank!r} is not in 0..{self.world_size - 1}")
+            raise InvalidArgumentError(f"layout: rank {rank!r} is not in 0..{self.world_size - 1}")
 
     def coords(self, rank: int) -> dict[str, int]:
         """This rank's index along every dimension."""
@@ -164,12 +212,12 @@ class Layout:
         rank, stride = 0, 1
         for t in self.order:
             i = coords.pop(t, 0)
-            if not 0 <= i < self.sizes[t]:
-                raise ValueError(f"layout: {t}={i} is not in 0..{self.sizes[t] - 1}")
+            if not isinstance(i, int) or not 0 <= i < self.sizes[t]:
+                raise InvalidArgumentError(f"layout: {t}={i!r} is not in 0..{self.sizes[t] - 1}")
             rank += i * stride
             stride *= self.sizes[t]
         if coords:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"layout: unknown dimension(s) {sorted(coords)}; known: {'-'.join(self.order)}"
             )
         return rank
@@ -207,19 +255,21 @@ class Layout:
         """First and last pipeline stage of every pipeline (one rank when pp == 1)."""
         return sorted(sorted({g[0], g[-1]}) for g in self.groups("pp"))
 
-    def expert(self, *, ep: int, tp: int = 1) -> Layout:
-        """Megatron's expert layout on the same world: its own tp (expert tensor parallel),
-        ep and dp (derived), the same pp, cp = 1, order "tp-ep-dp-pp"."""
-        pp = self.sizes["pp"]
+    def expert(self, *, ep: int, tp: int | None = None) -> Layout:
+        """Megatron's expert layout on the same world: its own tp (expert tensor parallel,
+        default this layout's tp), ep, and dp (derived); the same pp and the same order, with
+        cp = 1. Mirrors Megatron-LM megatron/core/parallel_state.py, initialize_model_parallel
+        (``expert_decoder_rank_generator``: RankGenerator(tp=expert_tensor_parallel_size,
+        ep=expert_model_parallel_size, dp=world // (etp*ep*pp), pp, cp=1, order=order))."""
+        tp = self.sizes["tp"] if tp is None else tp
         return Layout(
             self.world_size,
             tp=tp,
             ep=ep,
-            pp=pp,
+            pp=self.sizes["pp"],
             dp=None,
             cp=1,
-            order="tp-ep-dp-pp",
-            _tokens=("tp", "ep", "dp", "pp"),
+            order=self.given_order,
         )
 
     # -- serialization and comparison -----------------------------------------------------
@@ -237,16 +287,31 @@ class Layout:
 
     @classmethod
     def from_json(cls, text: str | dict[str, Any]) -> Layout:
-        doc = json.loads(text) if isinstance(text, str) else text
+        try:
+            doc = json.loads(text) if isinstance(text, str) else text
+        except ValueError as exc:
+            raise InvalidArgumentError(f"layout: JSON does not parse: {exc}") from None
         try:
             sizes, order, world = doc["sizes"], doc["order"], doc["world_size"]
         except (KeyError, TypeError) as exc:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"layout: JSON lacks {exc}; expected world_size, order, sizes"
             ) from None
-        tokens = tuple(order.split("-"))
-        known = TOKENS if set(tokens) == set(TOKENS) else tokens
-        return cls(world, order=order, _tokens=known, **{k: v for k, v in sizes.items()})
+        if not isinstance(order, str) or not isinstance(sizes, dict):
+            raise InvalidArgumentError(
+                f"layout: JSON has order {order!r} and sizes {sizes!r}, expected a string "
+                "and an object"
+            )
+        unknown = sorted(k for k in sizes if k not in TOKENS)
+        if unknown:
+            raise InvalidArgumentError(
+                f"layout: JSON sizes have unknown dimension(s) {unknown}; known: {'-'.join(TOKENS)}"
+            )
+        # An order naming only some dimensions (the expert layout's "tp-ep-dp-pp") keeps
+        # exactly those; anything else is checked against all of TOKENS.
+        tokens = set(order.lower().split("-"))
+        known = tuple(order.lower().split("-")) if tokens < set(TOKENS) else TOKENS
+        return cls(world, order=order, _tokens=known, **sizes)
 
     def differences(self, other: Layout) -> list[str]:
         """What differs between two layouts, in words (empty when equal)."""

@@ -87,6 +87,15 @@ def _as_int(value: Any) -> int | None:
     return None
 
 
+def _check_writable(call: Call, b: Buffer, arg: str = "array") -> None:
+    """Refuse a read-only array the operation writes into (before MPI sees it)."""
+    if not b.writable:
+        raise InvalidArgumentError(
+            f"{w(call)}: {arg} is read-only (its writeable flag is False), expected a writable "
+            f"array: {call.op.name} writes its result into it; pass a copy, e.g. np.array({arg})"
+        )
+
+
 def _check_root(call: Call, name: str) -> None:
     n = call.comm.size
     root = call.peer
@@ -118,6 +127,7 @@ def _check_out(call: Call, shape: tuple[int, ...], template: Buffer) -> None:
         )
     if not out.contiguous:  # its dtype is the input's, already checked
         _check_array(call, out, "out")
+    _check_writable(call, out, "out")
 
 
 def _dev(b: Buffer) -> str:
@@ -175,11 +185,13 @@ def _p_all_reduce(call: Call) -> None:
     info = SUPPORTED_DTYPES.get(b.dtype)
     if info is None or not b.contiguous:
         info = _check_array(call, b)
+    if not b.writable and (call.op is not REDUCE or call.comm.rank == call.peer):
+        _check_writable(call, b)
     call.info = info
     redop = call.redop
     if type(redop) is not ReduceOp:
         redop = call.redop = as_reduce_op(redop, call)
-    if info.category not in ALLOWED_CATEGORIES[redop.name]:
+    if info.category not in ALLOWED_CATEGORIES[redop.name] or redop.factor is not None:
         check_op(redop, info, call)
     call.result = b.array
 
@@ -192,6 +204,8 @@ def _p_reduce(call: Call) -> None:
 def _p_broadcast(call: Call) -> None:
     _check_root(call, "src")
     call.info = _check_array(call, call.buf)
+    if call.comm.rank != call.peer:
+        _check_writable(call, call.buf)
     call.result = call.buf.array
 
 
@@ -225,13 +239,16 @@ def _p_all_gather(call: Call) -> None:
 
 
 def _p_scatter(call: Call) -> None:
+    """The source passes the full array; every other rank passes ``out=``, its block. A
+    non-source rank with an array and no ``out`` is refused: it cannot tell a full-size array
+    (hpccomm's source-side argument) from its own block (torch's ``scatter(tensor, src=)``
+    output), and guessing gives a wrong-size result."""
     _check_root(call, "src")
     comm = call.comm
     n = comm.size
-    is_root = comm.rank == call.peer
     b = call.buf
     sizes = call.payload
-    if is_root or (b is not None and call.out is None):
+    if comm.rank == call.peer:
         if b is None:
             raise InvalidArgumentError(
                 f"{w(call)}: the source rank must pass the full array, got None"
@@ -246,8 +263,18 @@ def _p_scatter(call: Call) -> None:
         template = b
     else:
         if call.out is None:
+            if b is None:
+                raise InvalidArgumentError(
+                    f"{w(call)}: non-source ranks need out= (the block to receive), got neither "
+                    f"an array nor out"
+                )
+            rows, rest, _ = _rows(b)
+            guess = (rows // n, *rest) if sizes is None else (f"sizes[{comm.rank}]", *rest)
             raise InvalidArgumentError(
-                f"{w(call)}: non-source ranks need out= (the block to receive) or the full-size array"
+                f"{w(call)}: non-source ranks need out= (the block to receive); got only an "
+                f"array of shape {tuple(b.array.shape)}, which could be the full array or this "
+                f"rank's block: pass out=<block>, e.g. shape {guess} if it is the full array "
+                f"(torch's scatter(tensor, src=) output tensor is hpccomm's out=)"
             )
         call.info = _check_array(call, call.out, "out")
         rest, row_elems = tuple(call.out.array.shape[1:]), math.prod(call.out.array.shape[1:])
@@ -321,8 +348,13 @@ def _check_peer(call: Call, name: str, allow_any: bool) -> None:
 
 
 def _check_tag(call: Call) -> None:
-    if call.tag is not None and (not isinstance(call.tag, int) or call.tag < 0):
-        raise InvalidArgumentError(f"{w(call)}: tag is {call.tag!r}, expected an integer >= 0")
+    tag = call.tag
+    if tag is None or type(tag) is int and tag >= 0:
+        return
+    value = _as_int(tag)
+    if value is None or value < 0:
+        raise InvalidArgumentError(f"{w(call)}: tag is {tag!r}, expected an integer >= 0")
+    call.tag = value
 
 
 def _p_send(call: Call) -> None:
@@ -336,6 +368,7 @@ def _p_recv(call: Call) -> None:
     _check_peer(call, "src", True)
     _check_tag(call)
     call.info = _check_array(call, call.buf)
+    _check_writable(call, call.buf)
 
 
 def _p_sendrecv(call: Call) -> None:
@@ -351,6 +384,7 @@ def _p_sendrecv(call: Call) -> None:
     if call.out.dtype != call.buf.dtype:
         raise DtypeError(f"{w(call)}: out has dtype {call.out.dtype}, expected {call.buf.dtype}")
     _check_array(call, call.out, "out")
+    _check_writable(call, call.out, "out")
     call.result = call.out.array
 
 
@@ -394,6 +428,8 @@ def _p_batch(call: Call) -> None:
         _check_tag(call)
         p.buf = resolve(p.array, call, f"ops[{i}].array")
         _check_array(call, p.buf, f"ops[{i}].array")
+        if p.op == "recv":
+            _check_writable(call, p.buf, f"ops[{i}].array")
     call.peer = None
     call.result = None
 

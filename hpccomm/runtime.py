@@ -4,6 +4,7 @@ binds the GPU (before CUDA or NCCL are touched)."""
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from typing import TYPE_CHECKING
 
@@ -26,13 +27,18 @@ def _mismatch(what: str, env_value: object, source: str, mpi_value: object, mpi_
     return f"{what} is {env_value} from {source} but {mpi_value} from {mpi_source}"
 
 
+# Filled in by verify_launch: {found} what the launcher variables claim, {cause} how a real
+# launch ends up with every rank alone.
 _SINGLETON_HINT = (
-    "; each process started its own 1-rank MPI world: launch with `srun --mpi=pmix` (Open MPI; "
-    "--mpi=pmi2 for MPICH) or mpiexec, not plain srun or python"
+    "; {found}, yet this process is in its own 1-rank MPI world: either {cause}, or it was not "
+    "started by that launcher but inherited its variables (python run by hand in a job's shell "
+    "or inside a step, variables copied into a container): unset them, or start it with srun or "
+    "mpiexec"
 )
 _STALE_HINT = (
-    "; the process was started by a different launcher than the environment says (e.g. mpirun "
-    "inside srun), or the variables are stale"
+    "; the process was not started the way these variables say: another launcher started it "
+    "(e.g. mpirun inside srun), or it inherited them (python run by hand in a job's shell, "
+    "variables copied into a container)"
 )
 
 
@@ -75,7 +81,22 @@ def verify_launch(info: LaunchInfo, comm: MPI.Intracomm) -> tuple[LaunchInfo, MP
     # Every rank learns whether any rank failed, so no rank walks on into a hang.
     failed = comm.allreduce(1 if errors else 0, op=MPI.SUM)
     if errors:
-        hint = _SINGLETON_HINT if size == 1 and (info.size or 1) > 1 else _STALE_HINT
+        hint = _STALE_HINT
+        if size == 1 and (info.size or 1) > 1:
+            if info.launcher == "slurm":
+                found = "SLURM_STEP_ID and SLURM_STEP_NUM_TASKS say srun started it as a task"
+                cause = (
+                    "srun started every task alone, without an MPI plug-in: launch with "
+                    "`srun --mpi=pmix` (Open MPI; --mpi=pmi2 for MPICH)"
+                )
+            else:
+                found = f"the {info.launcher} variables say it is one of {info.size} ranks"
+                cause = (
+                    "that launcher started every rank alone (it starts no MPI, or another MPI "
+                    "library than the one mpi4py loads): launch with that MPI's mpiexec or "
+                    "`srun --mpi=pmix`"
+                )
+            hint = _SINGLETON_HINT.format(found=found, cause=cause)
         raise LaunchMismatchError(
             f"init (rank {rank} of {size}): broken launch: {'; '.join(errors)}{hint}"
         )
@@ -113,6 +134,15 @@ def verify_launch(info: LaunchInfo, comm: MPI.Intracomm) -> tuple[LaunchInfo, MP
         elif field in ("node_index", "num_nodes") and current != value:
             notes.append(f"{field} is {current} from {src.get(field)} but {value} from {how}")
     return info.replace(**changes, sources=sources, warnings=tuple(notes)), node
+
+
+def _exclude_saturating_ops() -> None:
+    """Before MPI starts: keep Open MPI's op/avx component out (it saturates 8- and 16-bit
+    integer sums instead of wrapping, as NumPy, torch and NCCL do), unless the user chose the
+    op components. No effect once MPI runs, nor on other MPI libraries; the MPI backend
+    probes the integer ops either way (``backends.mpi.probe_integer_ops``)."""
+    if "mpi4py.MPI" not in sys.modules and "OMPI_MCA_op" not in os.environ:
+        os.environ["OMPI_MCA_op"] = "^avx"
 
 
 def _no_cupy(info: LaunchInfo) -> HpccommError:
@@ -239,6 +269,7 @@ def init(
     info = discover()
     for note in info.warnings:
         warnings.warn(f"hpccomm: {note}", RuntimeWarning, stacklevel=2)
+    _exclude_saturating_ops()
     from mpi4py import MPI
 
     if not MPI.Is_initialized():  # pragma: no cover - mpi4py initializes on import

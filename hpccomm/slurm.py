@@ -1,19 +1,34 @@
 """Render, check and submit Slurm batch scripts (``hpccomm sbatch``).
 
-Values are checked before anything is submitted; each error names the option.
+Values are checked before anything is submitted; each error names the option. Refusals are
+:class:`~hpccomm.errors.InvalidArgumentError`; a submission that fails is an
+:class:`~hpccomm.errors.HpccommError`, one that does not finish in time a
+:class:`~hpccomm.errors.CommTimeoutError`.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .errors import HpccommError
+from .errors import CommTimeoutError, HpccommError, InvalidArgumentError
 
-__all__ = ["BatchOptions", "render", "validate", "submit", "MPI_PLUGINS", "parse_time"]
+__all__ = [
+    "BatchOptions",
+    "render",
+    "validate",
+    "submit",
+    "MPI_PLUGINS",
+    "parse_time",
+    "SUBMIT_TIMEOUT",
+]
+
+# Seconds `submit` waits for sbatch by default: a hung slurmctld must not hang the caller.
+SUBMIT_TIMEOUT = 60.0
 
 # srun --mpi values: pmix for Open MPI >= 3.1 (and MPICH >= 4), pmi2 for MPICH / Intel MPI,
 # cray_shasta for Cray PALS, none for launchers that bring their own (torchrun).
@@ -33,7 +48,7 @@ def parse_time(text: str) -> int | None:
     """Seconds in a Slurm time limit ("30", "1:00:00", "2-12", ...); None for unlimited.
 
     Raises:
-        ValueError: naming --time and the forms Slurm accepts.
+        InvalidArgumentError: naming --time and the forms Slurm accepts.
     """
     if text.upper() in ("UNLIMITED", "INFINITE"):
         return None
@@ -46,7 +61,7 @@ def parse_time(text: str) -> int | None:
             ):
                 break
             return ((g.get("d", 0) * 24 + g.get("h", 0)) * 60 + g.get("m", 0)) * 60 + g.get("s", 0)
-    raise ValueError(
+    raise InvalidArgumentError(
         f"sbatch: --time {text!r} is not a Slurm time; use minutes, MM:SS, HH:MM:SS, D-HH, "
         f"D-HH:MM or D-HH:MM:SS (e.g. 30, 1:00:00, 2-12:00)"
     )
@@ -72,41 +87,71 @@ class BatchOptions:
     extra: Sequence[str] = field(default_factory=list)
 
 
+# Every text value lands in the script: a control character (a newline above all) would write
+# a line of its own, e.g. an extra #SBATCH directive or a shell command.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_TEXT_OPTIONS = ("job_name", "partition", "account", "output", "time", "array", "mpi")
+
+
+def _check_text(what: str, value: object) -> None:
+    if isinstance(value, str) and _CONTROL.search(value):
+        raise InvalidArgumentError(
+            f"sbatch: {what} is {value!r}, expected text without control characters (a newline "
+            f"would write a line of its own into the script)"
+        )
+
+
 def validate(opts: BatchOptions) -> None:
-    """Raise ValueError naming the first bad option."""
+    """Check every option; nothing is rendered or submitted before this passes.
+
+    Raises:
+        InvalidArgumentError: naming the first bad option, its value and what was expected.
+    """
+    for name in _TEXT_OPTIONS:
+        _check_text(f"--{name.replace('_', '-')}", getattr(opts, name))
+    for line in opts.extra:
+        _check_text("--extra", line)
+    for i, word in enumerate(opts.command, 1):
+        _check_text(f"command word {i}", word)
     for name in ("nodes", "ntasks_per_node"):
         value = getattr(opts, name)
         if not isinstance(value, int) or value < 1:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"sbatch: --{name.replace('_', '-')} is {value!r}, expected an integer >= 1"
             )
     for name in ("gpus_per_node", "gpus_per_task", "cpus_per_task"):
         value = getattr(opts, name)
         if value is not None and (not isinstance(value, int) or value < 1):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"sbatch: --{name.replace('_', '-')} is {value!r}, expected an integer >= 1"
             )
     parse_time(opts.time)
     if opts.gpus_per_task and opts.gpus_per_node:
         need = opts.gpus_per_task * opts.ntasks_per_node
         if need > opts.gpus_per_node:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"sbatch: --gpus-per-task {opts.gpus_per_task} x --ntasks-per-node "
                 f"{opts.ntasks_per_node} = {need} GPUs, but --gpus-per-node is {opts.gpus_per_node}"
             )
     if opts.mpi not in MPI_PLUGINS:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"sbatch: --mpi {opts.mpi!r} is not a Slurm MPI plug-in; known: {', '.join(MPI_PLUGINS)}"
         )
     if not opts.command:
-        raise ValueError("sbatch: no command given (put it after --, e.g. -- hpccomm doctor)")
+        raise InvalidArgumentError(
+            "sbatch: no command given (put it after --, e.g. -- hpccomm doctor)"
+        )
     for line in opts.extra:
         if not line.startswith("#SBATCH "):
-            raise ValueError(f"sbatch: --extra {line!r} must be an '#SBATCH ...' line")
+            raise InvalidArgumentError(f"sbatch: --extra {line!r} must be an '#SBATCH ...' line")
 
 
 def render(opts: BatchOptions) -> str:
-    """The batch script text (validated first)."""
+    """The batch script text (validated first).
+
+    Raises:
+        InvalidArgumentError: from :func:`validate`, before any text is made.
+    """
     validate(opts)
     d = [
         "#!/bin/bash",
@@ -143,15 +188,48 @@ def render(opts: BatchOptions) -> str:
     return "\n".join(d) + "\n"
 
 
-def submit(script: str, *, sbatch: str = "sbatch", timeout: float = 60) -> str:
+def submit(script: str, *, sbatch: str = "sbatch", timeout: float = SUBMIT_TIMEOUT) -> str:
     """Submit with ``sbatch --parsable``; return the job id.
 
+    Args:
+        script: the batch script text (sent on sbatch's standard input).
+        sbatch: the sbatch command (looked up on PATH).
+        timeout: seconds to wait for sbatch before giving up (a hung slurmctld).
+
     Raises:
-        HpccommError: sbatch failed (its message included).
+        HpccommError: sbatch is not there, cannot run, or refused the job (its message
+            included).
+        CommTimeoutError: sbatch did not answer within ``timeout`` seconds; it is killed, and
+            whether the job went in is unknown.
     """
-    out = subprocess.run(
-        [sbatch, "--parsable"], input=script, capture_output=True, text=True, timeout=timeout
-    )
+    try:
+        out = subprocess.run(
+            [sbatch, "--parsable"], input=script, capture_output=True, text=True, timeout=timeout
+        )
+    except FileNotFoundError:
+        raise HpccommError(
+            f"sbatch: cannot submit: no `{sbatch}` command{'' if os.sep in sbatch else ' on PATH'} "
+            f"(Slurm's client commands are needed here; or write the script with -o and submit "
+            f"it where Slurm is)"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise CommTimeoutError(
+            f"sbatch: submission timed out: {sbatch} did not answer within {timeout:g} s (is "
+            f"slurmctld up? `sinfo` tells); it was stopped, so whether the job went in is "
+            f"unknown: look with `squeue --me`"
+        ) from None
+    except OSError as exc:
+        raise HpccommError(f"sbatch: cannot submit: cannot run {sbatch}: {exc}") from None
+    said = "; ".join(line.strip() for line in out.stderr.splitlines() if line.strip())
     if out.returncode != 0:
-        raise HpccommError(f"sbatch: submission failed ({out.returncode}): {out.stderr.strip()}")
-    return out.stdout.strip().split(";")[0]
+        raise HpccommError(
+            f"sbatch: submission failed: {sbatch} exited with status {out.returncode}: "
+            f"{said or '(no message)'}"
+        )
+    job = out.stdout.strip().split(";")[0]
+    if not job:
+        raise HpccommError(
+            f"sbatch: submission failed: {sbatch} exited with status 0 but printed no job id "
+            f"(stdout {out.stdout!r}, stderr {said!r})"
+        )
+    return job

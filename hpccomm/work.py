@@ -14,14 +14,25 @@ __all__ = ["Work"]
 
 class Work:
     """A pending operation. Backends give it ``test`` (non-blocking completion check),
-    ``block`` (wait until done) and ``post`` (finishing step run once, after completion).
+    ``block`` (wait until done), ``post`` (finishing step run once, after completion) and
+    ``keep`` (the buffers and temporaries the library uses until completion, held here).
 
     ``wait()`` returns the operation's result (the output array, the source rank of a
     receive, or None); a handle whose operation was never waited is reported when it is
     garbage collected.
     """
 
-    __slots__ = ("_call", "_test", "_block", "_post", "_done", "_exc", "_result", "__weakref__")
+    __slots__ = (
+        "_call",
+        "_test",
+        "_block",
+        "_post",
+        "_keep",
+        "_done",
+        "_exc",
+        "_result",
+        "__weakref__",
+    )
 
     def __init__(
         self,
@@ -29,11 +40,15 @@ class Work:
         test: Callable[[], bool],
         block: Callable[[], None],
         post: Callable[[], Any] | None = None,
+        keep: Any = None,
     ) -> None:
         self._call = call
         self._test = test
         self._block = block
         self._post = post
+        # Everything the library reads or writes until completion (mpi4py keeps no reference
+        # to the buffers of a non-blocking collective): dropped only once the call is done.
+        self._keep = keep
         self._done = False
         self._exc: BaseException | None = None
         self._result: Any = None
@@ -42,40 +57,51 @@ class Work:
         c = self._call
         return f"{c.op.name} #{c.seq} on {c.comm.name} (rank {c.comm.rank} of {c.comm.size})"
 
-    def _finish(self) -> None:
+    def _finish(self, failure: BaseException | None = None) -> None:
+        """Mark the operation done: run the finishing step (unless the library reported
+        ``failure`` while completing), keep the result or the error for every later
+        ``wait()``/``exception()``, and tell the listeners."""
         self._done = True
+        self._keep = None
         call = self._call
-        try:
-            if self._post is not None:
-                value = self._post()
-                if value is not None:
-                    call.result = value
-            self._result = call.result
-        except HpccommError as exc:
-            self._exc = exc
-        except Exception as exc:  # the backend's own error, named
-            self._exc = HpccommError(f"{self._where()}: {exc}")
-            self._exc.__cause__ = exc
+        if failure is not None:
+            self._exc = failure
+        else:
+            try:
+                if self._post is not None:
+                    value = self._post()
+                    if value is not None:
+                        call.result = value
+                self._result = call.result
+            except HpccommError as exc:
+                self._exc = exc
+            except Exception as exc:  # the backend's own error, named
+                self._exc = BackendError(f"{self._where()}: failed while completing: {exc}")
+                self._exc.__cause__ = exc
         call.error = self._exc
         if record.listeners and not call.quiet:
             record.notify("end", call)
 
-    def _backend_error(self, exc: Exception) -> BackendError:
-        c = self._call
-        err = BackendError(f"{c}: failed while completing: {exc}")
-        err.__cause__ = exc
-        c.error = err
+    def _failed(self, exc: Exception) -> BaseException:
+        """The library failed while completing: the operation is over, with this error."""
+        if isinstance(exc, HpccommError):
+            err: BaseException = exc
+        else:
+            err = BackendError(f"{self._call}: failed while completing: {exc}")
+            err.__cause__ = exc
+        self._finish(err)
         return err
 
     def is_completed(self) -> bool:
-        """True when the operation has finished (never blocks)."""
+        """True when the operation has finished, successfully or not (never blocks)."""
         if not self._done:
             try:
                 done = self._test()
-            except HpccommError:
+            except CommTimeoutError:
                 raise
             except Exception as exc:
-                raise self._backend_error(exc) from exc
+                err = self._failed(exc)
+                raise err from err.__cause__
             if done:
                 self._finish()
         return self._done
@@ -94,10 +120,11 @@ class Work:
         if not self._done:
             try:
                 self._block_until_done(timeout)
-            except HpccommError:
-                raise
+            except CommTimeoutError:
+                raise  # still pending: a later wait() may complete it
             except Exception as exc:
-                raise self._backend_error(exc) from exc
+                err = self._failed(exc)
+                raise err from err.__cause__
             self._finish()
         if self._exc is not None:
             raise self._exc

@@ -63,7 +63,7 @@ _BOOL_OPS = {
     "BAND": MPI.LAND,
     "BXOR": MPI.LXOR,
 }
-_HALF_UFUNCS = {
+_UFUNCS = {
     "SUM": np.add,
     "AVG": np.add,
     "PREMUL_SUM": np.add,
@@ -71,38 +71,87 @@ _HALF_UFUNCS = {
     "MIN": np.minimum,
     "MAX": np.maximum,
 }
-_half_ops: dict[tuple[np.dtype, str], MPI.Op] = {}
+_numpy_ops: dict[tuple[np.dtype, str], MPI.Op] = {}
 
 
-def _half_op(dtype: np.dtype, name: str) -> MPI.Op:
+def _numpy_op(dtype: np.dtype, name: str) -> MPI.Op:
+    """A user-defined MPI op that combines with the NumPy ufunc on the real dtype: float16 and
+    bfloat16 (MPI has no such types; they travel as 2-byte words), and integer ops the MPI
+    library gets wrong (see :func:`probe_integer_ops`)."""
     key = (dtype, name)
-    op = _half_ops.get(key)
+    op = _numpy_ops.get(key)
     if op is None:
-        ufunc = _HALF_UFUNCS[name]
+        ufunc = _UFUNCS[name]
 
         def combine(inbuf, inoutbuf, datatype, _dt=dtype, _f=ufunc):
             a = np.frombuffer(inbuf, dtype=_dt)
             b = np.frombuffer(inoutbuf, dtype=_dt)
             _f(a, b, out=b)
 
-        op = _half_ops[key] = MPI.Op.Create(combine, commute=True)
+        op = _numpy_ops[key] = MPI.Op.Create(combine, commute=True)
     return op
 
 
-# (op name, dtype category) -> MPI op, for every pair with a builtin MPI op.
-_OPS: dict[tuple[str, str], MPI.Op] = {
-    **{(name, cat): op for name, op in _BUILTIN_OPS.items() for cat in ("int", "float", "complex")},
-    **{(name, "bool"): op for name, op in _BOOL_OPS.items()},
-}
+# (op name, dtype) -> MPI op, for every pair with a builtin MPI op; float16/bfloat16 pairs get
+# a NumPy op on first use.
+_OPS: dict[tuple[str, np.dtype], MPI.Op] = {}
+for _dt, _info in SUPPORTED_DTYPES.items():
+    if _info.category == "half":
+        continue
+    for _name, _op in (_BOOL_OPS if _info.category == "bool" else _BUILTIN_OPS).items():
+        _OPS[(_name, _dt)] = _op
 # Ops that need work around the MPI call: PREMUL_SUM scales a copy first, AVG divides after.
 _SCALED = frozenset({"AVG", "PREMUL_SUM"})
 _REDUCING = frozenset({O.ALL_REDUCE, O.REDUCE, O.REDUCE_SCATTER})
+_probed = False
+
+
+def probe_integer_ops() -> list[str]:
+    """Check MPI's integer SUM and PRODUCT against NumPy's wrap-around and replace every op
+    the library gets wrong by a NumPy op; returns the replaced pairs ("SUM uint8", ...).
+
+    Open MPI's vectorised reduction component (op/avx, active in the PyPI wheel) saturates
+    8- and 16-bit integer sums (uint8 255 + 2 gives 255, not 1) on every element that falls
+    into a full SIMD vector; ``hpccomm.init()`` excludes that component (``OMPI_MCA_op=^avx``)
+    when it starts MPI, and this probe covers an MPI that was started before, or another
+    library with the same defect. Runs once per process (MPI_Reduce_local, no communication).
+    """
+    global _probed
+    if _probed:
+        return []
+    _probed = True
+    replaced = []
+    for dt, info in SUPPORTED_DTYPES.items():
+        if info.category != "int":
+            continue
+        top = np.iinfo(dt).max
+        for name, ufunc, a_val, b_val in (
+            ("SUM", np.add, top, 3),
+            ("PRODUCT", np.multiply, top, 3),
+        ):
+            # 67 elements: whole SIMD vectors of every width plus a scalar tail.
+            a = np.full(67, a_val, dt)
+            b = np.full(67, b_val, dt)
+            with np.errstate(over="ignore"):
+                expect = ufunc(a, b)
+            _OPS[(name, dt)].Reduce_local(a, b)
+            if not np.array_equal(b, expect):
+                _OPS[(name, dt)] = _numpy_op(dt, name)
+                if name == "SUM":
+                    _OPS[("AVG", dt)] = _OPS[("PREMUL_SUM", dt)] = _OPS[(name, dt)]
+                replaced.append(f"{name} {dt.name}")
+    return replaced
+
+
+def reduces_on_host(call: Call) -> bool:
+    """True when the call's reduction runs a NumPy op (so its buffers must be host memory)."""
+    return call.op in _REDUCING and _mpi_op(call) in _numpy_ops.values()
 
 
 def _mpi_op(call: Call) -> MPI.Op:
     name = call.redop.name
-    op = _OPS.get((name, call.info.category))
-    return op if op is not None else _half_op(call.info.dtype, name)
+    op = _OPS.get((name, call.info.dtype))
+    return op if op is not None else _numpy_op(call.info.dtype, name)
 
 
 class MPIBackend:
@@ -111,6 +160,8 @@ class MPIBackend:
     name = "mpi"
 
     def __init__(self, comm: MPI.Intracomm) -> None:
+        if not _probed:
+            probe_integer_ops()
         self.mpi = comm
         self._pkl5: pkl5.Intracomm | None = None
         self._table: dict[O.OpSpec, Callable[[Call], Any]] = {
@@ -186,8 +237,13 @@ class MPIBackend:
     # result. The sync path is the hot one: nothing else is built for it.
 
     @staticmethod
-    def _started(call: Call, req: MPI.Request, post: Callable[[], Any] | None = None) -> Work:
-        return Work(call, req.Test, req.Wait, post)
+    def _started(
+        call: Call, req: MPI.Request, post: Callable[[], Any] | None = None, keep: Any = None
+    ) -> Work:
+        """A Work for a started request; ``keep`` holds the buffer specs (and temporaries such
+        as PREMUL_SUM's scaled copy) until completion: mpi4py keeps no reference to the
+        buffers of a non-blocking collective."""
+        return Work(call, req.Test, req.Wait, post, keep)
 
     def _reduction(self, call: Call, x: Any, mt: MPI.Datatype) -> tuple[Any, Any, Any]:
         """(send spec, MPI op, post-step) of a reduction over ``x``: PREMUL_SUM sends a
@@ -223,9 +279,10 @@ class MPIBackend:
                 send = MPI.IN_PLACE
         else:  # the hottest path of all: _mpi_op's builtin lookup inlined, no helper frames
             send, n = MPI.IN_PLACE, None
-            op = _OPS.get((name, call.info.category)) or _mpi_op(call)
+            op = _OPS.get((name, call.info.dtype)) or _mpi_op(call)
         if call.async_op:
-            return self._started(call, self.mpi.Iallreduce(send, [x, mt], op), self._divide(x, n))
+            req = self.mpi.Iallreduce(send, [x, mt], op)
+            return self._started(call, req, self._divide(x, n), send)
         self.mpi.Allreduce(send, [x, mt], op)
         if n is not None:
             np.divide(x, n, out=x)
@@ -243,7 +300,7 @@ class MPIBackend:
             recv, n = None, None
         if call.async_op:
             req = self.mpi.Ireduce(send, recv, op, call.peer)
-            return self._started(call, req, self._divide(x, n))
+            return self._started(call, req, self._divide(x, n), send)
         self.mpi.Reduce(send, recv, op, call.peer)
         if n is not None:
             np.divide(x, n, out=x)
@@ -253,7 +310,7 @@ class MPIBackend:
         x = call.buf.array
         buf = [x, _MPI_TYPES[call.buf.dtype]]
         if call.async_op:
-            return self._started(call, self.mpi.Ibcast(buf, call.peer))
+            return self._started(call, self.mpi.Ibcast(buf, call.peer), keep=buf)
         self.mpi.Bcast(buf, call.peer)
         return x
 
@@ -264,13 +321,13 @@ class MPIBackend:
         if call.payload is None:
             recv = [out, mt]
             if call.async_op:
-                return self._started(call, self.mpi.Iallgather(send, recv))
+                return self._started(call, self.mpi.Iallgather(send, recv), keep=(send, recv))
             self.mpi.Allgather(send, recv)
             return out
         counts, displs = O.displacements(call.counts)
         recv = [out, counts, displs, mt]
         if call.async_op:
-            return self._started(call, self.mpi.Iallgatherv(send, recv))
+            return self._started(call, self.mpi.Iallgatherv(send, recv), keep=(send, recv))
         self.mpi.Allgatherv(send, recv)
         return out
 
@@ -282,7 +339,7 @@ class MPIBackend:
             counts, displs = O.displacements(call.counts)
             recv = [call.out.array, counts, displs, mt]
         if call.async_op:
-            return self._started(call, self.mpi.Igatherv(send, recv, call.peer))
+            return self._started(call, self.mpi.Igatherv(send, recv, call.peer), keep=(send, recv))
         self.mpi.Gatherv(send, recv, call.peer)
         return call.result
 
@@ -294,7 +351,7 @@ class MPIBackend:
             send = [call.buf.array, counts, displs, mt]
         recv = [call.out.array, mt]
         if call.async_op:
-            return self._started(call, self.mpi.Iscatterv(send, recv, call.peer))
+            return self._started(call, self.mpi.Iscatterv(send, recv, call.peer), keep=(send, recv))
         self.mpi.Scatterv(send, recv, call.peer)
         return call.result
 
@@ -306,13 +363,13 @@ class MPIBackend:
         if call.payload is None:
             if call.async_op:
                 req = self.mpi.Ireduce_scatter_block(send, recv, op)
-                return self._started(call, req, self._divide(out, n))
+                return self._started(call, req, self._divide(out, n), (send, recv))
             self.mpi.Reduce_scatter_block(send, recv, op)
         else:
             counts = O.displacements(call.counts)[0]
             if call.async_op:
                 req = self.mpi.Ireduce_scatter(send, recv, counts, op)
-                return self._started(call, req, self._divide(out, n))
+                return self._started(call, req, self._divide(out, n), (send, recv, counts))
             self.mpi.Reduce_scatter(send, recv, counts, op)
         if n is not None:
             np.divide(out, n, out=out)
@@ -324,14 +381,14 @@ class MPIBackend:
         if call.payload is None:
             send, recv = [call.buf.array, mt], [out, mt]
             if call.async_op:
-                return self._started(call, self.mpi.Ialltoall(send, recv))
+                return self._started(call, self.mpi.Ialltoall(send, recv), keep=(send, recv))
             self.mpi.Alltoall(send, recv)
             return out
         (scounts, sdispls), (rcounts, rdispls) = map(O.displacements, call.counts)
         send = [call.buf.array, scounts, sdispls, mt]
         recv = [out, rcounts, rdispls, mt]
         if call.async_op:
-            return self._started(call, self.mpi.Ialltoallv(send, recv))
+            return self._started(call, self.mpi.Ialltoallv(send, recv), keep=(send, recv))
         self.mpi.Alltoallv(send, recv)
         return out
 

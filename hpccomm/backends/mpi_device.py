@@ -3,7 +3,8 @@ through pooled pinned host buffers when MPI is not CUDA-aware (or unsure).
 
 Either way the producing stream (``stream=`` or the current CuPy stream) is synchronized
 before MPI touches the data: MPI knows nothing of CUDA streams. float16/bfloat16 reductions
-are always staged, since their MPI op is a host (NumPy) function.
+(and integer ops the MPI library gets wrong, see ``mpi.probe_integer_ops``) are always
+staged, since their MPI op is a host (NumPy) function.
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ from ..ops import P2POp
 from ..record import Call
 from ..staging import StagingPool
 from ..work import Work
-from .mpi import MPIBackend
+from .mpi import MPIBackend, reduces_on_host
 
 __all__ = ["DeviceMPIBackend"]
 
 # Operations whose result is written into the input array itself.
 _IN_PLACE = frozenset({O.ALL_REDUCE, O.REDUCE, O.BROADCAST, O.RECV})
-_REDUCING = frozenset({O.ALL_REDUCE, O.REDUCE, O.REDUCE_SCATTER})
 
 
 class DeviceMPIBackend:
@@ -48,9 +48,7 @@ class DeviceMPIBackend:
 
     def direct(self, call: Call) -> bool:
         """True when this call's device arrays go to MPI as they are."""
-        return self.path.cuda_aware and not (
-            call.op in _REDUCING and call.info is not None and call.info.category == "half"
-        )
+        return self.path.cuda_aware and not reduces_on_host(call)
 
     def run(self, call: Call) -> Any:
         import cupy

@@ -196,12 +196,21 @@ class DeviceWork(Work):
     __slots__ = ("_event", "_backend")
 
     def __init__(
-        self, call: Call, event: Any, backend: NcclBackend, post: Callable[[], Any] | None = None
+        self,
+        call: Call,
+        event: Any,
+        backend: NcclBackend,
+        post: Callable[[], Any] | None = None,
+        keep: Any = None,
     ) -> None:
         import cupy
 
         super().__init__(
-            call, lambda: event.done, lambda: cupy.cuda.get_current_stream().wait_event(event), post
+            call,
+            lambda: event.done,
+            lambda: cupy.cuda.get_current_stream().wait_event(event),
+            post,
+            keep,
         )
         self._event = event
         self._backend = backend
@@ -255,6 +264,7 @@ class NcclBackend:
         self.size = mpi_comm.Get_size()
         self.version = int(nccl.get_version())
         self._aborted: str | None = None
+        self._temps: list[Any] = []  # the running call's temporaries (held by its DeviceWork)
         host = os.uname().nodename
         bus = cupy.cuda.runtime.deviceGetPCIBusId(device)
         identities = mpi_comm.allgather((host, bus))
@@ -313,12 +323,14 @@ class NcclBackend:
             # The stream is made current too, so hpccomm's own CuPy work (PREMUL_SUM's scaled
             # copy, local block copies, AVG's division) is ordered with the NCCL calls.
             with self._cupy.cuda.Device(self.device), stream:
+                self._temps = []
                 post = self._table[call.op](call, stream.ptr)
+                temps, self._temps = self._temps, []
                 self.comm.check_async_error()
                 if call.async_op:
                     event = self._cupy.cuda.Event(disable_timing=True)
                     event.record(stream)
-                    return DeviceWork(call, event, self, post)
+                    return DeviceWork(call, event, self, post, temps)
                 if post is not None:
                     post()
         except self._nccl_mod.NcclError as exc:
@@ -358,7 +370,11 @@ class NcclBackend:
     def _source(self, call: Call, plan: NcclPlan) -> Any:
         """The send array of a reduction: a scaled copy for PREMUL_SUM, else the input."""
         x = call.buf.array
-        return x if plan.prescale is None else (x * plan.prescale).astype(x.dtype, copy=False)
+        if plan.prescale is None:
+            return x
+        scaled = (x * plan.prescale).astype(x.dtype, copy=False)
+        self._temps.append(scaled)  # an async call's DeviceWork holds it until completion
+        return scaled
 
     def _avg(self, plan: NcclPlan, target: Any) -> Callable[[], None] | None:
         if not plan.divide_after:

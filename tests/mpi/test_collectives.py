@@ -145,10 +145,14 @@ def test_scatter(comm, dtype, uneven):
     assert np.array_equal(got, full[start : start + sizes[r]])
 
 
-def test_scatter_full_array_on_every_rank_async(comm):
+def test_scatter_full_array_on_every_rank_with_out_async(comm):
+    # SPMD style: every rank passes an array of the full shape; non-source ranks also pass
+    # out= (their block), so nothing is guessed. The source's array is what is scattered.
     n, r = comm.size, comm.rank
     full = np.arange(4.0 * n) if r == 0 else np.zeros(4 * n)
-    got = comm.scatter(full, src=0, async_op=True).wait(timeout=60)
+    out = np.empty(4)
+    got = comm.scatter(full, src=0, out=out, async_op=True).wait(timeout=60)
+    assert got is out
     assert np.array_equal(got, np.arange(4.0 * r, 4.0 * r + 4))
 
 

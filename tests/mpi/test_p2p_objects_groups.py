@@ -177,7 +177,8 @@ def test_launch_discovery_agrees_with_mpi(world):
         value = getattr(env, field)
         assert value is None or value == getattr(launch, field), field
     assert launch.local_size == world.local_size and launch.local_rank == world.local_rank
-    assert launch.num_nodes == len(set(launch.nodelist)) or launch.nodelist is not None
+    assert launch.nodelist is not None
+    assert launch.num_nodes == len(set(launch.nodelist))
     everyone = world.all_gather_object((launch.local_rank, launch.hostname))
     mine = sorted(lr for lr, h in everyone if h == launch.hostname)
     assert mine == list(range(launch.local_size))

@@ -1,5 +1,6 @@
 """The record step: every operation, sync or async, reaches listeners with its sequence
-number, op, group, peer, dtype, shape and times; errors are recorded too."""
+number, op, group, peer, dtype, shape and times. A call refused by validation never reaches
+the record step (nothing is recorded); a call the backend fails is recorded with its error."""
 
 import numpy as np
 import pytest
@@ -40,6 +41,25 @@ def test_records_errors(comm):
             comm.all_reduce(np.ones(2), op=hpccomm.ReduceOp.BAND)
     # Validation failed before the record step: nothing reached the backend, nothing recorded.
     assert log.records == []
+
+
+def test_records_backend_errors(comm):
+    n, r = comm.size, comm.rank
+    if n == 1:
+        pytest.skip("needs a peer to send a longer message than the receiver expects")
+    with CallLog() as log:
+        if r == 0:
+            comm.send(np.ones(8), 1, tag=3)
+        elif r == 1:
+            with pytest.raises(hpccomm.BackendError, match="MPI_ERR_TRUNCATE"):
+                comm.recv(np.empty(2), 0, tag=3)
+    comm.barrier()  # every rank is past the pair before anything is asserted
+    if r == 1:
+        (rec,) = log.records
+        assert rec["op"] == "recv" and rec["peer"] == 0
+        assert "recv (rank 1 of" in rec["error"] and "MPI_ERR_TRUNCATE" in rec["error"]
+    elif r == 0:
+        assert [rec["error"] for rec in log.records] == [None]
 
 
 def test_no_listener_after_exit(comm):

@@ -7,12 +7,14 @@ import sys
 import pytest
 
 from hpccomm.discovery import discover
-from hpccomm.errors import GpuBindingError
+from hpccomm.errors import GpuBindingError, InvalidArgumentError
 from hpccomm.gpuselect import choose_gpu, parse_visible_devices
 
 # What `srun -N2 -n4 --mpi=pmix` gives rank 3 (second node), as observed on the test rig.
 SRUN_STEP = {
     "SLURM_JOB_ID": "42",
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEPID": "0",
     "SLURM_PROCID": "3",
     "SLURM_LOCALID": "1",
     "SLURM_NODEID": "1",
@@ -244,6 +246,7 @@ def test_srun_step_size_falls_back_to_ntasks():
 def test_interactive_srun_pty_is_one_task_step():
     env = {
         "SLURM_JOB_ID": "7",
+        "SLURM_STEP_ID": "0",
         "SLURM_PROCID": "0",
         "SLURM_LOCALID": "0",
         "SLURM_NODEID": "0",
@@ -389,3 +392,101 @@ def test_choose_gpu_too_few_names_a_real_pair_on_every_rank():
     for lr in range(3):
         with pytest.raises(GpuBindingError, match=r"local ranks \[0, 2\] would share GPU 0"):
             choose_gpu(2, lr, 3)
+
+
+# --- Slurm variables that cannot belong to this process -------------------------------------
+
+# Task 3's variables without srun's step variables: a shell started inside an allocation, a
+# container that was handed a few variables. Neither a step (srun sets SLURM_STEP_ID and
+# SLURM_STEP_NUM_TASKS in every task) nor a batch shell (always task 0).
+LEFTOVER = {"SLURM_JOB_ID": "5", "SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1"}
+
+
+def test_task_variables_without_a_step_are_ignored_with_a_warning():
+    info = d(LEFTOVER)
+    assert info.launcher == "none"
+    fields = (info.rank, info.size, info.local_rank, info.local_size, info.node_index)
+    assert fields == (None, None, None, None, None) and info.nodelist is None
+    assert info.job_id == "5"  # still the job this process runs in, if any
+    [warning] = info.warnings
+    assert warning.startswith(
+        "ignored SLURM_PROCID=3, SLURM_LOCALID=1, SLURM_NTASKS=8 (Slurm job 5): this process is "
+        "not a task of an srun step (SLURM_STEP_ID and SLURM_STEP_NUM_TASKS, which srun sets in "
+        "every task, are missing) nor the batch shell (task 0; here SLURM_PROCID=3, "
+        "SLURM_LOCALID=1): they were inherited or copied from another process"
+    ), warning
+    assert "rank and size come from MPI" in warning
+
+
+def test_step_count_without_step_id_is_not_a_step():
+    dropped = ("SLURM_STEP_ID", "SLURM_STEPID", "PMIX_RANK")  # (with PMIX_RANK, PMIx's row wins)
+    info = d({k: v for k, v in SRUN_STEP.items() if k not in dropped})
+    assert (info.launcher, info.rank, info.size, info.nodelist) == ("none", None, None, None)
+    assert "SLURM_STEP_NUM_TASKS is set but SLURM_STEP_ID is not" in info.warnings[0]
+    assert info.warnings[0].startswith("ignored SLURM_PROCID=3, SLURM_LOCALID=1, SLURM_NODEID=1")
+
+
+def test_step_id_without_step_count_is_not_a_step():
+    info = d({**BATCH_SHELL, "SLURM_STEP_ID": "0"})
+    assert (info.launcher, info.rank) == ("none", None)
+    assert "SLURM_STEP_ID is set but SLURM_STEP_NUM_TASKS is not" in info.warnings[0]
+
+
+def test_no_job_id_still_ignored():
+    info = d({"SLURM_PROCID": "2", "SLURM_NTASKS": "4"})
+    assert (info.launcher, info.rank, info.job_id) == ("none", None, None)
+    assert info.warnings[0].startswith("ignored SLURM_PROCID=2, SLURM_NTASKS=4: ")
+
+
+def test_launchers_own_variables_still_win_over_leftovers():
+    info = d({**LEFTOVER, "PMIX_RANK": "3"})
+    assert (info.launcher, info.rank, info.warnings) == ("pmi", 3, ())
+
+
+def test_batch_shell_with_the_batch_scripts_step_id():
+    # Slurm 26.05 exports the batch script's own step id (SLURM_BATCH_SCRIPT printed signed).
+    info = d({**BATCH_SHELL, "SLURM_STEP_ID": "-5", "SLURM_STEPID": "-5"})
+    assert (info.launcher, info.rank, info.size) == ("slurm-batch", 0, 1)
+
+
+def test_batch_shell_warning_says_what_it_found():
+    [warning] = d(BATCH_SHELL).warnings
+    assert warning == (
+        "this is the batch shell of Slurm job 43 (SLURM_JOB_ID is set, SLURM_STEP_ID and "
+        "SLURM_STEP_NUM_TASKS are not): it runs as 1 process, not as rank 0 of SLURM_NTASKS=4; "
+        "launch the ranks with srun"
+    )
+
+
+def test_salloc_shell_is_one_process():
+    env = {"SLURM_JOB_ID": "44", "SLURM_NTASKS": "4", "SLURM_NNODES": "2",
+           "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_NUM_NODES": "2"}  # fmt: skip
+    info = d(env)
+    assert (info.launcher, info.rank, info.size, info.nodelist) == (
+        "slurm-batch",
+        0,
+        1,
+        ("node1", "node2"),
+    )
+    [warning] = info.warnings
+    assert warning.startswith("this is a shell of Slurm job 44 outside any srun step (salloc")
+    assert "not as rank 0 of SLURM_NTASKS=4; launch the ranks with srun" in warning
+
+
+# --- errors are hpccomm errors naming the variable ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "text"),
+    [
+        ({**OMPI, "OMPI_COMM_WORLD_RANK": "x"}, "(openmpi): OMPI_COMM_WORLD_RANK='x' is not an integer"),
+        ({**SRUN_STEP, "SLURM_NODEID": "5"}, "(slurm): SLURM_NODEID=5 but SLURM_STEP_TASKS_PER_NODE='2(x2)' lists only 2 nodes"),
+        ({**SRUN_STEP, "SLURM_STEP_NODELIST": "node[1-"}, "(slurm): SLURM_STEP_NODELIST='node[1-' is not a Slurm hostlist: hostlist 'node[1-': '[' without ']' at position 4"),
+        ({**SRUN_STEP, "SLURM_STEP_TASKS_PER_NODE": "2(x"}, "(slurm): SLURM_STEP_TASKS_PER_NODE='2(x' is not a Slurm tasks-per-node list"),
+        ({**BATCH_SHELL, "SLURM_JOB_NODELIST": "n[3-1]"}, "(slurm-batch): SLURM_JOB_NODELIST='n[3-1]' is not a Slurm hostlist"),
+    ],
+)  # fmt: skip
+def test_malformed_variables_are_invalid_argument_errors(env, text):
+    with pytest.raises(InvalidArgumentError) as err:
+        d(env)
+    assert str(err.value).startswith(f"launch discovery {text}"), str(err.value)

@@ -72,7 +72,7 @@ def test_reduce_op_names_and_equality():
     assert as_reduce_op("SUM", "x") is ReduceOp.SUM
     assert ReduceOp.PREMUL_SUM(2.0) == ReduceOp.PREMUL_SUM(2.0) != ReduceOp.PREMUL_SUM(3.0)
     assert repr(ReduceOp.PREMUL_SUM(0.5)) == "ReduceOp.PREMUL_SUM(0.5)"
-    with pytest.raises(DtypeError, match="factor is str"):
+    with pytest.raises(DtypeError, match=r"factor is .x. \(str\)"):
         ReduceOp.PREMUL_SUM("x")
 
 

@@ -1,5 +1,6 @@
 """Parallel layouts: the published Megatron example, properties over many shapes and orders,
-the DeviceMesh equivalence, errors, JSON, and the CLI."""
+the DeviceMesh equivalence, errors, JSON, and the CLI; every group checked against a small
+reference transcription of Megatron-LM's RankGenerator (orders that leave out size-1 dims)."""
 
 import itertools
 import json
@@ -8,6 +9,7 @@ import random
 import pytest
 
 from hpccomm.cli import main
+from hpccomm.errors import InvalidArgumentError
 from hpccomm.layout import TOKENS, Layout
 
 L64 = Layout(64, tp=4, pp=2, dp=8)
@@ -48,9 +50,38 @@ def test_embedding_groups():
 
 def test_expert_layout():
     ex = L64.expert(ep=4, tp=2)
-    assert ex.sizes == {"tp": 2, "ep": 4, "dp": 4, "pp": 2}
+    assert ex.sizes == {"tp": 2, "cp": 1, "ep": 4, "dp": 4, "pp": 2}
     assert ex.groups("ep")[0] == [0, 2, 4, 6]
     assert Layout.from_json(ex.to_json()) == ex
+    assert L64.expert(ep=2).sizes["tp"] == 4  # Megatron: expert tp defaults to the dense tp
+
+
+@pytest.mark.parametrize(
+    ("world", "sizes", "order", "ep", "etp"),
+    [
+        (64, {"tp": 4, "pp": 2, "dp": 8}, None, 4, 2),
+        (64, {"tp": 4, "pp": 2, "dp": 8}, "tp-dp-pp", 4, 1),
+        (48, {"tp": 2, "cp": 3, "pp": 4}, None, 3, None),
+        (24, {"tp": 2, "pp": 3, "dp": 4}, "tp-pp-dp", 2, 2),
+        (24, {"tp": 2, "cp": 2, "dp": 3, "pp": 2}, "cp-pp-tp-dp-ep", 6, 1),
+    ],
+)
+def test_expert_groups_match_megatron_reference(world, sizes, order, ep, etp):
+    # Megatron's expert_decoder_rank_generator: the user's order, cp = 1, its own tp/ep/dp.
+    lay = Layout(world, **(dict(sizes) if order is None else dict(sizes, order=order)))
+    full_etp = lay.sizes["tp"] if etp is None else etp
+    pp = lay.sizes["pp"]
+    try:
+        m_order, m_sizes = oracle_rank_generator(
+            full_etp, ep, world // (full_etp * ep * pp), pp, 1, order or "tp-cp-ep-dp-pp"
+        )
+    except OracleRejects:  # e.g. an order without ep: Megatron refuses ep > 1 there too
+        with pytest.raises(InvalidArgumentError, match=f"lacks ep \\(size {ep}\\)"):
+            lay.expert(ep=ep, tp=etp)
+        return
+    ex = lay.expert(ep=ep, tp=etp)
+    for dims in ("tp", "ep", "dp", "pp", "tp-ep", "ep-dp", "tp-ep-pp"):
+        assert ex.groups(dims) == oracle_get_ranks(m_order, m_sizes, dims), dims
 
 
 def random_layouts(count=150, seed=3):
@@ -111,7 +142,9 @@ def test_mesh_example_from_reference():
         ({"world_size": 10, "tp": 4}, "world 10 is not divisible by tp*pp*cp*ep = 4*1*1*1 = 4"),
         ({"world_size": 8, "order": "tp-cp-ep-dp-xx"}, "unknown token(s) ['xx']"),
         ({"world_size": 8, "order": "tp-tp-cp-ep-dp-pp"}, "repeats ['tp']"),
-        ({"world_size": 8, "order": "tp-dp-pp"}, "lacks ['cp', 'ep']"),
+        # Megatron appends size-1 dims an order leaves out, so "tp-dp-pp" alone (cp = ep = 1)
+        # is now accepted (test_order_may_leave_out_size_1_dims); leaving out cp = 2 is not.
+        ({"world_size": 8, "cp": 2, "order": "tp-dp-pp"}, "lacks cp (size 2)"),
         ({"world_size": 8, "ep": 2, "cp": 2}, "ep=2 and cp=2 are both above 1"),
         ({"world_size": 8, "tp": 0}, "tp is 0, expected an integer >= 1"),
     ],
@@ -121,6 +154,7 @@ def test_errors(kwargs, text):
     with pytest.raises(ValueError) as info:
         Layout(world, **kwargs)
     assert text in str(info.value)
+    assert isinstance(info.value, InvalidArgumentError)
 
 
 def test_json_round_trip_and_differences():
@@ -153,3 +187,255 @@ def test_cli_table_and_rank(capsys):
 def test_cli_error(capsys):
     assert main(["layout", "--world", "64", "--tp", "4", "--pp", "2", "--dp", "7"]) == 2
     assert "dp=8 would fit" in capsys.readouterr().err
+
+
+# -- Megatron's RankGenerator: reference oracle ----------------------------------------------
+# REFERENCE ORACLE, not hpccomm code: an independent, deliberately literal transcription of
+# Megatron-LM megatron/core/parallel_state.py, RankGenerator.__init__ / get_mask / get_ranks
+# and generate_masked_orthogonal_rank_groups (checked against NVIDIA/Megatron-LM d98e8a64, its
+# gtp_remat axis left out since hpccomm has none). It keeps Megatron's group order (no sorting)
+# and its quirks (substring test for a missing name, no check for a repeated token).
+
+
+class OracleRejects(Exception):
+    """Megatron's RankGenerator would raise (assert, RuntimeError or KeyError)."""
+
+
+def oracle_rank_generator(tp, ep, dp, pp, cp, order):
+    """Return (order, ordered sizes) as RankGenerator.__init__ leaves them."""
+    if not (ep == 1 or cp == 1):
+        raise OracleRejects("both EP and CP > 1")
+    name_to_size = {"tp": tp, "pp": pp, "dp": dp, "ep": ep, "cp": cp}
+    order = order.lower()
+    for name in name_to_size:
+        if name not in order and name_to_size[name] != 1:
+            raise OracleRejects(f"size of {name} is {name_to_size[name]}, not in the order")
+        elif name not in order:
+            order = order + "-" + name
+    try:
+        ordered_size = [name_to_size[token] for token in order.split("-")]
+    except KeyError as exc:
+        raise OracleRejects(f"unknown token {exc}") from None
+    return order, ordered_size
+
+
+def oracle_masked_groups(world_size, parallel_size, mask):
+    """generate_masked_orthogonal_rank_groups, transcribed."""
+
+    def prefix_product(a, init=1):
+        r = [init]
+        for v in a:
+            init = init * v
+            r.append(init)
+        return r
+
+    def inner_product(a, b):
+        return sum(x * y for x, y in zip(a, b, strict=False))
+
+    def decompose(index, shape):
+        stride = prefix_product(shape)
+        return [(index // d) % s for s, d in zip(shape, stride, strict=False)]
+
+    masked_shape = [s for s, m in zip(parallel_size, mask, strict=True) if m]
+    unmasked_shape = [s for s, m in zip(parallel_size, mask, strict=True) if not m]
+    global_stride = prefix_product(parallel_size)
+    masked_stride = [d for d, m in zip(global_stride, mask, strict=False) if m]
+    unmasked_stride = [d for d, m in zip(global_stride, mask, strict=False) if not m]
+    group_size = prefix_product(masked_shape)[-1]
+    ranks = []
+    for group_index in range(world_size // group_size):
+        group_idx = decompose(group_index, unmasked_shape)
+        ranks.append(
+            [
+                inner_product(decompose(r, masked_shape), masked_stride)
+                + inner_product(group_idx, unmasked_stride)
+                for r in range(group_size)
+            ]
+        )
+    return ranks
+
+
+def oracle_get_ranks(order, ordered_size, token):
+    """RankGenerator.get_mask + get_ranks (rank_offset 0)."""
+    ordered_token = order.split("-")
+    mask = [False] * len(ordered_token)
+    for t in token.split("-"):
+        mask[ordered_token.index(t)] = True
+    world = 1
+    for s in ordered_size:
+        world *= s
+    return oracle_masked_groups(world, ordered_size, mask)
+
+
+# -- hpccomm against the oracle -------------------------------------------------------------
+
+ALL_DIMS = ["-".join(c) for k in range(1, 6) for c in itertools.combinations(TOKENS, k)]
+
+ORACLE_CASES = [
+    # (world, sizes, order); sizes omitted are 1, dp derived when absent
+    (16, {"tp": 4, "pp": 2, "dp": 2}, "tp-pp-dp"),  # the example that used to raise
+    (64, {"tp": 4, "pp": 2, "dp": 8}, None),  # default order
+    (48, {"tp": 2, "cp": 3, "pp": 4}, None),  # default order, cp > 1
+    (64, {"tp": 4, "pp": 2, "dp": 8}, "tp-dp-pp"),  # cp = ep = 1 left out
+    (24, {"tp": 2, "pp": 3, "dp": 4}, "tp-pp-dp"),
+    (12, {"pp": 3, "dp": 4}, "pp-dp"),  # tp left out too
+    (12, {"tp": 3, "dp": 4}, "dp-tp"),
+    (24, {"tp": 2, "ep": 3, "dp": 4}, "tp-ep-dp"),  # ep > 1, pp and cp left out
+    (24, {"tp": 2, "cp": 2, "dp": 3, "pp": 2}, "tp-cp-dp-pp"),  # ep left out
+    (24, {"tp": 2, "cp": 2, "dp": 3, "pp": 2}, "cp-pp-tp-dp-ep"),
+    (16, {"tp": 4, "pp": 2, "dp": 2}, "TP-pp-Dp"),  # case-insensitive
+    (6, {"dp": 6}, "dp"),
+    (1, {}, "pp"),
+]
+
+
+def _layout_and_oracle(world, sizes, order):
+    kwargs = dict(sizes) if order is None else dict(sizes, order=order)
+    lay = Layout(world, **kwargs)
+    full = {t: sizes.get(t, 1) for t in TOKENS}
+    if "dp" not in sizes:
+        full["dp"] = world // (full["tp"] * full["pp"] * full["cp"] * full["ep"])
+    m_order, m_sizes = oracle_rank_generator(
+        full["tp"], full["ep"], full["dp"], full["pp"], full["cp"], order or "tp-cp-ep-dp-pp"
+    )
+    return lay, m_order, m_sizes
+
+
+@pytest.mark.parametrize(("world", "sizes", "order"), ORACLE_CASES)
+def test_groups_match_megatron_reference(world, sizes, order):
+    lay, m_order, m_sizes = _layout_and_oracle(world, sizes, order)
+    # the same order, with the left-out dims appended where Megatron appends them
+    assert "-".join(lay.order) == m_order
+    assert [lay.sizes[t] for t in lay.order] == m_sizes
+    for dims in ALL_DIMS:  # "tp", "dp", "pp", "cp", "ep", "tp-pp", "cp-dp", ... all 31
+        expect = oracle_get_ranks(m_order, m_sizes, dims)
+        assert lay.groups(dims) == expect, (lay, dims)  # same groups, same order
+        assert lay.groups("-".join(reversed(dims.split("-")))) == expect  # "dp-cp" too
+        for rank in (0, world // 2, world - 1):
+            mine = [g for g in expect if rank in g]
+            assert [lay.group_of(rank, dims)] == mine
+
+
+def test_named_megatron_groups_16():
+    lay = Layout(16, tp=4, pp=2, dp=2, order="tp-pp-dp")
+    assert lay.order == ("tp", "pp", "dp", "ep", "cp")
+    assert lay.groups("tp") == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert lay.groups("pp")[:2] == [[0, 4], [1, 5]]
+    assert lay.groups("dp")[:2] == [[0, 8], [1, 9]]
+    assert lay.groups("cp") == [[r] for r in range(16)]
+    assert lay.groups("tp-pp") == [list(range(8)), list(range(8, 16))]
+
+
+def test_accepts_and_rejects_exactly_as_megatron():
+    """Every order of 1 to 5 distinct known tokens, for several size mixes: hpccomm accepts
+    exactly the orders the oracle accepts, and then builds the same groups."""
+    mixes = [
+        {"tp": 2, "pp": 3},
+        {"dp": 4, "cp": 2},
+        {"tp": 2, "ep": 2, "dp": 2},
+        {},
+    ]
+    checked = rejected = 0
+    for sizes in mixes:
+        full = {t: sizes.get(t, 1) for t in TOKENS}
+        world = full["tp"] * full["pp"] * full["dp"] * full["cp"] * full["ep"]
+        for k in range(1, 6):
+            for tokens in itertools.permutations(TOKENS, k):
+                order = "-".join(tokens)
+                try:
+                    m_order, m_sizes = oracle_rank_generator(
+                        full["tp"], full["ep"], full["dp"], full["pp"], full["cp"], order
+                    )
+                except OracleRejects:
+                    with pytest.raises(InvalidArgumentError, match=f"order '{order}' lacks"):
+                        Layout(world, order=order, **full)
+                    rejected += 1
+                    continue
+                lay = Layout(world, order=order, **full)
+                assert "-".join(lay.order) == m_order
+                for dims in ("tp", "pp", "dp", "cp", "ep", "tp-pp", "dp-cp", "tp-dp-cp"):
+                    assert lay.groups(dims) == oracle_get_ranks(m_order, m_sizes, dims)
+                checked += 1
+    assert checked > 100 and rejected > 100
+
+
+def test_order_may_leave_out_size_1_dims():
+    assert Layout(8, order="tp-dp-pp").order == ("tp", "dp", "pp", "ep", "cp")
+    lay = Layout(16, tp=4, pp=2, order="tp-pp-dp")  # dp derived (2), named
+    assert lay.sizes == {"tp": 4, "pp": 2, "dp": 2, "ep": 1, "cp": 1}
+    assert Layout.from_json(lay.to_json()) == lay
+    assert Layout(16, tp=4, pp=2, dp=2, order="TP-PP-DP") == lay
+    # DeviceMesh names that leave dims out are appended the same way
+    assert Layout.from_mesh((2, 8, 4), ("pp", "dp", "tp")) == Layout(
+        64, tp=4, dp=8, pp=2, order="tp-dp-pp"
+    )
+
+
+@pytest.mark.parametrize(
+    ("world", "kwargs", "text"),
+    [
+        (
+            16,
+            {"tp": 4, "pp": 2, "dp": 2, "order": "tp-pp"},
+            "layout: order 'tp-pp' lacks dp (size 2); only dimensions of size 1 may be left out"
+            " (they are appended), so name it, e.g. order='tp-pp-dp'",
+        ),
+        (16, {"tp": 4, "pp": 2, "order": "tp-pp"}, "order 'tp-pp' lacks dp (size 2)"),  # derived
+        (16, {"tp": 4, "cp": 2, "dp": 2, "order": "tp-dp"}, "order 'tp-dp' lacks cp (size 2)"),
+        (16, {"tp": 4, "ep": 4, "order": "tp-dp-pp"}, "order 'tp-dp-pp' lacks ep (size 4)"),
+        (
+            32,
+            {"tp": 2, "pp": 2, "dp": 4, "cp": 2, "order": "tp-dp"},
+            "order 'tp-dp' lacks pp (size 2), cp (size 2); ",
+        ),
+        (8, {"pp": 8, "order": "TP-DP"}, "order 'TP-DP' lacks pp (size 8)"),  # as given
+        (4, {"tp": 2, "dp": 2, "order": "tp-XX-dp"}, "unknown token(s) ['xx']"),
+        (4, {"tp": 2, "dp": 2, "order": ""}, "layout: order is empty"),
+        (4, {"tp": 2, "dp": 2, "order": "tp--dp"}, "unknown token(s) ['']"),
+        # Megatron asserts ep == 1 or cp == 1 whatever the order; both must be named anyway
+        (8, {"ep": 2, "cp": 2, "order": "ep-cp-tp-dp-pp"}, "ep=2 and cp=2 are both above 1"),
+        # hpccomm is stricter than Megatron here: Megatron has no check for a repeated token
+        (4, {"tp": 2, "dp": 2, "order": "tp-dp-dp"}, "repeats ['dp']"),
+    ],
+)
+def test_order_rejections_name_order_dim_and_size(world, kwargs, text):
+    with pytest.raises(InvalidArgumentError) as info:
+        Layout(world, **kwargs)
+    assert text in str(info.value)
+
+
+def test_group_tokens_are_not_case_folded():
+    # Megatron lower-cases the order but not the tokens given to get_ranks
+    lay = Layout(16, tp=4, pp=2, dp=2, order="TP-PP-DP")
+    with pytest.raises(InvalidArgumentError, match=r"dims 'TP' has unknown token\(s\) \['TP'\]"):
+        lay.groups("TP")
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: Layout(8, tp=3),
+        lambda: Layout(8, tp=2, dp=3),
+        lambda: Layout(8, tp=1.5),
+        lambda: Layout(0),
+        lambda: Layout.from_mesh((2, 4), ("tp",)),
+        lambda: Layout.from_mesh((2, "4"), ("tp", "dp")),
+        lambda: Layout.from_mesh((2, 4), ("tp", "tp")),
+        lambda: Layout.from_json("{}"),
+        lambda: Layout.from_json("not json"),
+        lambda: Layout.from_json({"world_size": 2, "order": "tp", "sizes": {"xx": 2}}),
+        lambda: Layout.from_json({"world_size": 2, "order": 3, "sizes": {}}),
+        lambda: Layout.from_json({"world_size": 4, "order": "tp-dp", "sizes": {"cp": 4}}),
+        lambda: L64.coords(64),
+        lambda: L64.rank_of(tp=4),
+        lambda: L64.rank_of(tp="1"),
+        lambda: L64.rank_of(xx=0),
+        lambda: L64.groups("tp-xx"),
+        lambda: L64.group_of(0, "tp-tp"),
+        lambda: L64.normalize(""),
+        lambda: L64.expert(ep=3),
+    ],
+)
+def test_every_error_is_invalid_argument(call):
+    with pytest.raises(InvalidArgumentError, match="^layout: "):
+        call()

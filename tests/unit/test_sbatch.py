@@ -1,9 +1,15 @@
 """`hpccomm sbatch` rendering and its refusals (no cluster needed)."""
 
+import os
+import subprocess
+import sys
+import time
+
 import pytest
 
 from hpccomm.cli import main
-from hpccomm.slurm import BatchOptions, parse_time, render
+from hpccomm.errors import CommTimeoutError, HpccommError, InvalidArgumentError
+from hpccomm.slurm import BatchOptions, parse_time, render, submit, validate
 
 
 @pytest.mark.parametrize(
@@ -70,3 +76,163 @@ def test_cli_writes_file(tmp_path, capsys):
     assert main(["sbatch", "-N", "2", "-o", str(out), "--", "hpccomm", "info"]) == 0
     assert capsys.readouterr().out == ""
     assert "srun --mpi=pmix hpccomm info" in out.read_text()
+
+
+# --- errors are one line, typed, and never a traceback -------------------------------------
+
+
+def test_refusals_are_invalid_argument_errors():
+    with pytest.raises(
+        InvalidArgumentError, match=r"sbatch: --nodes is 0, expected an integer >= 1"
+    ):
+        validate(BatchOptions(command=["true"], nodes=0))
+    with pytest.raises(InvalidArgumentError, match=r"sbatch: --time '1h' is not a Slurm time"):
+        parse_time("1h")
+    with pytest.raises(InvalidArgumentError, match=r"sbatch: --mpi 'x' is not a Slurm MPI plug-in"):
+        render(BatchOptions(command=["true"], mpi="x"))
+    with pytest.raises(InvalidArgumentError, match=r"no command given"):
+        validate(BatchOptions(command=[]))
+    with pytest.raises(
+        InvalidArgumentError, match=r"--extra '--exclusive' must be an '#SBATCH \.\.\.' line"
+    ):
+        validate(BatchOptions(command=["true"], extra=["--exclusive"]))
+
+
+def test_cli_write_to_missing_directory_is_one_line(tmp_path, capsys):
+    target = tmp_path / "missing" / "x.sbatch"
+    assert main(["sbatch", "-o", str(target), "--", "true"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"hpccomm: sbatch: cannot write {target}: No such file or directory\n"
+
+
+def test_cli_write_error_has_no_traceback_from_the_command(tmp_path):
+    target = tmp_path / "missing" / "x.sbatch"
+    out = subprocess.run(
+        [sys.executable, "-m", "hpccomm.cli", "sbatch", "-o", str(target), "--", "true"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert out.stderr == f"hpccomm: sbatch: cannot write {target}: No such file or directory\n"
+
+
+# --- --submit: sbatch missing, failing, hanging (fake sbatch scripts on PATH) -----------------
+
+
+def fake_sbatch(tmp_path, body):
+    """A directory holding only an executable `sbatch` with this shell body (which finds the
+    usual tools on the system's default PATH)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "sbatch"
+    script.write_text(f"#!/bin/sh\nPATH={os.defpath}\n{body}")
+    script.chmod(0o755)
+    return bin_dir
+
+
+def test_submit_without_sbatch_on_path(tmp_path, monkeypatch, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    assert main(["sbatch", "--submit", "--", "true"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("hpccomm: sbatch: cannot submit: no `sbatch` command on PATH")
+
+
+def test_submit_failure_shows_sbatch_stderr(tmp_path, monkeypatch, capsys):
+    msg = "sbatch: error: Batch job submission failed: Invalid partition name specified"
+    bin_dir = fake_sbatch(tmp_path, f"cat >/dev/null\necho '{msg}' >&2\nexit 1\n")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert main(["sbatch", "--partition", "nope", "--submit", "--", "true"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"hpccomm: sbatch: submission failed: sbatch exited with status 1: {msg}\n"
+
+
+def test_submit_is_time_bounded(tmp_path, monkeypatch, capsys):
+    bin_dir = fake_sbatch(tmp_path, "exec sleep 30\n")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    start = time.monotonic()
+    assert main(["sbatch", "--submit", "--submit-timeout", "0.5", "--", "true"]) == 2
+    assert time.monotonic() - start < 10
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "sbatch: submission timed out: sbatch did not answer within 0.5 s" in err
+    assert "squeue" in err  # whether the job went in is unknown: the message says how to look
+
+
+def test_submit_timeout_from_environment(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(fake_sbatch(tmp_path, "exec sleep 30\n")))
+    monkeypatch.setenv("HPCCOMM_SBATCH_TIMEOUT", "0.5")
+    assert main(["sbatch", "--submit", "--", "true"]) == 2
+    assert "did not answer within 0.5 s" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "text"),
+    [
+        (["--submit-timeout", "0"], None, "--submit-timeout is 0.0, expected seconds > 0"),
+        ([], "soon", "HPCCOMM_SBATCH_TIMEOUT is 'soon', expected seconds > 0"),
+        ([], "-1", "HPCCOMM_SBATCH_TIMEOUT is '-1', expected seconds > 0"),
+    ],
+)
+def test_submit_timeout_refused(argv, env, text, monkeypatch, capsys):
+    if env is not None:
+        monkeypatch.setenv("HPCCOMM_SBATCH_TIMEOUT", env)
+    assert main(["sbatch", *argv, "--submit", "--", "true"]) == 2
+    assert text in capsys.readouterr().err
+
+
+def test_submit_passes_the_script_and_prints_the_job_id(tmp_path, monkeypatch, capsys):
+    got = tmp_path / "stdin.txt"
+    bin_dir = fake_sbatch(tmp_path, f"cat >'{got}'\necho '4242;cluster'\n")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert main(["sbatch", "-N", "2", "--submit", "--", "hpccomm", "info"]) == 0
+    assert capsys.readouterr().out == "4242\n"
+    assert got.read_text() == render(BatchOptions(command=["hpccomm", "info"], nodes=2))
+
+
+def test_submit_function_raises_typed_errors(tmp_path):
+    with pytest.raises(HpccommError, match=r"cannot submit: no `.*/nothing-here` command \("):
+        submit("#!/bin/bash\n", sbatch=str(tmp_path / "nothing-here"))
+    bin_dir = fake_sbatch(tmp_path, "exec sleep 30\n")
+    with pytest.raises(CommTimeoutError, match=r"did not answer within 0.2 s"):
+        submit("#!/bin/bash\n", sbatch=str(bin_dir / "sbatch"), timeout=0.2)
+
+
+# --- a control character in a value would write its own lines into the script ----------------
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--job-name", "a\n#SBATCH --x"),
+        ("--partition", "gpu\n#SBATCH --exclusive"),
+        ("--account", "abc\r"),
+        ("--output", "o.out\nrm -rf ~"),
+        ("--time", "1:00:00\n#SBATCH --x"),
+        ("--array", "0-3\x00"),
+        ("--extra", "#SBATCH --exclusive\n#SBATCH --x"),
+    ],
+)
+def test_control_characters_are_refused(option, value, capsys):
+    assert main(["sbatch", f"{option}={value}", "--", "true"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert (
+        f"sbatch: {option} is {value!r}, expected text without control characters" in captured.err
+    )
+
+
+@pytest.mark.parametrize("word", ["a\nb", "tab\there", "\x1b[2J"])
+def test_control_characters_in_the_command_are_refused(word, capsys):
+    assert main(["sbatch", "--", "echo", "ok", word]) == 2
+    assert (
+        f"sbatch: command word 3 is {word!r}, expected text without control characters"
+        in capsys.readouterr().err
+    )
+
+
+def test_control_characters_refused_by_render():
+    with pytest.raises(InvalidArgumentError, match=r"--job-name is 'a\\n#SBATCH --x'"):
+        render(BatchOptions(command=["true"], job_name="a\n#SBATCH --x"))

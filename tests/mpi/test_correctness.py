@@ -1,0 +1,202 @@
+"""Wrong results and accepted bad input found by a differential trial (issue "Correctness"):
+each test here failed before its fix. Arrays are large enough (hundreds of elements, values
+that overflow) that SIMD paths and freed temporaries show."""
+
+import gc
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import hpccomm
+from hpccomm import DtypeError, InvalidArgumentError, ReduceOp
+
+INTS = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64]
+FLOATS = [np.float32, np.float64, np.complex64, np.complex128, np.float16, ml_dtypes.bfloat16]
+
+
+def where(comm, op):
+    return rf"{op} \(rank {comm.rank} of {comm.size}\)"
+
+
+def wide(a):
+    return a.astype(np.complex128) if a.dtype.kind == "c" else a.astype(np.float64)
+
+
+def churn():
+    """Allocate and free memory of the sizes hpccomm's temporaries have, so a temporary freed
+    too early gets overwritten before MPI reads it."""
+    gc.collect()
+    return [np.full(n, 7.0, np.float64) for n in (64, 256, 512, 1024) for _ in range(8)]
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=[np.dtype(d).name for d in FLOATS])
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("opname", ["all_reduce", "reduce", "reduce_scatter"])
+def test_premul_sum_temporary_lives_until_completion(comm, dtype, async_op, opname):
+    n, r = comm.size, comm.rank
+    count = 512 * n
+    x = (np.arange(count) % 61 + r).astype(dtype)
+    op = ReduceOp.PREMUL_SUM(0.5)
+    expect = 0.5 * sum(wide((np.arange(count) % 61 + i).astype(dtype)) for i in range(n))
+    if opname == "all_reduce":
+        res = comm.all_reduce(x, op=op, async_op=async_op)
+    elif opname == "reduce":
+        res = comm.reduce(x, n - 1, op=op, async_op=async_op)
+    else:
+        res = comm.reduce_scatter(x, op=op, async_op=async_op)
+        expect = expect[512 * r : 512 * (r + 1)]
+    if async_op:
+        junk = churn()
+        res = res.wait(timeout=60)
+        del junk
+    if opname == "reduce" and r != n - 1:
+        return
+    tol = 1e-2 if np.dtype(dtype).itemsize == 2 else 1e-5
+    np.testing.assert_allclose(wide(np.asarray(res)), expect, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", INTS, ids=[np.dtype(d).name for d in INTS])
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("opname", ["SUM", "PRODUCT"])
+def test_integer_overflow_wraps_like_numpy(comm, dtype, async_op, opname):
+    n, r = comm.size, comm.rank
+    info = np.iinfo(dtype)
+    count = 67 * n  # whole SIMD vectors of every width and a tail, divisible by n
+
+    def make(i):
+        if opname == "SUM":
+            return np.full(count, info.max if i == 0 else 2 + i, dtype)
+        return np.full(count, info.max // 3 + i, dtype)
+
+    with np.errstate(over="ignore"):
+        ufunc = np.add if opname == "SUM" else np.multiply
+        expect = make(0)
+        for i in range(1, n):
+            expect = ufunc(expect, make(i))
+    op = getattr(ReduceOp, opname)
+    got = comm.all_reduce(make(r), op=op, async_op=async_op)
+    got = got.wait(timeout=60) if async_op else got
+    np.testing.assert_array_equal(got, expect)
+    got = comm.reduce(make(r), 0, op=op, async_op=async_op)
+    got = got.wait(timeout=60) if async_op else got
+    if r == 0:
+        np.testing.assert_array_equal(got, expect)
+    got = comm.reduce_scatter(make(r), op=op, async_op=async_op)
+    got = got.wait(timeout=60) if async_op else got
+    np.testing.assert_array_equal(got, expect[67 * r : 67 * (r + 1)])
+
+
+def test_scatter_block_on_non_source_is_refused(comm):
+    if comm.size == 1:
+        pytest.skip("no non-source rank at size 1")
+    if comm.rank != 0:  # raised before MPI is touched: the source rank does not call
+        block = np.empty(3)
+        with pytest.raises(
+            InvalidArgumentError,
+            match=where(comm, "scatter")
+            + r": non-source ranks need out= .*got only an array of shape \(3,\)",
+        ):
+            comm.scatter(block, src=0)
+
+
+def test_scatter_torch_style_out_block(comm):
+    n, r = comm.size, comm.rank
+    full = np.arange(6.0 * n) if r == 0 else None
+    block = np.empty(6)
+    assert comm.scatter(full, src=0, out=block) is block
+    assert np.array_equal(block, np.arange(6.0 * r, 6.0 * r + 6))
+
+
+def test_premul_sum_factor_refusals(comm):
+    with pytest.raises(DtypeError, match=r"PREMUL_SUM: factor is True \(bool\)"):
+        ReduceOp.PREMUL_SUM(True)
+    with pytest.raises(DtypeError, match="PREMUL_SUM: factor is '2'"):
+        ReduceOp.PREMUL_SUM("2")
+    # Every rank raises before MPI: nobody is left waiting.
+    with pytest.raises(
+        DtypeError,
+        match=where(comm, "all_reduce")
+        + r": op PREMUL_SUM has the complex factor \(1\+1j\) for dtype float32",
+    ):
+        comm.all_reduce(np.ones(4, np.float32), op=ReduceOp.PREMUL_SUM(1 + 1j))
+    z = np.ones(4, np.complex64)
+    comm.all_reduce(z, op=ReduceOp.PREMUL_SUM(1 + 1j))
+    np.testing.assert_allclose(z, np.full(4, (1 + 1j) * comm.size))
+    y = np.ones(4)
+    comm.all_reduce(y, op=ReduceOp.PREMUL_SUM(np.float32(0.25)))
+    np.testing.assert_allclose(y, np.full(4, 0.25 * comm.size))
+
+
+def test_src_and_dst_positional_as_in_torch(comm):
+    n, r = comm.size, comm.rank
+    x = np.full(5, float(r))
+    assert comm.broadcast(x, n - 1) is x
+    assert np.array_equal(x, np.full(5, n - 1.0))
+    y = np.full(5, r + 1, np.int64)
+    comm.reduce(y, n - 1, op=ReduceOp.MAX)
+    if r == n - 1:
+        assert np.array_equal(y, np.full(5, n))
+    w = comm.broadcast(np.full(2, float(r)), 0, async_op=True)
+    assert np.array_equal(w.wait(timeout=60), np.zeros(2))
+
+
+def test_numpy_integers_as_tag_colour_and_ranks(comm):
+    n, r = comm.size, comm.rank
+    out = np.empty(3)
+    comm.sendrecv(np.full(3, float(r)), dst=(r + 1) % n, src=(r - 1) % n, out=out, tag=np.int64(7))
+    assert np.array_equal(out, np.full(3, float((r - 1) % n)))
+    work = comm.irecv(np.empty(2), (r - 1) % n, tag=np.int32(5))
+    comm.send(np.ones(2), np.int64((r + 1) % n), tag=np.uint8(5))
+    assert work.wait(timeout=60) == (r - 1) % n
+    half = comm.split(np.int64(r % 2), key=np.int32(-r))
+    assert half.size == len(range(r % 2, n, 2))
+    assert half.rank == sorted(range(r % 2, n, 2), reverse=True).index(r)
+    with comm.new_group([np.int64(i) for i in range(n)]) as everyone:
+        assert everyone.size == n
+
+
+def test_split_colour_out_of_range(comm):
+    with pytest.raises(InvalidArgumentError, match=where(comm, "split") + r": color is 2147483648"):
+        comm.split(2**31)
+    with pytest.raises(InvalidArgumentError, match=where(comm, "split") + r": color is -1"):
+        comm.split(-1)
+
+
+def test_read_only_output_is_refused(comm):
+    x = np.ones(4)
+    x.flags.writeable = False
+    with pytest.raises(
+        InvalidArgumentError,
+        match=where(comm, "all_reduce") + r": array is read-only .*expected a writable array",
+    ):
+        comm.all_reduce(x)
+    out = np.empty(4 * comm.size)
+    out.flags.writeable = False
+    with pytest.raises(
+        InvalidArgumentError, match=where(comm, "all_gather") + ": out is read-only"
+    ):
+        comm.all_gather(np.ones(4), out=out)
+    # A read-only array that is only read is fine: the input of all_gather, the broadcast source.
+    got = comm.all_gather(x)
+    assert np.array_equal(got, np.ones(4 * comm.size))
+    src = np.arange(3.0)
+    src.flags.writeable = False
+    dst = np.arange(3.0) if comm.rank == 0 else np.zeros(3)
+    comm.broadcast(src if comm.rank == 0 else dst, 0)
+    assert np.array_equal(dst if comm.rank else src, np.arange(3.0))
+
+
+def test_masked_array_is_refused(comm):
+    m = np.ma.masked_array(np.ones(4), mask=[0, 1, 0, 0])
+    with pytest.raises(
+        InvalidArgumentError, match=where(comm, "all_reduce") + r": array is a masked array"
+    ):
+        comm.all_reduce(m)
+
+
+def test_errors_name_hpccomm_types():
+    # Every error above is an HpccommError and the builtin a caller would catch.
+    assert issubclass(InvalidArgumentError, hpccomm.HpccommError)
+    assert issubclass(InvalidArgumentError, ValueError)
+    assert issubclass(DtypeError, TypeError)

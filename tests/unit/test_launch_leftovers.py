@@ -1,0 +1,54 @@
+"""init() in a plain python process that holds another process's Slurm variables: the
+warning or the error says what was found and why it was ignored or why it is wrong."""
+
+import subprocess
+import sys
+
+import pytest
+from test_dtypes_cli import MPIEXEC, mpi_env
+
+pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no MPI (install the 'mpi' extra)")
+
+CODE = "import hpccomm; c = hpccomm.init(); print(c.rank, c.size, c.launch.launcher)"
+
+
+def run_init(variables):
+    env = mpi_env()  # no launcher variables of our own; root allowed
+    env.update(variables)
+    return subprocess.run(
+        [sys.executable, "-c", CODE], capture_output=True, text=True, timeout=120, env=env
+    )
+
+
+def test_task_variables_outside_a_step_are_ignored_with_a_warning():
+    # A shell inside an salloc allocation, or a container handed these: no SLURM_STEP_*.
+    out = run_init(
+        {"SLURM_JOB_ID": "5", "SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1"}
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "1", "none"]
+    assert "RuntimeWarning: hpccomm: ignored SLURM_PROCID=3, SLURM_LOCALID=1, SLURM_NTASKS=8" in (
+        out.stderr
+    )
+    assert "not a task of an srun step" in out.stderr
+    assert "LaunchMismatchError" not in out.stderr
+
+
+def test_step_variables_in_a_one_rank_world_name_both_causes():
+    # What a task of `srun -n8` sees, in a process that MPI started alone: either srun ran
+    # without an MPI plug-in, or python was started by hand inside the step.
+    out = run_init(
+        {"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "8",
+         "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "0", "SLURM_NTASKS": "8",
+         "SLURM_STEP_TASKS_PER_NODE": "8", "SLURM_STEP_NODELIST": "n1"}
+    )  # fmt: skip
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "hpccomm.errors.LaunchMismatchError: init (rank 0 of 1): broken launch: rank is 3 from "
+        "SLURM_PROCID but 0 from MPI COMM_WORLD; size is 8 from SLURM_STEP_NUM_TASKS but 1 from "
+        "MPI COMM_WORLD"
+    ), last
+    assert "srun --mpi=pmix" in last  # a real step launched without an MPI plug-in
+    assert "SLURM_STEP_ID and SLURM_STEP_NUM_TASKS say srun started it as a task" in last
+    assert "not started by that launcher but inherited" in last  # or not one of its tasks
