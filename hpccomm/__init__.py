@@ -16,6 +16,9 @@ from .errors import (
     HpccommError,
     InvalidArgumentError,
     LaunchMismatchError,
+    MismatchError,
+    PeerError,
+    UnwaitedWorkWarning,
 )
 from .layout import Layout
 from .ops import P2POp
@@ -37,6 +40,9 @@ __all__ = [
     "InvalidArgumentError",
     "LaunchInfo",
     "LaunchMismatchError",
+    "MismatchError",
+    "PeerError",
+    "UnwaitedWorkWarning",
     "Layout",
     "P2POp",
     "ReduceOp",

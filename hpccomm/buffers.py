@@ -13,7 +13,7 @@ import numpy as np
 
 from .errors import DtypeError, InvalidArgumentError
 
-__all__ = ["Buffer", "resolve", "empty_like_module"]
+__all__ = ["Buffer", "resolve", "allocate"]
 
 _DLPACK_CPU = 1
 _DLPACK_CUDA = 2
@@ -93,9 +93,10 @@ def resolve(x: Any, where: object, arg: str = "array") -> Buffer:
     )
 
 
-def empty_like_module(buf: Buffer, shape: tuple[int, ...], dtype: np.dtype | None = None) -> Any:
-    """Allocate an output with the input's array module (and device)."""
-    if buf.device is None:
-        return np.empty(shape, dtype or buf.dtype)
-    with buf.xp.cuda.Device(buf.device):
-        return buf.xp.empty(shape, dtype or buf.dtype)
+def allocate(shape: tuple[int, ...], dtype: np.dtype, device: int | None) -> Any:
+    """An uninitialized output: a NumPy array, or a CuPy array on GPU ``device``."""
+    if device is None:
+        return np.empty(shape, dtype)
+    cp = _cupy()
+    with cp.cuda.Device(device):
+        return cp.empty(shape, dtype)

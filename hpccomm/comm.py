@@ -1,27 +1,29 @@
 """The Communicator: the user's object, with operations named as in torch.distributed.
 
-Every operation goes through :meth:`Communicator._dispatch`: resolve buffers -> validate
-(``OpSpec.prepare``) -> record (sequence number, op, group, peer, dtype, shape) -> choose the
-backend -> run -> return the result or a :class:`~hpccomm.work.Work`.
+Every operation is one call to the communicator's :class:`~hpccomm.dispatch.Dispatcher`
+(resolve -> validate -> record -> choose backend -> run). Group operations (split, dup,
+new_group, create_group) ask the MPI backend for a new communicator and run as one step of
+the group's collective sequence, bounded by the timeout like any collective.
 
 Across-rank mistakes (one rank passes a different shape, dtype, op or split sizes) cannot be
-seen by one rank alone. Today they behave as MPI does: a smaller receive than send raises
-"Message truncated" as a BackendError on the receiving rank, a larger one leaves the tail
-untouched, and collectives called in different orders hang unless the communicator has a
-``timeout`` (then a CommTimeoutError names the op and its sequence number).
+seen by one rank alone. Today they behave as MPI does, except that a point-to-point receive
+shorter than its buffer raises MismatchError: a smaller collective receive than send raises
+"message truncated" as a BackendError, a larger one leaves the tail untouched, and
+collectives called in different orders hang unless the communicator has a ``timeout`` (then
+a CommTimeoutError names the op and its sequence number).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import record
-from .buffers import resolve
 from .cuda_aware import CPU_ONLY, DeviceConfig
+from .dispatch import Dispatcher
 from .dtypes import ReduceOp
-from .errors import BackendError, ClosedError, HpccommError, InvalidArgumentError, where
-from .memo import Memo, eligible
+from .errors import ClosedError, HpccommError, InvalidArgumentError, where
+from .layout import Layout
 from .ops import (
     ALL_GATHER,
     ALL_GATHER_OBJECT,
@@ -42,95 +44,135 @@ from .ops import (
     SEND,
     SEND_OBJECT,
     SENDRECV,
-    OpSpec,
     P2POp,
-    _as_int,
+    as_int,
 )
-from .record import Call
+from .parallel import ParallelGroups
+from .record import Group
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-    from .backends.mpi_device import DeviceMPIBackend
-    from .backends.nccl import NcclBackend
     from .discovery import LaunchInfo
-    from .layout import Layout
-    from .parallel import ParallelGroups
     from .work import Work
 
-__all__ = ["Communicator"]
+__all__ = ["Communicator", "NodeInfo", "check_timeout"]
 
 _SUM = ReduceOp.SUM
-_INT_MAX = 2**31 - 1  # MPI's colours and keys are C ints
+_INT_MAX = 2**31 - 1  # MPI's colours, keys and tags are C ints
+
+
+class NodeInfo(NamedTuple):
+    """Where this rank sits among the group's nodes: local rank and size (the group's ranks
+    on this node, in rank order), node index (nodes ordered by their lowest rank) and count."""
+
+    local_rank: int
+    local_size: int
+    node_index: int
+    num_nodes: int
+
+
+def node_info(keys: Sequence[Any], rank: int) -> NodeInfo:
+    """NodeInfo of ``rank`` from every rank's node key (any value equal for ranks that share
+    a node), as gathered over the group in rank order."""
+    mine = keys[rank]
+    order: dict[Any, int] = {}
+    for k in keys:
+        order.setdefault(k, len(order))
+    local = [r for r, k in enumerate(keys) if k == mine]
+    return NodeInfo(local.index(rank), len(local), order[mine], len(order))
+
+
+def check_timeout(value: Any, what: str) -> float | None:
+    """A timeout setting: None, or finite seconds > 0 (NaN, 0, negatives, inf, bool and
+    strings are refused with an error naming ``what``)."""
+    if value is None:
+        return None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value <= 0:
+        raise InvalidArgumentError(
+            f"{what}: timeout is {value!r}, expected finite seconds > 0 or None"
+        )
+    return float(value)
 
 
 class Communicator:
     """A group of ranks and the operations among them.
 
     Made by :func:`hpccomm.init` (the world) and by :meth:`split`, :meth:`new_group`,
-    :meth:`dup`, :attr:`node` and :attr:`leaders`. The wrapped mpi4py communicator is
-    :attr:`mpi`, for anything hpccomm does not cover.
+    :meth:`create_group`, :meth:`dup`, :meth:`node` and :meth:`leaders`. The wrapped mpi4py
+    communicator is :attr:`mpi`, for anything hpccomm does not cover.
 
     Args:
-        mpi_comm: the mpi4py intracommunicator to own (freed by :meth:`free`).
+        backend: the MPI backend owning this group's mpi4py communicator (freed by
+            :meth:`free`).
+        devices: picks (and creates) the backends for device arrays.
         name: a label used in messages and records ("world", "world/split(1)", ...).
         timeout: seconds after which a blocking operation raises CommTimeoutError instead of
             hanging (None: wait forever, as MPI does). Subgroups inherit it.
-        launch: the world's verified LaunchInfo (kept for :attr:`launch`).
+        nodes: this rank's NodeInfo in the group.
+        node_key: a value identifying this process's node (the same in every group).
+        launch: the world's verified LaunchInfo.
+        world: the world communicator (None: this is it).
+        device: this rank's GPU and device paths.
     """
 
     def __init__(
         self,
-        mpi_comm: MPI.Intracomm,
+        backend: Any,
+        devices: Any,
         *,
         name: str = "world",
         timeout: float | None = None,
+        nodes: NodeInfo,
+        node_key: Any,
         launch: LaunchInfo | None = None,
-        node_comm: MPI.Intracomm | None = None,
-        node_index: int | None = None,
-        num_nodes: int | None = None,
+        world: Communicator | None = None,
         device: DeviceConfig = CPU_ONLY,
+        node: Any = None,
     ) -> None:
-        from .backends.mpi import MPIBackend
-
-        self._mpi = mpi_comm
-        self._rank = mpi_comm.Get_rank()
-        self._size = mpi_comm.Get_size()
-        self.name = name
-        self._timeout = timeout
+        self._backend = backend
+        self._devices = devices
+        self._group = Group(name, backend.rank, backend.size)
+        self._dispatcher = Dispatcher(self._group, backend, devices.backend_for, timeout=timeout)
+        self._dispatch = self._dispatcher.dispatch
+        self._nodes = nodes
+        self._node_key = node_key
         self._launch = launch
-        self._backend = MPIBackend(mpi_comm)
-        self._seq = 0
-        self._p2p_seq = 0
-        self._freed = False
-        self._node_mpi = node_comm
-        self._node_index = node_index
-        self._num_nodes = num_nodes
-        self._node: Communicator | None = None
-        self._leaders: Communicator | None | bool = False  # False: not computed yet
-        self._children: list[Communicator] = []
+        self._world = self if world is None else world
         self._device = device
-        self._nccl: NcclBackend | None = None
-        self._device_mpi: DeviceMPIBackend | None = None
-        self._memos: dict[OpSpec, Memo] = {}
+        self._node_backend = node  # the world's node communicator, from init
+        self._node: Communicator | None = None
+        self._leaders: Communicator | None | bool = False  # False: not made yet
+        self._children: list[Communicator] = []
+        self._freed = False
 
     # -- properties --------------------------------------------------------------------
 
     @property
     def rank(self) -> int:
         """This process's rank in the group."""
-        return self._rank
+        return self._group.rank
 
     @property
     def size(self) -> int:
         """Number of ranks in the group."""
-        return self._size
+        return self._group.size
+
+    @property
+    def name(self) -> str:
+        """The group's label in messages and records."""
+        return self._group.name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._group.name = value
 
     @property
     def mpi(self) -> MPI.Intracomm:
         """The wrapped mpi4py communicator (MPI's own names: ``comm.mpi.Allreduce`` ...)."""
         self._check_open("mpi")
-        return self._mpi
+        return self._backend.mpi
 
     @property
     def launch(self) -> LaunchInfo | None:
@@ -139,37 +181,33 @@ class Communicator:
 
     @property
     def timeout(self) -> float | None:
-        return self._timeout
+        """Seconds after which a blocking operation raises CommTimeoutError (None: none)."""
+        return self._dispatcher.timeout
 
     @timeout.setter
     def timeout(self, value: float | None) -> None:
-        if value is not None and not value > 0:
-            raise InvalidArgumentError(
-                f"timeout (rank {self._rank} of {self._size}): {value!r}, expected seconds > 0 or None"
-            )
-        self._timeout = value
+        self._dispatcher.timeout = check_timeout(value, where("timeout", self.rank, self.size))
 
     @property
     def local_rank(self) -> int:
-        """Rank among this group's ranks on the same node."""
-        return self.node.rank
+        """Rank among this group's ranks on the same node (known since the group was made:
+        reading it never communicates)."""
+        return self._nodes.local_rank
 
     @property
     def local_size(self) -> int:
         """Number of this group's ranks on this node."""
-        return self.node.size
+        return self._nodes.local_size
 
     @property
     def node_index(self) -> int:
         """Index of this node among the group's nodes (ordered by their lowest rank)."""
-        self._node_layout()
-        return self._node_index
+        return self._nodes.node_index
 
     @property
     def num_nodes(self) -> int:
         """Number of nodes the group spans."""
-        self._node_layout()
-        return self._num_nodes
+        return self._nodes.num_nodes
 
     @property
     def freed(self) -> bool:
@@ -183,7 +221,7 @@ class Communicator:
     @property
     def nccl(self) -> Any:
         """The ``cupy.cuda.nccl.NcclCommunicator`` of this group (None until enabled)."""
-        return None if self._nccl is None else self._nccl.comm
+        return self._devices.nccl_comm
 
     def enable_nccl(self) -> None:
         """Create this group's NCCL communicator now (collective over the group: rank 0 makes
@@ -196,148 +234,17 @@ class Communicator:
             HpccommError: no GPU is bound on this rank, or CuPy/NCCL are missing.
         """
         self._check_open("enable_nccl")
-        if self._nccl is not None:
-            return
-        if self._device.gpu is None:
-            raise HpccommError(
-                f"enable_nccl (rank {self._rank} of {self._size}): no GPU is bound on this rank (hpccomm.init(gpu=True))"
-            )
-        from .backends.nccl import NcclBackend
-
-        self._nccl = NcclBackend(self._mpi, self._device.gpu)
-
-    def _device_backend(self, call: Call) -> Any:
-        """The backend for a call with device arrays (NCCL, or MPI direct/staged)."""
-        if self._device.mode == "nccl":
-            if self._nccl is None:
-                if call.op.p2p:
-                    raise InvalidArgumentError(
-                        f"{call}: the first device operation on {self.name} is point-to-point, but "
-                        f"creating the NCCL communicator is collective; call comm.enable_nccl() on "
-                        f"every rank first (or hpccomm.init(nccl=True))"
-                    )
-                self.enable_nccl()
-            if self._nccl.supports(call):
-                return self._nccl
-        if self._device_mpi is None:
-            from .backends.mpi_device import DeviceMPIBackend
-
-            self._device_mpi = DeviceMPIBackend(self._backend, self._device.path)
-        return self._device_mpi
+        self._devices.enable_nccl(where("enable_nccl", self.rank, self.size))
 
     def __repr__(self) -> str:
         state = " freed" if self._freed else ""
-        return f"<hpccomm.Communicator {self.name} rank {self._rank} of {self._size}{state}>"
-
-    # -- dispatch: the one path every operation takes ----------------------------------
+        return f"<hpccomm.Communicator {self.name} rank {self.rank} of {self.size}{state}>"
 
     def _check_open(self, opname: str) -> None:
         if self._freed:
             raise ClosedError(
-                f"{where(opname, self._rank, self._size)}: communicator {self.name} already freed"
+                f"{where(opname, self.rank, self.size)}: communicator {self.name} already freed"
             )
-
-    def _dispatch(
-        self,
-        op: OpSpec,
-        array: Any,
-        out: Any,
-        peer: int | None,
-        tag: int | None,
-        redop: ReduceOp | None,
-        async_op: bool,
-        payload: Any = None,
-        stream: Any = None,
-    ) -> Any:
-        if self._freed:
-            self._check_open(op.name)
-        if op.p2p:
-            self._p2p_seq += 1
-            seq = self._p2p_seq
-        else:
-            self._seq += 1
-            seq = self._seq
-        # A repeat of the last identical call skips resolve and validate (see memo.py);
-        # listeners, timeouts, async calls, split sizes and streams always take the full path.
-        observed = record.listeners or self._timeout is not None
-        plain = not (async_op or observed) and payload is None and stream is None
-        if plain:
-            memo = self._memos.get(op)
-            if memo is not None and memo.matches(array, out, peer, tag, redop):
-                call = memo.call
-                call.seq = seq
-                if memo.fast is None:
-                    return self._run(op, call, self._backend)
-                try:
-                    memo.fast()
-                except Exception as exc:
-                    self._reraise(op, call, self._backend, exc)
-                return call.result
-        call = Call(op, self, seq, peer, tag, None, None, redop, async_op, stream, payload)
-        b = None
-        if array is not None:
-            call.buf = b = resolve(array, call)
-        if out is not None:
-            call.out = resolve(out, call, "out")
-        op.prepare(call)
-        if b is None:
-            b = (
-                call.out
-                if call.out is not None
-                else (payload[0].buf if op is BATCH_P2P and payload else None)
-            )
-        if b is None or b.device is None:
-            backend = self._backend
-            if plain and eligible(call, array, out):
-                self._memos[op] = Memo(call, backend.fast(call), array, out, peer, tag, redop)
-        else:
-            backend = self._device_backend(call)
-        if observed:
-            return self._run_observed(call, backend)
-        return self._run(op, call, backend)
-
-    def _run(self, op: OpSpec, call: Call, backend: Any) -> Any:
-        """The run step: a backend failure becomes a BackendError naming the call (and
-        forgets the memoised validation of the op)."""
-        try:
-            return backend.run(call)
-        except Exception as exc:
-            self._reraise(op, call, backend, exc)
-
-    def _reraise(self, op: OpSpec, call: Call, backend: Any, exc: Exception) -> NoReturn:
-        """Forget the op's memoised validation and raise: hpccomm's own errors as they are,
-        a library's as a BackendError naming the call."""
-        self._memos.pop(op, None)
-        if isinstance(exc, HpccommError):
-            raise exc
-        raise BackendError(f"{call}: {backend.name} failed: {exc}") from exc
-
-    def _run_observed(self, call: Call, backend: Any) -> Any:
-        """The run step when someone listens or a timeout bounds blocking calls."""
-        listening = bool(record.listeners)
-        if listening:
-            record.notify("start", call)
-        timeout = self._timeout
-        async_op = call.async_op
-        bounded = timeout is not None and not async_op and call.op.nonblocking
-        if bounded:
-            call.async_op = True
-        try:
-            result = backend.run(call)
-        except HpccommError as exc:
-            call.error = exc
-            raise
-        except Exception as exc:
-            call.error = BackendError(f"{call}: {backend.name} failed: {exc}")
-            raise call.error from exc
-        finally:
-            if listening and call.error is not None:
-                record.notify("end", call)
-        if bounded:
-            return result.wait(timeout)
-        if listening and not async_op:
-            record.notify("end", call)
-        return result
 
     # -- collectives -------------------------------------------------------------------
 
@@ -359,11 +266,11 @@ class Communicator:
 
         Raises:
             DtypeError: unsupported dtype, or ``op`` not defined for it.
-            InvalidArgumentError: a non-contiguous array.
+            InvalidArgumentError: a non-contiguous or read-only array.
 
         Example (4 ranks, ``x = np.full(2, rank)``): every rank ends with ``[6, 6]``.
         """
-        return self._dispatch(ALL_REDUCE, array, None, None, None, op, async_op, None, stream)
+        return self._dispatch(ALL_REDUCE, array, redop=op, async_op=async_op, stream=stream)
 
     def reduce(
         self,
@@ -384,7 +291,7 @@ class Communicator:
 
         Example (2 ranks, ``x = [r + 1]``, dst=1): rank 1 ends with ``[3]``, rank 0 keeps ``[1]``.
         """
-        return self._dispatch(REDUCE, array, None, dst, None, op, async_op, None, stream)
+        return self._dispatch(REDUCE, array, peer=dst, redop=op, async_op=async_op, stream=stream)
 
     def broadcast(
         self, array: Any, src: int = 0, *, async_op: bool = False, stream: Any = None
@@ -397,7 +304,7 @@ class Communicator:
         Returns:
             ``array``, or a Work.
         """
-        return self._dispatch(BROADCAST, array, None, src, None, None, async_op, None, stream)
+        return self._dispatch(BROADCAST, array, peer=src, async_op=async_op, stream=stream)
 
     def all_gather(
         self,
@@ -419,7 +326,7 @@ class Communicator:
 
         Example (2 ranks, rank r gives ``[r, r]``): both get ``[0, 0, 1, 1]``.
         """
-        return self._dispatch(ALL_GATHER, array, out, None, None, None, async_op, sizes, stream)
+        return self._dispatch(ALL_GATHER, array, out, sizes=sizes, async_op=async_op, stream=stream)
 
     def gather(
         self,
@@ -438,7 +345,9 @@ class Communicator:
         Example (3 ranks, rank r gives ``[r]``, dst=0): rank 0 gets ``[0, 1, 2]``, ranks 1
         and 2 get None.
         """
-        return self._dispatch(GATHER, array, out, dst, None, None, async_op, sizes, stream)
+        return self._dispatch(
+            GATHER, array, out, peer=dst, sizes=sizes, async_op=async_op, stream=stream
+        )
 
     def scatter(
         self,
@@ -453,14 +362,18 @@ class Communicator:
         """Split ``src``'s array along axis 0 and give block i to rank i.
 
         All ranks of the group must call this, in the same order. ``src`` passes the full
-        array; other ranks pass ``out=`` (their block) or an array of the full shape.
+        array; every other rank passes ``out=`` (its block; torch's ``scatter(tensor, src=)``
+        output tensor). A non-source rank passing only an array is refused: hpccomm cannot
+        tell the full array from a block and does not guess.
 
         Returns:
             this rank's block (``out``).
 
         Example (2 ranks, src has ``[0, 1, 2, 3]``): rank 0 gets ``[0, 1]``, rank 1 ``[2, 3]``.
         """
-        return self._dispatch(SCATTER, array, out, src, None, None, async_op, sizes, stream)
+        return self._dispatch(
+            SCATTER, array, out, peer=src, sizes=sizes, async_op=async_op, stream=stream
+        )
 
     def reduce_scatter(
         self,
@@ -480,7 +393,9 @@ class Communicator:
         Example (2 ranks, each gives ``[1, 2, 3, 4]``): rank 0 gets ``[2, 4]``, rank 1
         ``[6, 8]``.
         """
-        return self._dispatch(REDUCE_SCATTER, array, out, None, None, op, async_op, sizes, stream)
+        return self._dispatch(
+            REDUCE_SCATTER, array, out, redop=op, sizes=sizes, async_op=async_op, stream=stream
+        )
 
     def all_to_all(
         self, array: Any, *, out: Any = None, async_op: bool = False, stream: Any = None
@@ -496,7 +411,7 @@ class Communicator:
         Example (2 ranks, rank r gives ``[10r, 10r+1]``): rank 0 gets ``[0, 10]``, rank 1
         gets ``[1, 11]``.
         """
-        return self._dispatch(ALL_TO_ALL, array, out, None, None, None, async_op, None, stream)
+        return self._dispatch(ALL_TO_ALL, array, out, async_op=async_op, stream=stream)
 
     def all_to_all_single(
         self,
@@ -521,27 +436,30 @@ class Communicator:
         Example (2 ranks; rank 0 sends ``[a]`` to 0 and ``[b, c]`` to 1, rank 1 sends ``[d]``
         to 0 and nothing to 1): rank 0 gets ``[a, d]``, rank 1 gets ``[b, c]``.
         """
-        splits = (
-            None
-            if input_split_sizes is None and output_split_sizes is None
-            else (input_split_sizes, output_split_sizes)
+        return self._dispatch(
+            ALL_TO_ALL,
+            array,
+            out,
+            in_splits=input_split_sizes,
+            out_splits=output_split_sizes,
+            async_op=async_op,
+            stream=stream,
         )
-        return self._dispatch(ALL_TO_ALL, array, out, None, None, None, async_op, splits, stream)
 
     def barrier(self, *, async_op: bool = False) -> Any:
         """Wait until every rank of the group has called barrier.
 
         All ranks of the group must call this, in the same order.
         """
-        return self._dispatch(BARRIER, None, None, None, None, None, async_op)
+        return self._dispatch(BARRIER, async_op=async_op)
 
     # -- point-to-point -----------------------------------------------------------------
 
     def send(
         self, array: Any, dst: int, *, tag: int = 0, async_op: bool = False, stream: Any = None
     ) -> Any:
-        """Send ``array`` to rank ``dst`` (blocks until the buffer may be reused)."""
-        return self._dispatch(SEND, array, None, dst, tag, None, async_op, None, stream)
+        """Send ``array`` to rank ``dst`` (returns when the buffer may be reused)."""
+        return self._dispatch(SEND, array, peer=dst, tag=tag, async_op=async_op, stream=stream)
 
     def recv(
         self,
@@ -556,18 +474,22 @@ class Communicator:
 
         Returns:
             the rank the message came from (or a Work whose ``wait()`` returns it).
+
+        Raises:
+            MismatchError: the message was shorter than ``array`` (naming sender, tag and
+                both sizes); a longer one is a BackendError (MPI_ERR_TRUNCATE).
         """
-        return self._dispatch(RECV, array, None, src, tag, None, async_op, None, stream)
+        return self._dispatch(RECV, array, peer=src, tag=tag, async_op=async_op, stream=stream)
 
     def isend(self, array: Any, dst: int, *, tag: int = 0, stream: Any = None) -> Work:
         """Start a send; returns a Work. Keep ``array`` unchanged until it completes."""
-        return self._dispatch(SEND, array, None, dst, tag, None, True, None, stream)
+        return self._dispatch(SEND, array, peer=dst, tag=tag, async_op=True, stream=stream)
 
     def irecv(
         self, array: Any, src: int | None = None, *, tag: int | None = 0, stream: Any = None
     ) -> Work:
         """Start a receive; returns a Work whose ``wait()`` returns the source rank."""
-        return self._dispatch(RECV, array, None, src, tag, None, True, None, stream)
+        return self._dispatch(RECV, array, peer=src, tag=tag, async_op=True, stream=stream)
 
     def sendrecv(
         self,
@@ -586,15 +508,18 @@ class Communicator:
         Returns:
             ``out``.
         """
-        return self._dispatch(SENDRECV, array, out, dst, tag, None, async_op, (dst, src), stream)
+        return self._dispatch(
+            SENDRECV, array, out, peer=dst, src=src, tag=tag, async_op=async_op, stream=stream
+        )
 
     def batch_isend_irecv(self, p2p_ops: Sequence[P2POp], *, async_op: bool = True) -> Any:
-        """Post several sends and receives together; one Work completes them all.
+        """Post several sends and receives together; one Work completes them all. The whole
+        batch is checked before anything is posted.
 
         Example (ring): ``comm.batch_isend_irecv([P2POp("send", x, right), P2POp("recv", y,
         left)]).wait()``.
         """
-        return self._dispatch(BATCH_P2P, None, None, None, None, None, async_op, p2p_ops)
+        return self._dispatch(BATCH_P2P, p2p_ops, async_op=async_op)
 
     # -- Python objects -----------------------------------------------------------------
 
@@ -603,48 +528,69 @@ class Communicator:
 
         All ranks of the group must call this, in the same order.
         """
-        return self._dispatch(BROADCAST_OBJECT, None, None, src, None, None, False, obj)
+        return self._dispatch(BROADCAST_OBJECT, obj, peer=src)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Return the list of every rank's object, in rank order, on every rank.
 
         All ranks of the group must call this, in the same order.
         """
-        return self._dispatch(ALL_GATHER_OBJECT, None, None, None, None, None, False, obj)
+        return self._dispatch(ALL_GATHER_OBJECT, obj)
 
     def gather_object(self, obj: Any, *, dst: int = 0) -> list[Any] | None:
         """Return the list of every rank's object on ``dst``; None on other ranks.
 
         All ranks of the group must call this, in the same order.
         """
-        return self._dispatch(GATHER_OBJECT, None, None, dst, None, None, False, obj)
+        return self._dispatch(GATHER_OBJECT, obj, peer=dst)
 
     def scatter_object(self, objects: Sequence[Any] | None = None, *, src: int = 0) -> Any:
         """Give ``objects[i]`` (a list of group-size items on ``src``) to rank i.
 
         All ranks of the group must call this, in the same order.
         """
-        return self._dispatch(SCATTER_OBJECT, None, None, src, None, None, False, objects)
+        return self._dispatch(SCATTER_OBJECT, objects, peer=src)
 
     def send_object(self, obj: Any, dst: int, *, tag: int = 0) -> None:
         """Send a picklable object to ``dst``."""
-        return self._dispatch(SEND_OBJECT, None, None, dst, tag, None, False, obj)
+        return self._dispatch(SEND_OBJECT, obj, peer=dst, tag=tag)
 
     def recv_object(self, src: int | None = None, *, tag: int | None = 0) -> Any:
         """Receive an object from ``src`` (None: any source)."""
-        return self._dispatch(RECV_OBJECT, None, None, src, tag, None, False, None)
+        return self._dispatch(RECV_OBJECT, None, peer=src, tag=tag)
 
     # -- groups -------------------------------------------------------------------------
 
-    def _adopt(
-        self, mpi_comm: MPI.Intracomm, name: str, device: DeviceConfig | None = None
-    ) -> Communicator | None:
-        from mpi4py import MPI
+    def _make(self, what: str, create: Any, *args: Any) -> tuple[Any, NodeInfo | None]:
+        """Run a group creation as one bounded collective step: the new MPI backend (None
+        on ranks outside it) and this rank's NodeInfo in it (one small allgather over the
+        new group, so that local_rank & co never communicate later)."""
 
-        if mpi_comm == MPI.COMM_NULL:
+        def job() -> tuple[Any, NodeInfo | None]:
+            backend = create(*args)
+            if backend is None:
+                return None, None
+            keys = backend.mpi.allgather(self._node_key)
+            return backend, node_info(keys, backend.rank)
+
+        return self._dispatcher.collective(what, job)
+
+    def _adopt(
+        self, made: tuple[Any, NodeInfo | None], name: str, device: DeviceConfig | None = None
+    ) -> Communicator | None:
+        backend, nodes = made
+        if backend is None:
             return None
+        device = device or self._device
         child = Communicator(
-            mpi_comm, name=name, timeout=self._timeout, device=device or self._device
+            backend,
+            self._devices.child(backend, device),
+            name=name,
+            timeout=self.timeout,
+            nodes=nodes,
+            node_key=self._node_key,
+            world=self._world,
+            device=device,
         )
         self._children.append(child)
         return child
@@ -656,49 +602,71 @@ class Communicator:
         Example (4 ranks, ``color = rank % 2``): ranks 0, 2 form one group, 1, 3 another.
         """
         self._check_open("split")
-        from mpi4py import MPI
-
+        w = where("split", self.rank, self.size)
         if color is not None:
-            value = _as_int(color)
+            value = as_int(color)
             if value is None or not 0 <= value <= _INT_MAX:
                 raise InvalidArgumentError(
-                    f"split (rank {self._rank} of {self._size}): color is {color!r}, expected an "
-                    f"integer in 0..{_INT_MAX} or None"
+                    f"{w}: color is {color!r}, expected an integer in 0..{_INT_MAX} or None"
                 )
             color = value
         if key is not None:
-            value = _as_int(key)
+            value = as_int(key)
             if value is None or not -_INT_MAX - 1 <= value <= _INT_MAX:
                 raise InvalidArgumentError(
-                    f"split (rank {self._rank} of {self._size}): key is {key!r}, expected an "
-                    f"integer in {-_INT_MAX - 1}..{_INT_MAX} or None"
+                    f"{w}: key is {key!r}, expected an integer in {-_INT_MAX - 1}..{_INT_MAX} "
+                    f"or None"
                 )
             key = value
-        mpi_color = MPI.UNDEFINED if color is None else color
-        new = self._mpi.Split(mpi_color, self._rank if key is None else key)
-        return self._adopt(new, f"{self.name}/split({color})")
+        made = self._make("split", self._backend.split, color, self.rank if key is None else key)
+        return self._adopt(made, f"{self.name}/split({color})")
+
+    def _check_ranks(self, what: str, ranks: Sequence[int]) -> list[int]:
+        values = [as_int(r) for r in ranks]
+        bad = [r for r, v in zip(ranks, values, strict=True) if v is None or not 0 <= v < self.size]
+        if bad or len(set(values)) != len(values) or not values:
+            raise InvalidArgumentError(
+                f"{where(what, self.rank, self.size)}: ranks {list(ranks)} must be distinct "
+                f"ranks in 0..{self.size - 1}, at least one" + (f"; bad: {bad}" if bad else "")
+            )
+        return values  # type: ignore[return-value]
 
     def new_group(self, ranks: Sequence[int]) -> Communicator | None:
         """A group of ``ranks`` (in that order); ranks outside get None.
 
-        All ranks of this communicator must call this, with the same list.
+        All ranks of this communicator must call this, with the same list (see
+        :meth:`create_group` for a call made by the members only).
         """
         self._check_open("new_group")
-        ranks = [r if _as_int(r) is None else _as_int(r) for r in ranks]
-        bad = [r for r in ranks if type(r) is not int or not 0 <= r < self._size]
-        if bad or len(set(ranks)) != len(ranks) or not ranks:
+        ranks = self._check_ranks("new_group", ranks)
+        made = self._make("new_group", self._backend.create, ranks)
+        return self._adopt(made, f"{self.name}/group{ranks}")
+
+    def create_group(self, ranks: Sequence[int], *, tag: int = 0) -> Communicator:
+        """A group of ``ranks`` (in that order), made by those ranks alone
+        (``MPI_Comm_create_group``): the other ranks of this communicator do not call it.
+
+        Every member must call this with the same list; concurrent creations of overlapping
+        groups need different ``tag`` values. This rank must be in ``ranks``.
+        """
+        self._check_open("create_group")
+        ranks = self._check_ranks("create_group", ranks)
+        if self.rank not in ranks:
             raise InvalidArgumentError(
-                f"new_group (rank {self._rank} of {self._size}): ranks {ranks} must be distinct "
-                f"ranks in 0..{self._size - 1}, at least one" + (f"; bad: {bad}" if bad else "")
+                f"{where('create_group', self.rank, self.size)}: this rank is not in ranks "
+                f"{ranks}; only members call create_group (new_group is the call for all ranks)"
             )
-        group = self._mpi.Get_group()
-        sub = group.Incl(ranks)
-        try:
-            new = self._mpi.Create(sub)
-        finally:
-            sub.Free()
-            group.Free()
-        return self._adopt(new, f"{self.name}/group{ranks}")
+        tag_value = as_int(tag)
+        if tag_value is None or not 0 <= tag_value <= _INT_MAX:
+            raise InvalidArgumentError(
+                f"{where('create_group', self.rank, self.size)}: tag is {tag!r}, expected an "
+                f"integer >= 0"
+            )
+        backend = self._backend.create_group(ranks, tag_value)
+        keys = backend.mpi.allgather(self._node_key)
+        child = self._adopt((backend, node_info(keys, backend.rank)), f"{self.name}/group{ranks}")
+        assert child is not None  # a member always gets its group
+        return child
 
     def dup(self, *, device_backend: str | None = None) -> Communicator:
         """A new communicator with the same ranks and separate message space.
@@ -712,42 +680,37 @@ class Communicator:
         if device_backend is not None:
             if device_backend not in ("nccl", "mpi"):
                 raise InvalidArgumentError(
-                    f"dup (rank {self._rank} of {self._size}): device_backend is {device_backend!r}, expected 'nccl' or 'mpi'"
+                    f"{where('dup', self.rank, self.size)}: device_backend is "
+                    f"{device_backend!r}, expected 'nccl' or 'mpi'"
                 )
             device = device._replace(mode=device_backend)
-        child = self._adopt(self._mpi.Dup(), f"{self.name}/dup", device)
-        assert child is not None
+        child = self._adopt(self._make("dup", self._backend.dup), f"{self.name}/dup", device)
+        if child is None:  # pragma: no cover - a dup always includes this rank
+            raise HpccommError(
+                f"{where('dup', self.rank, self.size)}: MPI returned no communicator"
+            )
         return child
 
     def translate(self, ranks: Sequence[int], other: Communicator) -> list[int | None]:
         """This group's ranks as ranks of ``other`` (None where a rank is not in ``other``)."""
         self._check_open("translate")
-        from mpi4py import MPI
-
-        mine, theirs = self._mpi.Get_group(), other.mpi.Get_group()
-        try:
-            out = MPI.Group.Translate_ranks(mine, list(ranks), theirs)
-        finally:
-            mine.Free()
-            theirs.Free()
-        return [None if r == MPI.UNDEFINED else r for r in out]
+        return self._backend.translate(ranks, other._backend)
 
     def world_rank(self, group_rank: int | None = None) -> int:
         """The world rank of ``group_rank`` (default: this rank)."""
-        from .runtime import world
-
-        r = self._rank if group_rank is None else group_rank
-        if not 0 <= r < self._size:
+        r = self.rank if group_rank is None else group_rank
+        if not isinstance(r, int) or not 0 <= r < self.size:
             raise InvalidArgumentError(
-                f"world_rank (rank {self._rank} of {self._size}): group rank {r} is not in 0..{self._size - 1}"
+                f"{where('world_rank', self.rank, self.size)}: group rank {r!r} is not in "
+                f"0..{self.size - 1}"
             )
-        return self.translate([r], world())[0]
+        value = self.translate([r], self._world)[0]
+        assert value is not None  # every rank of a group is a world rank
+        return value
 
     def group_rank(self, world_rank: int) -> int | None:
         """This group's rank of ``world_rank`` (None if that rank is not in the group)."""
-        from .runtime import world
-
-        return world().translate([world_rank], self)[0]
+        return self._world.translate([world_rank], self)[0]
 
     def layout(
         self,
@@ -768,50 +731,36 @@ class Communicator:
         Example (4 ranks, ``g = comm.layout(tp=2, dp=2)``): ``g.tp`` on rank 3 holds ranks
         [2, 3], ``g.dp`` holds [1, 3]; ``g.group("tp-dp")`` holds all four.
         """
-        from .layout import Layout
-        from .parallel import ParallelGroups
-
         if layout is None:
-            layout = Layout(self._size, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, order=order)
+            layout = Layout(self.size, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, order=order)
         return ParallelGroups(self, layout)
 
-    @property
     def node(self) -> Communicator:
-        """The ranks of this group on this node (MPI shared-memory split), ordered by rank."""
+        """The ranks of this group on this node (MPI shared-memory split), ordered by rank.
+
+        Collective over the group on its first call (cached after)."""
         self._check_open("node")
         if self._node is None:
-            from mpi4py import MPI
-
-            mpi_node = self._node_mpi
-            if mpi_node is None:
-                mpi_node = self._mpi.Split_type(MPI.COMM_TYPE_SHARED, key=self._rank)
-            self._node = Communicator(
-                mpi_node, name=f"{self.name}/node", timeout=self._timeout, device=self._device
-            )
-            self._children.append(self._node)
+            if self._node_backend is not None:
+                made = (self._node_backend, NodeInfo(*(self._nodes[:2]), 0, 1))
+                self._node_backend = None
+            else:
+                made = self._make("node", self._backend.node)
+            self._node = self._adopt(made, f"{self.name}/node")
+        assert self._node is not None
         return self._node
 
-    @property
     def leaders(self) -> Communicator | None:
         """The group's node leaders (local rank 0 of each node), ordered by node; None on
-        ranks that are not leaders. Collective over the group on first use."""
-        self._node_layout()
+        ranks that are not leaders. Collective over the group on its first call."""
+        self._check_open("leaders")
+        if self._leaders is False:
+            leader = self.local_rank == 0
+            made = self._make(
+                "leaders", self._backend.split, 0 if leader else None, self.node_index
+            )
+            self._leaders = self._adopt(made, f"{self.name}/leaders")
         return self._leaders  # type: ignore[return-value]
-
-    def _node_layout(self) -> None:
-        if self._leaders is not False:
-            return
-        from mpi4py import MPI
-
-        node = self.node
-        first = node.mpi.allreduce(self._rank, op=MPI.MIN)
-        leader = node.rank == 0
-        mpi_leaders = self._mpi.Split(0 if leader else MPI.UNDEFINED, first)
-        self._leaders = self._adopt(mpi_leaders, f"{self.name}/leaders")
-        layout = (self._leaders.rank, self._leaders.size) if leader else None
-        index, count = node.mpi.bcast(layout, root=0)
-        if self._node_index is None:
-            self._node_index, self._num_nodes = index, count
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -820,21 +769,28 @@ class Communicator:
 
         Use after free raises ClosedError ("... already freed"). Collective: all ranks of
         the group should free together.
+
+        Raises:
+            InvalidArgumentError: an ``async_op`` collective of the group is still running
+                (wait() for it first); nothing is freed then.
         """
         if self._freed:
             return
+        ex = self._dispatcher.executor
+        if ex is not None and ex.pending:
+            running = ex.running.what if ex.running is not None else "a queued call"
+            raise InvalidArgumentError(
+                f"{where('free', self.rank, self.size)}: {ex.pending} operation(s) on "
+                f"{self.name} still running ({running}); wait() for them first"
+            )
         for child in reversed(self._children):
             child.free()
         self._children.clear()
-        self._memos.clear()
-        for backend in (self._nccl, self._device_mpi, self._backend):
-            if backend is not None:
-                backend.close()
+        stuck = self._dispatcher.close()
+        self._devices.close()
         self._freed = True
-        from mpi4py import MPI
-
-        if not MPI.Is_finalized() and self._mpi != MPI.COMM_NULL:
-            self._mpi.Free()
+        if stuck is None:
+            self._backend.free()
 
     def __enter__(self) -> Communicator:
         return self

@@ -9,6 +9,7 @@ as NCCL's ring does. Bool reductions map to logical ops (SUM/MAX/BOR -> OR, PROD
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import NamedTuple
 
 import ml_dtypes
@@ -69,11 +70,14 @@ def dtype_info(dtype: np.dtype, where: object, arg: str = "array") -> DtypeInfo:
     return info
 
 
-class ReduceOp:
+class ReduceOp(tuple):
     """A reduction: ``ReduceOp.SUM``, ``PRODUCT``, ``MIN``, ``MAX``, ``AVG``, ``BAND``,
-    ``BOR``, ``BXOR``, or ``ReduceOp.PREMUL_SUM(factor)`` (each input scaled, then summed)."""
+    ``BOR``, ``BXOR``, or ``ReduceOp.PREMUL_SUM(factor)`` (each input scaled, then summed).
 
-    __slots__ = ("name", "factor")
+    A (name, factor) tuple underneath, so equal ops hash equal at C speed (the dispatch keys
+    its validation cache on them)."""
+
+    __slots__ = ()
     SUM: ReduceOp
     PRODUCT: ReduceOp
     MIN: ReduceOp
@@ -83,12 +87,14 @@ class ReduceOp:
     BOR: ReduceOp
     BXOR: ReduceOp
 
-    def __init__(self, name: str, factor: float | None = None) -> None:
-        self.name = name
-        self.factor = factor
+    def __new__(cls, name: str, factor: complex | None = None) -> ReduceOp:
+        return tuple.__new__(cls, (name, factor))
+
+    name = property(itemgetter(0), doc="The op's name: 'SUM', ..., 'PREMUL_SUM'.")
+    factor = property(itemgetter(1), doc="PREMUL_SUM's factor (None for the other ops).")
 
     @staticmethod
-    def PREMUL_SUM(factor: float) -> ReduceOp:  # noqa: N802 - torch's spelling
+    def PREMUL_SUM(factor: complex) -> ReduceOp:  # noqa: N802 - torch's spelling
         """Scale every rank's input by ``factor``, then sum. A complex factor is only
         defined for complex arrays (checked per call)."""
         if isinstance(factor, (bool, np.bool_)) or not isinstance(
@@ -103,14 +109,8 @@ class ReduceOp:
     def __repr__(self) -> str:
         return f"ReduceOp.{self.name}" + (f"({self.factor})" if self.factor is not None else "")
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, ReduceOp) and (self.name, self.factor) == (
-            other.name,
-            other.factor,
-        )
-
-    def __hash__(self) -> int:
-        return hash((self.name, self.factor))
+    def __reduce__(self) -> tuple:
+        return (ReduceOp, (self.name, self.factor))
 
 
 for _name in ("SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR"):

@@ -16,6 +16,9 @@ __all__ = [
     "GpuBindingError",
     "ClosedError",
     "BackendError",
+    "MismatchError",
+    "PeerError",
+    "UnwaitedWorkWarning",
     "where",
 ]
 
@@ -52,8 +55,33 @@ class BackendError(HpccommError, RuntimeError):
     """The MPI or NCCL library reported a failure."""
 
 
-def where(op: str, rank: int | None, size: int | None) -> str:
-    """Return the ``"op (rank r of n)"`` prefix every message starts with."""
+class MismatchError(HpccommError, ValueError):
+    """Ranks disagree on a call (a receive shorter than its buffer, different shapes, dtypes,
+    ops or call orders on different ranks)."""
+
+
+class PeerError(HpccommError, RuntimeError):
+    """Another rank of the group failed (or left) and this rank's call cannot complete."""
+
+
+class UnwaitedWorkWarning(RuntimeWarning):
+    """An ``async_op`` Work was dropped before its operation completed."""
+
+
+def where(
+    op: str,
+    rank: int | None = None,
+    size: int | None = None,
+    *,
+    group: str | None = None,
+    seq: int | None = None,
+) -> str:
+    """The prefix every message starts with: ``"op (rank r of n)"``, or with the call's
+    sequence number and group ``"op #12 on world/tp (rank r of n)"``. The one place it is
+    built."""
+    head = op if seq is None else f"{op} #{seq}"
+    if group is not None:
+        head = f"{head} on {group}"
     if rank is None:
-        return op
-    return f"{op} (rank {rank} of {size})"
+        return head
+    return f"{head} (rank {rank} of {size})"

@@ -1,10 +1,16 @@
-"""Operation specs: the backend-neutral validation every operation runs before any backend.
+"""Every operation's facts and checks, in one place.
 
-Each spec's ``prepare(call)`` checks the resolved buffers against the operation's rules
-(dtype, op, shape, contiguity, counts, root/peer range, split sizes), allocates the output when
-none was given, and stores the rows per rank and elements per row in ``call.counts`` (see
-:func:`displacements`). Errors name the operation, the rank, the argument and expected versus
-actual.
+Each :class:`OpSpec` says what an operation is (collective or point-to-point, which argument
+is its root, whether it reduces, writes in place, takes uneven sizes, moves Python objects,
+runs on NCCL) and holds its validator. Validation turns the user's arguments into a
+:class:`Call`: the dtype, shapes, element counts per rank and normalized root/tag/op that the
+backends need. A Call holds no array, so the dispatch caches it by what validation depended
+on (op, dtype, shape, strides, arguments) and reuses it for every later call with arrays of
+the same description, fresh array objects included. Errors name the operation, the rank, the
+argument and expected versus actual.
+
+To change one operation: its spec and validator are here, its MPI body in
+``backends/mpi.py``, its method (signature and docstring) in ``comm.py``.
 """
 
 from __future__ import annotations
@@ -17,68 +23,161 @@ from typing import Any
 
 import numpy as np
 
-from .buffers import Buffer, empty_like_module, resolve
+from .buffers import Buffer, resolve
 from .dtypes import (
     ALLOWED_CATEGORIES,
     SUPPORTED_DTYPES,
+    DtypeInfo,
     ReduceOp,
     as_reduce_op,
     check_op,
     dtype_info,
 )
-from .errors import DtypeError, InvalidArgumentError
-from .record import Call
+from .errors import DtypeError, InvalidArgumentError, where
+from .record import Group
 
-__all__ = ["OpSpec", "P2POp", "displacements"]
+__all__ = ["OpSpec", "Call", "P2POp", "SPECS", "as_int"]
+
+Counts = tuple[list[int], list[int]]  # elements per rank, displacement per rank
 
 
 class OpSpec:
-    """One operation: its name, kind ("collective" or "p2p", which picks the sequence counter),
-    validator, and whether backends have a non-blocking form (object transfers do not)."""
+    """One operation's facts.
 
-    __slots__ = ("name", "kind", "prepare", "nonblocking", "p2p")
+    Attributes:
+        name: the Communicator method's name ("all_reduce", ...).
+        kind: "collective" (every rank of the group calls it, in the same order; counted by
+            the group's collective sequence) or "p2p".
+        root: the name of the root/peer argument ("src", "dst") or None.
+        reducing: takes a ReduceOp.
+        in_place: writes its result into the input array (on the ranks that receive).
+        uneven: takes uneven per-rank sizes ("sizes" or "splits"), else None.
+        objects: moves pickled Python objects, not arrays.
+        nccl: NCCL has a form of it (else device arrays take the MPI path).
+        arrays: its data are arrays (resolved into Buffers before validation); else the
+            validator gets the data as passed (objects, a list of P2POp).
+        validate: ``validate(call, buf, out_buf)`` fills the Call or raises.
+    """
+
+    __slots__ = ("name", "kind", "root", "reducing", "in_place", "uneven", "objects", "nccl")
+    __slots__ += ("validate", "p2p", "arrays")
 
     def __init__(
-        self, name: str, kind: str, prepare: Callable[[Call], None], nonblocking: bool = True
+        self,
+        name: str,
+        kind: str,
+        validate: Callable[[Call, Buffer | None, Buffer | None], None],
+        *,
+        root: str | None = None,
+        reducing: bool = False,
+        in_place: bool = False,
+        uneven: str | None = None,
+        objects: bool = False,
+        nccl: bool = True,
+        arrays: bool = True,
     ) -> None:
         self.name = name
         self.kind = kind
-        self.prepare = prepare
-        self.nonblocking = nonblocking
+        self.validate = validate
+        self.root = root
+        self.reducing = reducing
+        self.in_place = in_place
+        self.uneven = uneven
+        self.objects = objects
+        self.nccl = nccl
+        self.arrays = arrays and not objects
         self.p2p = kind == "p2p"
 
     def __repr__(self) -> str:
         return f"<op {self.name}>"
 
 
-def w(call: Call) -> str:
-    return str(call)
+class Call:
+    """A validated operation, without its arrays: what every backend needs to run it.
+
+    Filled by the op's validator (``info`` .. ``uneven``) and by the backend's ``prepare``
+    (``backend``, ``body``, ``how``, ``mode``). The dispatch caches Calls and runs them as
+    ``call.body(call, data, out)``.
+    """
+
+    __slots__ = (
+        "spec",
+        "group",
+        "peer",
+        "src",
+        "tag",
+        "redop",
+        "sizes",
+        "in_splits",
+        "out_splits",
+        "info",
+        "shape",
+        "count",
+        "out_shape",
+        "counts",
+        "send_counts",
+        "uneven",
+        "device",
+        "backend",
+        "body",
+        "how",
+        "mode",
+    )
+
+    def __init__(
+        self,
+        spec: OpSpec,
+        group: Group,
+        *,
+        peer: Any = None,
+        src: Any = None,
+        tag: Any = None,
+        redop: Any = None,
+        sizes: Any = None,
+        in_splits: Any = None,
+        out_splits: Any = None,
+    ) -> None:
+        self.spec = spec
+        self.group = group
+        self.peer = peer
+        self.src = src
+        self.tag = tag
+        self.redop = redop
+        self.sizes = sizes
+        self.in_splits = in_splits
+        self.out_splits = out_splits
+        self.info: DtypeInfo | None = None
+        self.shape: tuple[int, ...] | None = None
+        self.count = 0
+        self.out_shape: tuple[int, ...] | None = None
+        self.counts: Counts | None = None
+        self.send_counts: Counts | None = None
+        self.uneven = False
+        self.device: int | None = None
+        self.backend: Any = None
+        self.body: Callable[..., Any] | None = None
+        self.how: Any = None
+        self.mode = "blocking"
+
+    def __str__(self) -> str:
+        """The ``"op (rank r of n)"`` prefix of validation messages."""
+        return where(self.spec.name, self.group.rank, self.group.size)
+
+    def where(self, seq: int | None) -> str:
+        """The ``"op #seq on group (rank r of n)"`` prefix of messages about a running call."""
+        g = self.group
+        return where(self.spec.name, g.rank, g.size, group=g.name, seq=seq)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of this rank's input (of its output where it has no input)."""
+        return 0 if self.info is None else self.count * self.info.dtype.itemsize
 
 
-def _rows(b: Buffer) -> tuple[int, tuple[int, ...], int]:
-    """Rows along axis 0, the shape of one row, and elements per row (0-d counts as 1 row)."""
-    shape = b.array.shape
-    if len(shape) == 1:
-        return shape[0], (), 1
-    if not shape:
-        return 1, (), 1
-    rest = shape[1:]
-    return shape[0], rest, math.prod(rest)
+# ---- shared checks ----------------------------------------------------------------------
 
 
-def _check_array(call: Call, b: Buffer, arg: str = "array"):
-    info = SUPPORTED_DTYPES.get(b.dtype)
-    if info is not None and b.contiguous:
-        return info
-    if not b.contiguous:
-        raise InvalidArgumentError(
-            f"{w(call)}: {arg} is not C-contiguous (shape {tuple(b.array.shape)}, strides "
-            f"{tuple(b.array.strides)}); pass a contiguous copy, e.g. np.ascontiguousarray({arg})"
-        )
-    return dtype_info(b.dtype, call, arg)
-
-
-def _as_int(value: Any) -> int | None:
+def as_int(value: Any) -> int | None:
     """``value`` as an int when it is an integer (NumPy integers too, bool not), else None."""
     if type(value) is int:
         return value
@@ -87,174 +186,211 @@ def _as_int(value: Any) -> int | None:
     return None
 
 
+def _rows(shape: tuple[int, ...]) -> tuple[int, tuple[int, ...], int]:
+    """Rows along axis 0, the shape of one row, and elements per row (0-d counts as 1 row)."""
+    if len(shape) == 1:
+        return shape[0], (), 1
+    if not shape:
+        return 1, (), 1
+    rest = shape[1:]
+    return shape[0], rest, math.prod(rest)
+
+
+def _check_array(call: Call, b: Buffer, arg: str = "array") -> DtypeInfo:
+    info = SUPPORTED_DTYPES.get(b.dtype)
+    if info is not None and b.contiguous:
+        return info
+    if not b.contiguous:
+        raise InvalidArgumentError(
+            f"{call}: {arg} is not C-contiguous (shape {tuple(b.array.shape)}, strides "
+            f"{tuple(b.array.strides)}); pass a contiguous copy, e.g. np.ascontiguousarray({arg})"
+        )
+    return dtype_info(b.dtype, call, arg)
+
+
 def _check_writable(call: Call, b: Buffer, arg: str = "array") -> None:
     """Refuse a read-only array the operation writes into (before MPI sees it)."""
     if not b.writable:
         raise InvalidArgumentError(
-            f"{w(call)}: {arg} is read-only (its writeable flag is False), expected a writable "
-            f"array: {call.op.name} writes its result into it; pass a copy, e.g. np.array({arg})"
+            f"{call}: {arg} is read-only (its writeable flag is False), expected a writable "
+            f"array: {call.spec.name} writes its result into it; pass a copy, e.g. np.array({arg})"
         )
 
 
-def _check_root(call: Call, name: str) -> None:
-    n = call.comm.size
-    root = call.peer
-    if type(root) is not int:
-        as_int = _as_int(root)
-        if as_int is not None:
-            root = call.peer = as_int
-    if type(root) is not int or not 0 <= root < n:
-        raise InvalidArgumentError(f"{w(call)}: {name} is {root!r}, expected a rank in 0..{n - 1}")
+def _check_rank(call: Call, value: Any, name: str, allow_any: bool = False) -> int | None:
+    """A rank of the group (NumPy integers accepted), or None when ``allow_any``."""
+    if value is None and allow_any:
+        return None
+    n = call.group.size
+    rank = as_int(value)
+    if rank is None or not 0 <= rank < n:
+        raise InvalidArgumentError(f"{call}: {name} is {value!r}, expected a rank in 0..{n - 1}")
+    return rank
 
 
-def _check_out(call: Call, shape: tuple[int, ...], template: Buffer) -> None:
-    """Check a user's out= (shape, dtype, device, contiguity) or allocate one."""
-    if call.out is None:
-        call.out = resolve(empty_like_module(template, shape), call, "out")
+def _check_root(call: Call) -> None:
+    call.peer = _check_rank(call, call.peer, call.spec.root)
+
+
+def _check_tag(call: Call) -> None:
+    tag = call.tag
+    if tag is None or type(tag) is int and tag >= 0:
         return
-    out = call.out
-    if out.array.shape != shape:
-        raise InvalidArgumentError(
-            f"{w(call)}: out has shape {tuple(out.array.shape)}, expected {shape}"
-        )
-    if out.dtype is not template.dtype and out.dtype != template.dtype:
-        raise DtypeError(
-            f"{w(call)}: out has dtype {out.dtype}, expected {template.dtype} (the input's)"
-        )
-    if out.device != template.device:
-        raise InvalidArgumentError(
-            f"{w(call)}: out is on {_dev(out)}, expected {_dev(template)} (the input's)"
-        )
-    if not out.contiguous:  # its dtype is the input's, already checked
-        _check_array(call, out, "out")
-    _check_writable(call, out, "out")
+    value = as_int(tag)
+    if value is None or value < 0:
+        raise InvalidArgumentError(f"{call}: tag is {tag!r}, expected an integer >= 0")
+    call.tag = value
 
 
 def _dev(b: Buffer) -> str:
     return "the host" if b.device is None else f"GPU {b.device}"
 
 
+def _check_out(call: Call, o: Buffer | None, shape: tuple[int, ...], template: Buffer) -> None:
+    """Check a user's out= (shape, dtype, device, contiguity, writability); without one the
+    dispatch allocates ``shape`` in the input's dtype and array module."""
+    call.out_shape = shape
+    if o is None:
+        return
+    if o.array.shape != shape:
+        raise InvalidArgumentError(
+            f"{call}: out has shape {tuple(o.array.shape)}, expected {shape}"
+        )
+    if o.dtype is not template.dtype and o.dtype != template.dtype:
+        raise DtypeError(
+            f"{call}: out has dtype {o.dtype}, expected {template.dtype} (the input's)"
+        )
+    if o.device != template.device:
+        raise InvalidArgumentError(
+            f"{call}: out is on {_dev(o)}, expected {_dev(template)} (the input's)"
+        )
+    if not o.contiguous:  # its dtype is the input's, already checked
+        _check_array(call, o, "out")
+    _check_writable(call, o, "out")
+
+
 def _check_sizes(call: Call, sizes: Any, arg: str, total: int | None) -> list[int]:
-    n = call.comm.size
+    n = call.group.size
     if isinstance(sizes, np.ndarray) and sizes.ndim == 1:
         sizes = sizes.tolist()
     if not isinstance(sizes, Sequence) or len(sizes) != n:
         got = len(sizes) if isinstance(sizes, Sequence) else type(sizes).__name__
-        raise InvalidArgumentError(
-            f"{w(call)}: {arg} has {got} entries, expected {n} (one per rank)"
-        )
+        raise InvalidArgumentError(f"{call}: {arg} has {got} entries, expected {n} (one per rank)")
     out = []
     for i, s in enumerate(sizes):
-        value = _as_int(s)
+        value = as_int(s)
         if value is None or value < 0:
-            raise InvalidArgumentError(f"{w(call)}: {arg}[{i}] is {s!r}, expected an integer >= 0")
+            raise InvalidArgumentError(f"{call}: {arg}[{i}] is {s!r}, expected an integer >= 0")
         out.append(value)
     if total is not None and sum(out) != total:
         raise InvalidArgumentError(
-            f"{w(call)}: {arg} sums to {sum(out)}, expected {total} (rows of the array)"
+            f"{call}: {arg} sums to {sum(out)}, expected {total} (rows of the array)"
         )
     return out
 
 
-def displacements(blocks: tuple[list[int], int]) -> tuple[list[int], list[int]]:
-    """Element counts and displacements per rank from ``call.counts``'s (rows per rank,
-    elements per row); computed only by the paths that need them (the v-variants)."""
-    rows, row_elems = blocks
+def _counts(rows: list[int], row_elems: int) -> Counts:
+    """Element counts and displacements per rank from rows per rank."""
     counts = [r * row_elems for r in rows]
     return counts, [0, *itertools.accumulate(counts[:-1])]
 
 
 def _equal_blocks(call: Call, rows: int, arg: str = "array") -> int:
-    n = call.comm.size
+    n = call.group.size
     if rows % n:
         raise InvalidArgumentError(
-            f"{w(call)}: {arg} has {rows} rows along axis 0, expected a multiple of {n} "
+            f"{call}: {arg} has {rows} rows along axis 0, expected a multiple of {n} "
             f"(one equal block per rank); pass sizes= for uneven blocks"
         )
     return rows // n
 
 
+def _describe(call: Call, b: Buffer, info: DtypeInfo) -> None:
+    call.info = info
+    call.shape = tuple(b.array.shape)
+    call.count = b.count
+    call.device = b.device
+
+
 # ---- collectives ----------------------------------------------------------------------
 
 
-def _p_all_reduce(call: Call) -> None:
-    """all_reduce's checks, and the reduction checks of reduce and reduce_scatter. The
-    common case is tested inline (this is the hottest path); _check_array and check_op
-    produce the errors."""
-    b = call.buf
+def _v_all_reduce(call: Call, b: Buffer | None, o: Buffer | None) -> None:
+    """all_reduce's checks, and the reduction checks of reduce and reduce_scatter."""
+    b = _need(call, b)
     info = SUPPORTED_DTYPES.get(b.dtype)
     if info is None or not b.contiguous:
         info = _check_array(call, b)
-    if not b.writable and (call.op is not REDUCE or call.comm.rank == call.peer):
+    spec = call.spec
+    if spec.in_place and not b.writable and (spec.root is None or call.group.rank == call.peer):
         _check_writable(call, b)
-    call.info = info
+    _describe(call, b, info)
     redop = call.redop
     if type(redop) is not ReduceOp:
         redop = call.redop = as_reduce_op(redop, call)
     if info.category not in ALLOWED_CATEGORIES[redop.name] or redop.factor is not None:
         check_op(redop, info, call)
-    call.result = b.array
 
 
-def _p_reduce(call: Call) -> None:
-    _check_root(call, "dst")
-    _p_all_reduce(call)
+def _need(call: Call, b: Buffer | None) -> Buffer:
+    if b is None:
+        raise InvalidArgumentError(f"{call}: array is None, expected an array")
+    return b
 
 
-def _p_broadcast(call: Call) -> None:
-    _check_root(call, "src")
-    call.info = _check_array(call, call.buf)
-    if call.comm.rank != call.peer:
-        _check_writable(call, call.buf)
-    call.result = call.buf.array
+def _v_reduce(call: Call, b: Buffer | None, o: Buffer | None) -> None:
+    _check_root(call)
+    _v_all_reduce(call, b, o)
 
 
-def _p_all_gather(call: Call) -> None:
-    b = call.buf
-    call.info = _check_array(call, b)
-    n = call.comm.size
-    rows, rest, row_elems = _rows(b)
-    sizes = call.payload
-    if sizes is None:
+def _v_broadcast(call: Call, b: Buffer | None, o: Buffer | None) -> None:
+    _check_root(call)
+    b = _need(call, b)
+    _describe(call, b, _check_array(call, b))
+    if call.group.rank != call.peer:
+        _check_writable(call, b)
+
+
+def _v_all_gather(call: Call, b: Buffer | None, o: Buffer | None) -> None:
+    """all_gather and gather: every rank's rows along axis 0, in rank order."""
+    b = _need(call, b)
+    _describe(call, b, _check_array(call, b))
+    n, me = call.group.size, call.group.rank
+    rows, rest, row_elems = _rows(call.shape)
+    if call.sizes is None:
         out_rows = [rows] * n
-        shape = (n * rows, *rest)
     else:
-        out_rows = _check_sizes(call, sizes, "sizes", None)
-        if out_rows[call.comm.rank] != rows:
+        out_rows = _check_sizes(call, call.sizes, "sizes", None)
+        if out_rows[me] != rows:
             raise InvalidArgumentError(
-                f"{w(call)}: sizes[{call.comm.rank}] is {out_rows[call.comm.rank]}, expected "
-                f"{rows} (this rank's array has {rows} rows)"
+                f"{call}: sizes[{me}] is {out_rows[me]}, expected {rows} (this rank's array "
+                f"has {rows} rows)"
             )
-        shape = (sum(out_rows), *rest)
-    if call.op is GATHER:
-        _check_root(call, "dst")
-        if call.comm.rank != call.peer:
-            call.counts = None
-            call.out = None
-            call.result = None
+        call.sizes = out_rows
+        call.uneven = True
+    if call.spec.root is not None:
+        _check_root(call)
+        if me != call.peer:  # gather: only the destination receives
             return
-    _check_out(call, shape, b)
-    call.counts = (out_rows, row_elems)
-    call.result = call.out.array
+    _check_out(call, o, (sum(out_rows), *rest), b)
+    call.counts = _counts(out_rows, row_elems)
 
 
-def _p_scatter(call: Call) -> None:
+def _v_scatter(call: Call, b: Buffer | None, o: Buffer | None) -> None:
     """The source passes the full array; every other rank passes ``out=``, its block. A
     non-source rank with an array and no ``out`` is refused: it cannot tell a full-size array
     (hpccomm's source-side argument) from its own block (torch's ``scatter(tensor, src=)``
     output), and guessing gives a wrong-size result."""
-    _check_root(call, "src")
-    comm = call.comm
-    n = comm.size
-    b = call.buf
-    sizes = call.payload
-    if comm.rank == call.peer:
+    _check_root(call)
+    n, me = call.group.size, call.group.rank
+    sizes = call.sizes
+    if me == call.peer:
         if b is None:
             raise InvalidArgumentError(
-                f"{w(call)}: the source rank must pass the full array, got None"
+                f"{call}: the source rank must pass the full array, got None"
             )
-        call.info = _check_array(call, b)
-        rows, rest, row_elems = _rows(b)
+        _describe(call, b, _check_array(call, b))
+        rows, rest, row_elems = _rows(call.shape)
         blocks = (
             [_equal_blocks(call, rows)] * n
             if sizes is None
@@ -262,130 +398,112 @@ def _p_scatter(call: Call) -> None:
         )
         template = b
     else:
-        if call.out is None:
+        if o is None:
             if b is None:
                 raise InvalidArgumentError(
-                    f"{w(call)}: non-source ranks need out= (the block to receive), got neither "
-                    f"an array nor out"
+                    f"{call}: non-source ranks need out= (the block to receive), got neither an "
+                    f"array nor out"
                 )
-            rows, rest, _ = _rows(b)
-            guess = (rows // n, *rest) if sizes is None else (f"sizes[{comm.rank}]", *rest)
+            rows, rest, _ = _rows(tuple(b.array.shape))
+            guess = (rows // n, *rest) if sizes is None else (f"sizes[{me}]", *rest)
             raise InvalidArgumentError(
-                f"{w(call)}: non-source ranks need out= (the block to receive); got only an "
-                f"array of shape {tuple(b.array.shape)}, which could be the full array or this "
-                f"rank's block: pass out=<block>, e.g. shape {guess} if it is the full array "
-                f"(torch's scatter(tensor, src=) output tensor is hpccomm's out=)"
+                f"{call}: non-source ranks need out= (the block to receive); got only an array "
+                f"of shape {tuple(b.array.shape)}, which could be the full array or this rank's "
+                f"block: pass out=<block>, e.g. shape {guess} if it is the full array (torch's "
+                f"scatter(tensor, src=) output tensor is hpccomm's out=)"
             )
-        call.info = _check_array(call, call.out, "out")
-        rest, row_elems = tuple(call.out.array.shape[1:]), math.prod(call.out.array.shape[1:])
-        blocks = (
-            [call.out.array.shape[0]] * n
-            if sizes is None
-            else _check_sizes(call, sizes, "sizes", None)
-        )
-        template = call.out
-    _check_out(call, (blocks[comm.rank], *rest), template)
-    call.counts = (blocks, row_elems)
-    call.result = call.out.array
+        info = _check_array(call, o, "out")
+        call.info, call.device = info, o.device
+        shape = tuple(o.array.shape)
+        rest, row_elems = shape[1:], math.prod(shape[1:])
+        blocks = [shape[0]] * n if sizes is None else _check_sizes(call, sizes, "sizes", None)
+        template = o
+    if sizes is not None:
+        call.sizes = blocks
+        call.uneven = True
+    _check_out(call, o, (blocks[me], *rest), template)
+    if me != call.peer:
+        call.count = math.prod(call.out_shape)
+    call.counts = _counts(blocks, row_elems)
 
 
-def _p_reduce_scatter(call: Call) -> None:
-    _p_all_reduce(call)
-    b = call.buf
-    rows, rest, row_elems = _rows(b)
-    n = call.comm.size
-    sizes = call.payload
-    blocks = (
-        [_equal_blocks(call, rows)] * n
-        if sizes is None
-        else _check_sizes(call, sizes, "sizes", rows)
-    )
-    _check_out(call, (blocks[call.comm.rank], *rest), b)
-    call.counts = (blocks, row_elems)
-    call.result = call.out.array
+def _v_reduce_scatter(call: Call, b: Buffer | None, o: Buffer | None) -> None:
+    _v_all_reduce(call, b, o)
+    rows, rest, row_elems = _rows(call.shape)
+    n = call.group.size
+    if call.sizes is None:
+        blocks = [_equal_blocks(call, rows)] * n
+    else:
+        blocks = call.sizes = _check_sizes(call, call.sizes, "sizes", rows)
+        call.uneven = True
+    _check_out(call, o, (blocks[call.group.rank], *rest), b)  # type: ignore[arg-type]
+    call.counts = _counts(blocks, row_elems)
 
 
-def _p_all_to_all(call: Call) -> None:
-    b = call.buf
-    call.info = _check_array(call, b)
-    rows, rest, row_elems = _rows(b)
-    in_splits, out_splits = call.payload or (None, None)
-    n = call.comm.size
+def _v_all_to_all(call: Call, b: Buffer | None, o: Buffer | None) -> None:
+    b = _need(call, b)
+    _describe(call, b, _check_array(call, b))
+    rows, rest, row_elems = _rows(call.shape)
+    in_splits, out_splits = call.in_splits, call.out_splits
+    n = call.group.size
     if in_splits is None:
         send = [_equal_blocks(call, rows)] * n
     else:
-        send = _check_sizes(call, in_splits, "input_split_sizes", rows)
+        send = call.in_splits = _check_sizes(call, in_splits, "input_split_sizes", rows)
     if out_splits is None:
-        if call.out is not None:
-            recv = [
-                _equal_blocks(call, call.out.array.shape[0] if call.out.array.ndim else 1, "out")
-            ] * n
+        if o is not None:
+            out_rows = o.array.shape[0] if o.array.ndim else 1
+            recv = [_equal_blocks(call, out_rows, "out")] * n
         elif in_splits is None:
             recv = send
         else:
             raise InvalidArgumentError(
-                f"{w(call)}: output_split_sizes is None with uneven input_split_sizes; pass "
+                f"{call}: output_split_sizes is None with uneven input_split_sizes; pass "
                 f"output_split_sizes (what each rank sends here) or out="
             )
     else:
-        recv = _check_sizes(call, out_splits, "output_split_sizes", None)
-    _check_out(call, (sum(recv), *rest), b)
-    call.counts = ((send, row_elems), (recv, row_elems))
-    call.result = call.out.array
+        recv = call.out_splits = _check_sizes(call, out_splits, "output_split_sizes", None)
+    call.uneven = in_splits is not None or out_splits is not None
+    _check_out(call, o, (sum(recv), *rest), b)
+    call.send_counts = _counts(send, row_elems)
+    call.counts = _counts(recv, row_elems)
 
 
-def _p_barrier(call: Call) -> None:
-    call.result = None
+def _v_barrier(call: Call, b: Buffer | None, o: Buffer | None) -> None:
+    pass
 
 
 # ---- point-to-point ---------------------------------------------------------------------
 
 
-def _check_peer(call: Call, name: str, allow_any: bool) -> None:
-    if call.peer is None and allow_any:
-        return
-    _check_root(call, name)
-
-
-def _check_tag(call: Call) -> None:
-    tag = call.tag
-    if tag is None or type(tag) is int and tag >= 0:
-        return
-    value = _as_int(tag)
-    if value is None or value < 0:
-        raise InvalidArgumentError(f"{w(call)}: tag is {tag!r}, expected an integer >= 0")
-    call.tag = value
-
-
-def _p_send(call: Call) -> None:
-    _check_peer(call, "dst", False)
+def _v_send(call: Call, b: Buffer | None, o: Buffer | None) -> None:
+    call.peer = _check_rank(call, call.peer, "dst")
     _check_tag(call)
-    call.info = _check_array(call, call.buf)
-    call.result = None
+    b = _need(call, b)
+    _describe(call, b, _check_array(call, b))
 
 
-def _p_recv(call: Call) -> None:
-    _check_peer(call, "src", True)
+def _v_recv(call: Call, b: Buffer | None, o: Buffer | None) -> None:
+    call.peer = _check_rank(call, call.peer, "src", allow_any=True)
     _check_tag(call)
-    call.info = _check_array(call, call.buf)
-    _check_writable(call, call.buf)
+    b = _need(call, b)
+    _describe(call, b, _check_array(call, b))
+    _check_writable(call, b)
 
 
-def _p_sendrecv(call: Call) -> None:
-    dst, src = call.payload
-    for name, peer in (("dst", dst), ("src", src)):
-        call.peer = peer
-        _check_peer(call, name, name == "src")
-    call.peer = dst
+def _v_sendrecv(call: Call, b: Buffer | None, o: Buffer | None) -> None:
+    call.peer = _check_rank(call, call.peer, "dst")
+    call.src = _check_rank(call, call.src, "src", allow_any=True)
     _check_tag(call)
-    call.info = _check_array(call, call.buf)
-    if call.out is None:
-        call.out = resolve(empty_like_module(call.buf, tuple(call.buf.array.shape)), call, "out")
-    if call.out.dtype != call.buf.dtype:
-        raise DtypeError(f"{w(call)}: out has dtype {call.out.dtype}, expected {call.buf.dtype}")
-    _check_array(call, call.out, "out")
-    _check_writable(call, call.out, "out")
-    call.result = call.out.array
+    b = _need(call, b)
+    _describe(call, b, _check_array(call, b))
+    call.out_shape = call.shape
+    if o is not None:
+        if o.dtype != b.dtype:
+            raise DtypeError(f"{call}: out has dtype {o.dtype}, expected {b.dtype}")
+        _check_array(call, o, "out")
+        _check_writable(call, o, "out")
+        call.out_shape = tuple(o.array.shape)
 
 
 class P2POp:
@@ -416,63 +534,99 @@ class P2POp:
         self.buf: Buffer | None = None
 
 
-def _p_batch(call: Call) -> None:
-    items = call.payload
+def check_batch(call: Call, items: Any) -> list[P2POp]:
+    """Validate a batch_isend_irecv list (the whole batch, before anything is posted): resolve
+    every item's array into ``item.buf`` and normalize peers and tags."""
     if not isinstance(items, Sequence) or not all(isinstance(p, P2POp) for p in items):
-        raise InvalidArgumentError(
-            f"{w(call)}: expected a list of P2POp, got {type(items).__name__}"
-        )
+        raise InvalidArgumentError(f"{call}: expected a list of P2POp, got {type(items).__name__}")
     for i, p in enumerate(items):
-        call.peer, call.tag = p.peer, p.tag
-        _check_peer(call, f"ops[{i}].peer", False)
+        p.peer = _check_rank(call, p.peer, f"ops[{i}].peer")
+        call.tag = p.tag
         _check_tag(call)
+        p.tag = call.tag
         p.buf = resolve(p.array, call, f"ops[{i}].array")
-        _check_array(call, p.buf, f"ops[{i}].array")
+        info = _check_array(call, p.buf, f"ops[{i}].array")
         if p.op == "recv":
             _check_writable(call, p.buf, f"ops[{i}].array")
-    call.peer = None
-    call.result = None
+        if call.info is None:
+            _describe(call, p.buf, info)
+    call.tag = None
+    return list(items)
+
+
+def _v_batch(call: Call, items: Any, o: Any) -> None:
+    check_batch(call, items)  # the items are data: a batch is never cached
 
 
 # ---- Python objects ---------------------------------------------------------------------
 
 
-def _p_rooted_object(call: Call) -> None:
-    _check_root(call, "src" if call.op in (BROADCAST_OBJECT, SCATTER_OBJECT) else "dst")
-    if call.op is SCATTER_OBJECT and call.comm.rank == call.peer:
-        objs = call.payload
-        if not isinstance(objs, Sequence) or len(objs) != call.comm.size:
-            got = len(objs) if isinstance(objs, Sequence) else type(objs).__name__
-            raise InvalidArgumentError(
-                f"{w(call)}: objects has {got} entries, expected {call.comm.size} (one per rank)"
-            )
+def _v_rooted_object(call: Call, obj: Any, o: Any) -> None:
+    _check_root(call)
+    if call.spec is SCATTER_OBJECT and call.group.rank == call.peer:
+        check_scatter_objects(call, obj)
 
 
-def _p_object(call: Call) -> None:
+def _v_object(call: Call, obj: Any, o: Any) -> None:
     pass
 
 
-def _p_send_object(call: Call) -> None:
-    _check_peer(call, "dst" if call.op is SEND_OBJECT else "src", call.op is RECV_OBJECT)
+def _v_p2p_object(call: Call, obj: Any, o: Any) -> None:
+    is_recv = call.spec is RECV_OBJECT
+    call.peer = _check_rank(call, call.peer, "src" if is_recv else "dst", allow_any=is_recv)
     _check_tag(call)
 
 
-ALL_REDUCE = OpSpec("all_reduce", "collective", _p_all_reduce)
-REDUCE = OpSpec("reduce", "collective", _p_reduce)
-BROADCAST = OpSpec("broadcast", "collective", _p_broadcast)
-ALL_GATHER = OpSpec("all_gather", "collective", _p_all_gather)
-GATHER = OpSpec("gather", "collective", _p_all_gather)
-SCATTER = OpSpec("scatter", "collective", _p_scatter)
-REDUCE_SCATTER = OpSpec("reduce_scatter", "collective", _p_reduce_scatter)
-ALL_TO_ALL = OpSpec("all_to_all", "collective", _p_all_to_all)
-BARRIER = OpSpec("barrier", "collective", _p_barrier)
-SEND = OpSpec("send", "p2p", _p_send)
-RECV = OpSpec("recv", "p2p", _p_recv)
-SENDRECV = OpSpec("sendrecv", "p2p", _p_sendrecv)
-BATCH_P2P = OpSpec("batch_isend_irecv", "p2p", _p_batch)
-BROADCAST_OBJECT = OpSpec("broadcast_object", "collective", _p_rooted_object, nonblocking=False)
-ALL_GATHER_OBJECT = OpSpec("all_gather_object", "collective", _p_object, nonblocking=False)
-GATHER_OBJECT = OpSpec("gather_object", "collective", _p_rooted_object, nonblocking=False)
-SCATTER_OBJECT = OpSpec("scatter_object", "collective", _p_rooted_object, nonblocking=False)
-SEND_OBJECT = OpSpec("send_object", "p2p", _p_send_object, nonblocking=False)
-RECV_OBJECT = OpSpec("recv_object", "p2p", _p_send_object, nonblocking=False)
+def check_scatter_objects(call: Call, objs: Any) -> None:
+    """scatter_object's list on the source: one object per rank."""
+    if not isinstance(objs, Sequence) or len(objs) != call.group.size:
+        got = len(objs) if isinstance(objs, Sequence) else type(objs).__name__
+        raise InvalidArgumentError(
+            f"{call}: objects has {got} entries, expected {call.group.size} (one per rank)"
+        )
+
+
+C, P = "collective", "p2p"
+ALL_REDUCE = OpSpec("all_reduce", C, _v_all_reduce, reducing=True, in_place=True)
+REDUCE = OpSpec("reduce", C, _v_reduce, root="dst", reducing=True, in_place=True)
+BROADCAST = OpSpec("broadcast", C, _v_broadcast, root="src", in_place=True)
+ALL_GATHER = OpSpec("all_gather", C, _v_all_gather, uneven="sizes")
+GATHER = OpSpec("gather", C, _v_all_gather, root="dst", uneven="sizes")
+SCATTER = OpSpec("scatter", C, _v_scatter, root="src", uneven="sizes")
+REDUCE_SCATTER = OpSpec("reduce_scatter", C, _v_reduce_scatter, reducing=True, uneven="sizes")
+ALL_TO_ALL = OpSpec("all_to_all", C, _v_all_to_all, uneven="splits")
+BARRIER = OpSpec("barrier", C, _v_barrier, nccl=False)
+SEND = OpSpec("send", P, _v_send, root="dst")
+RECV = OpSpec("recv", P, _v_recv, root="src", in_place=True)
+SENDRECV = OpSpec("sendrecv", P, _v_sendrecv, root="dst")
+BATCH_P2P = OpSpec("batch_isend_irecv", P, _v_batch, arrays=False)
+BROADCAST_OBJECT = OpSpec(
+    "broadcast_object", C, _v_rooted_object, root="src", objects=True, nccl=False
+)
+ALL_GATHER_OBJECT = OpSpec("all_gather_object", C, _v_object, objects=True, nccl=False)
+GATHER_OBJECT = OpSpec("gather_object", C, _v_rooted_object, root="dst", objects=True, nccl=False)
+SCATTER_OBJECT = OpSpec("scatter_object", C, _v_rooted_object, root="src", objects=True, nccl=False)
+SEND_OBJECT = OpSpec("send_object", P, _v_p2p_object, root="dst", objects=True, nccl=False)
+RECV_OBJECT = OpSpec("recv_object", P, _v_p2p_object, root="src", objects=True, nccl=False)
+
+SPECS: tuple[OpSpec, ...] = (
+    ALL_REDUCE,
+    REDUCE,
+    BROADCAST,
+    ALL_GATHER,
+    GATHER,
+    SCATTER,
+    REDUCE_SCATTER,
+    ALL_TO_ALL,
+    BARRIER,
+    SEND,
+    RECV,
+    SENDRECV,
+    BATCH_P2P,
+    BROADCAST_OBJECT,
+    ALL_GATHER_OBJECT,
+    GATHER_OBJECT,
+    SCATTER_OBJECT,
+    SEND_OBJECT,
+    RECV_OBJECT,
+)

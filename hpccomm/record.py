@@ -1,94 +1,74 @@
-"""The per-call record every operation produces, and the listeners that observe it.
+"""The record step: who a group is, the sequence numbers of its calls, and the listeners that
+observe them.
 
-Dispatch fills one :class:`Call` per operation (sequence number on its group, op, group,
-root/peer, dtype, shape, count) and, only when a listener is registered, takes start/end
-times and notifies. With no listener the cost is one list truth test per call.
+Every call gets a sequence number on its group (collectives and point-to-point counted
+separately, since only collectives must be called in the same order on every rank). Only when
+someone listens does dispatch build a :class:`Record` (op, group, sequence number, peer, dtype,
+shape, times, error) and notify; with no listener the record step is one integer increment.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Call", "add_listener", "remove_listener", "listeners", "CallLog"]
+if TYPE_CHECKING:
+    from .ops import Call
+
+__all__ = ["Group", "Record", "CallLog", "add_listener", "remove_listener", "listeners", "notify"]
 
 # Dispatch reads this list directly: an empty list means "no one listens".
-listeners: list[Callable[[str, Call], None]] = []
+listeners: list[Callable[[str, Record], None]] = []
 
 
-class Call:
-    """One operation as dispatch saw it. Listeners receive ("start" | "end", call)."""
+class Group:
+    """A communicator's identity in messages and records: its name, this rank, its size, and
+    the sequence counters of its collectives and point-to-point calls."""
 
-    __slots__ = (
-        "op",
-        "comm",
-        "seq",
-        "peer",
-        "tag",
-        "buf",
-        "out",
-        "redop",
-        "info",
-        "counts",
-        "async_op",
-        "stream",
-        "payload",
-        "result",
-        "t_start",
-        "t_end",
-        "error",
-        "quiet",
-    )
+    __slots__ = ("name", "rank", "size", "seq", "p2p_seq")
 
-    def __init__(self, op, comm, seq, peer, tag, buf, out, redop, async_op, stream, payload):
-        self.op = op
-        self.comm = comm
+    def __init__(self, name: str, rank: int, size: int) -> None:
+        self.name = name
+        self.rank = rank
+        self.size = size
+        self.seq = 0
+        self.p2p_seq = 0
+
+    def __repr__(self) -> str:
+        return f"<Group {self.name} rank {self.rank} of {self.size}>"
+
+
+class Record:
+    """One call as listeners see it: the validated call, its sequence number, whether it was
+    asynchronous, its start and end times (``time.perf_counter``) and its error, if any."""
+
+    __slots__ = ("call", "seq", "async_op", "t_start", "t_end", "error")
+
+    def __init__(self, call: Call, seq: int, async_op: bool) -> None:
+        self.call = call
         self.seq = seq
-        self.peer = peer
-        self.tag = tag
-        self.buf = buf
-        self.out = out
-        self.redop = redop
-        self.info = None
-        self.counts = None
         self.async_op = async_op
-        self.stream = stream
-        self.payload = payload
-        self.result = None
         self.t_start = 0.0
         self.t_end = 0.0
-        self.error = None
-        self.quiet = False  # an inner call of a backend (staging): not reported to listeners
+        self.error: BaseException | None = None
 
-    def __str__(self) -> str:
-        """The "op (rank r of n)" prefix of every message about this call."""
-        return f"{self.op.name} (rank {self.comm.rank} of {self.comm.size})"
-
-    @property
-    def dtype(self) -> str | None:
-        return None if self.buf is None else self.buf.dtype.name
-
-    @property
-    def shape(self) -> tuple[int, ...] | None:
-        return None if self.buf is None else tuple(self.buf.array.shape)
-
-    @property
-    def nbytes(self) -> int:
-        b = self.buf if self.buf is not None else self.out
-        return 0 if b is None else b.count * b.dtype.itemsize
+    def where(self) -> str:
+        """``"op #seq on group (rank r of n)"``, the prefix of messages about this call."""
+        return self.call.where(self.seq)
 
     def describe(self) -> dict[str, Any]:
         """A plain dict of the record (for logs, flight recorders and tests)."""
+        c = self.call
         return {
-            "op": self.op.name,
-            "group": self.comm.name,
+            "op": c.spec.name,
+            "group": c.group.name,
             "seq": self.seq,
-            "peer": self.peer,
-            "dtype": self.dtype,
-            "shape": self.shape,
-            "count": None if self.buf is None else self.buf.count,
-            "redop": None if self.redop is None else repr(self.redop),
+            "peer": c.peer,
+            "dtype": None if c.info is None else c.info.name,
+            "shape": c.shape,
+            "count": c.count,
+            "redop": None if c.redop is None else repr(c.redop),
             "async": self.async_op,
             "t_start": self.t_start,
             "t_end": self.t_end,
@@ -96,24 +76,25 @@ class Call:
         }
 
 
-def add_listener(fn: Callable[[str, Call], None]) -> None:
-    """Register ``fn(event, call)``; event is "start" or "end". Costs time on every call."""
+def add_listener(fn: Callable[[str, Record], None]) -> None:
+    """Register ``fn(event, record)``; event is "start" or "end". Costs time on every call."""
     listeners.append(fn)
 
 
-def remove_listener(fn: Callable[[str, Call], None]) -> None:
+def remove_listener(fn: Callable[[str, Record], None]) -> None:
     """Unregister a listener added with :func:`add_listener` (no error if absent)."""
     if fn in listeners:
         listeners.remove(fn)
 
 
-def notify(event: str, call: Call) -> None:
+def notify(event: str, record: Record) -> None:
+    """Stamp the start or end time on ``record`` and tell every listener."""
     if event == "start":
-        call.t_start = time.perf_counter()
+        record.t_start = time.perf_counter()
     else:
-        call.t_end = time.perf_counter()
+        record.t_end = time.perf_counter()
     for fn in listeners:
-        fn(event, call)
+        fn(event, record)
 
 
 class CallLog:
@@ -129,9 +110,9 @@ class CallLog:
     def __init__(self) -> None:
         self.records: list[dict[str, Any]] = []
 
-    def __call__(self, event: str, call: Call) -> None:
+    def __call__(self, event: str, record: Record) -> None:
         if event == "end":
-            self.records.append(call.describe())
+            self.records.append(record.describe())
 
     def __enter__(self) -> CallLog:
         add_listener(self)

@@ -3,20 +3,20 @@ binds the GPU (before CUDA or NCCL are touched)."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import warnings
 from typing import TYPE_CHECKING
 
+from .comm import Communicator, NodeInfo, check_timeout
 from .cuda_aware import DeviceConfig, decide
 from .discovery import LaunchInfo, discover
-from .errors import GpuBindingError, HpccommError, LaunchMismatchError
+from .errors import GpuBindingError, HpccommError, InvalidArgumentError, LaunchMismatchError
 from .gpuselect import choose_gpu, sharing_allowed
 
 if TYPE_CHECKING:
     from mpi4py import MPI
-
-    from .comm import Communicator
 
 __all__ = ["init", "world", "is_initialized", "verify_launch"]
 
@@ -241,11 +241,12 @@ def init(
 ) -> Communicator:
     """Initialize MPI (once), verify the launch and return the world Communicator.
 
-    Idempotent: later calls return the same communicator (their arguments must not differ).
+    Idempotent: later calls return the same communicator; they must pass the same arguments
+    (or none), else InvalidArgumentError says which differ.
 
     Args:
         timeout: seconds after which blocking operations raise CommTimeoutError (None: no
-            bound, as in MPI).
+            bound, as in MPI); finite and > 0.
         gpu: True to require a GPU, False to stay CPU-only, None to use one if CuPy and a
             visible GPU are there.
         device_backend: for device (CuPy) arrays: "nccl", "mpi", or "auto" (NCCL when CuPy
@@ -262,9 +263,29 @@ def init(
     Raises:
         LaunchMismatchError: the environment's rank/size/local rank disagree with MPI.
         GpuBindingError: ranks on a node would share a GPU without permission.
+        InvalidArgumentError: a bad timeout, or arguments that differ from the first init.
+        HpccommError: MPI was already finalized in this process.
     """
-    global _world
+    global _world, _init_args
+    args = {
+        "timeout": check_timeout(timeout, "init"),
+        "gpu": gpu,
+        "device_backend": device_backend,
+        "cuda_aware_mpi": cuda_aware_mpi,
+        "nccl": nccl,
+    }
     if _world is not None and not _world.freed:
+        differ = [
+            f"{k}={v!r} (first init: {_init_args[k]!r})"
+            for k, v in args.items()
+            if v != _init_args[k] and v != _INIT_DEFAULTS[k]
+        ]
+        if differ:
+            raise InvalidArgumentError(
+                f"init (rank {_world.rank} of {_world.size}): hpccomm is already initialized "
+                f"with other settings: {', '.join(differ)}; set comm.timeout to change the "
+                f"timeout, or free() the world first"
+            )
         return _world
     info = discover()
     for note in info.warnings:
@@ -272,26 +293,88 @@ def init(
     _exclude_saturating_ops()
     from mpi4py import MPI
 
+    from .backends.mpi import MPIBackend
+    from .backends.mpi_device import DeviceBackends
+
+    if MPI.Is_finalized():
+        raise HpccommError(
+            "init: MPI was already finalized in this process, and MPI can be initialized "
+            "only once per process; start a new process"
+        )
     if not MPI.Is_initialized():  # pragma: no cover - mpi4py initializes on import
         MPI.Init_thread()
     info, node = verify_launch(info, MPI.COMM_WORLD)
     info = _bind_gpu(info, gpu)
     device = _device_config(info, device_backend, cuda_aware_mpi)
-    from .comm import Communicator
-
+    backend = MPIBackend(MPI.COMM_WORLD.Dup())
     _world = Communicator(
-        MPI.COMM_WORLD.Dup(),
+        backend,
+        DeviceBackends(backend, device),
         name="world",
-        timeout=timeout,
+        timeout=args["timeout"],
         launch=info,
-        node_comm=node,
-        node_index=info.node_index,
-        num_nodes=info.num_nodes,
+        nodes=NodeInfo(info.local_rank, info.local_size, info.node_index, info.num_nodes),
+        node_key=info.node_index,
         device=device,
+        node=MPIBackend(node),
     )
+    _init_args = args
+    _register_exit()
     if nccl:
         _world.enable_nccl()
     return _world
+
+
+_INIT_DEFAULTS = {
+    "timeout": None,
+    "gpu": None,
+    "device_backend": "auto",
+    "cuda_aware_mpi": None,
+    "nccl": False,
+}
+_init_args: dict[str, object] = dict(_INIT_DEFAULTS)
+_exit_registered = False
+
+
+def _register_exit() -> None:
+    """At exit, before mpi4py finalizes MPI: stop every worker thread; if a call is stuck in
+    one (a collective a peer never joined), finalizing would hang or crash, so say which and
+    abort the job instead (every rank ends, with a non-zero status)."""
+    global _exit_registered
+    if not _exit_registered:
+        atexit.register(_at_exit)
+        _exit_registered = True
+
+
+def _at_exit() -> None:
+    world = _world
+    if world is None or world.freed:
+        return
+    stuck = _stuck_calls(world)
+    if not stuck:
+        return
+    from mpi4py import MPI
+
+    if MPI.Is_finalized():
+        return
+    sys.stderr.write(
+        f"hpccomm (rank {world.rank} of {world.size}): exiting while {'; '.join(stuck)} "
+        f"never completed; aborting the job instead of finalizing MPI (it would hang)\n"
+    )
+    sys.stderr.flush()
+    MPI.COMM_WORLD.Abort(1)
+
+
+def _stuck_calls(comm: Communicator) -> list[str]:
+    """The calls still inside MPI on ``comm``'s worker threads and its groups'."""
+    out = []
+    for c in [comm, *comm._children]:
+        ex = c._dispatcher.executor
+        if ex is not None and not ex.close(timeout=0.5):
+            out.append(ex.stuck or "a call")
+        if c is not comm:
+            out.extend(_stuck_calls(c))
+    return out
 
 
 def is_initialized() -> bool:

@@ -1,149 +1,179 @@
-"""Work: the handle an ``async_op=True`` operation returns."""
+"""Work: the handle an ``async_op=True`` operation returns.
+
+A Work wraps a :class:`Pending` source (the communicator's worker thread for collectives,
+MPI requests for point-to-point, a CUDA event for NCCL) and turns its outcome into the
+operation's result or one error, kept for every later ``wait()``/``exception()``.
+"""
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from . import record
-from .errors import BackendError, CommTimeoutError, HpccommError
+from .errors import BackendError, CommTimeoutError, HpccommError, UnwaitedWorkWarning
+from .ops import Call
 
-__all__ = ["Work"]
+__all__ = ["Work", "Pending", "wait_bounded"]
+
+_DEFAULT: Any = object()  # wait() without an argument: the communicator's timeout
+
+
+class Pending(Protocol):
+    """Something started: ``test()`` never blocks, ``wait(timeout)`` returns True once done
+    (None: wait forever), ``outcome()`` returns the result or raises the library's error."""
+
+    def test(self) -> bool: ...
+
+    def wait(self, timeout: float | None) -> bool: ...
+
+    def outcome(self) -> Any: ...
+
+
+def wait_bounded(
+    test: Callable[[], bool], timeout: float, watch: Callable[[], None] | None = None
+) -> bool:
+    """Poll ``test`` until it is true or ``timeout`` seconds pass (backing off from 1 us to
+    1 ms between polls); ``watch`` runs between polls and may raise (a peer's failure
+    notice). Returns whether ``test`` became true."""
+    deadline = time.monotonic() + timeout
+    pause = 1e-6
+    while not test():
+        if watch is not None:
+            watch()
+        if time.monotonic() >= deadline:
+            return test()
+        time.sleep(pause)
+        pause = min(pause * 2, 1e-3)
+    return True
 
 
 class Work:
-    """A pending operation. Backends give it ``test`` (non-blocking completion check),
-    ``block`` (wait until done), ``post`` (finishing step run once, after completion) and
-    ``keep`` (the buffers and temporaries the library uses until completion, held here).
-
-    ``wait()`` returns the operation's result (the output array, the source rank of a
-    receive, or None); a handle whose operation was never waited is reported when it is
-    garbage collected.
+    """A pending operation: ``wait()`` returns its result (the output array, the source rank
+    of a receive, or None), ``is_completed()`` never blocks, ``exception()`` gives the error
+    of a failed one. A failed operation stays failed: every later ``wait()`` raises the same
+    error. A handle dropped before its operation completed is reported with a
+    :class:`~hpccomm.errors.UnwaitedWorkWarning`.
     """
 
     __slots__ = (
         "_call",
-        "_test",
-        "_block",
-        "_post",
-        "_keep",
+        "_seq",
+        "_pending",
+        "_timeout",
+        "_watch",
+        "_record",
         "_done",
         "_exc",
         "_result",
+        "_closed",
         "__weakref__",
     )
 
     def __init__(
         self,
-        call: record.Call,
-        test: Callable[[], bool],
-        block: Callable[[], None],
-        post: Callable[[], Any] | None = None,
-        keep: Any = None,
+        call: Call,
+        seq: int,
+        pending: Pending,
+        *,
+        timeout: float | None = None,
+        watch: Callable[[], None] | None = None,
+        rec: record.Record | None = None,
+        closed: Callable[[], bool] | None = None,
     ) -> None:
         self._call = call
-        self._test = test
-        self._block = block
-        self._post = post
-        # Everything the library reads or writes until completion (mpi4py keeps no reference
-        # to the buffers of a non-blocking collective): dropped only once the call is done.
-        self._keep = keep
+        self._seq = seq
+        self._pending = pending
+        self._timeout = timeout  # the communicator's, for wait() without an argument
+        self._watch = watch
+        self._record = rec
+        self._closed = closed
         self._done = False
         self._exc: BaseException | None = None
         self._result: Any = None
 
     def _where(self) -> str:
-        c = self._call
-        return f"{c.op.name} #{c.seq} on {c.comm.name} (rank {c.comm.rank} of {c.comm.size})"
+        return self._call.where(self._seq)
 
     def _finish(self, failure: BaseException | None = None) -> None:
-        """Mark the operation done: run the finishing step (unless the library reported
-        ``failure`` while completing), keep the result or the error for every later
-        ``wait()``/``exception()``, and tell the listeners."""
+        """The source is done (or failed while completing: ``failure``): keep its result or
+        its error for every later call, tell the listeners."""
         self._done = True
-        self._keep = None
-        call = self._call
-        if failure is not None:
-            self._exc = failure
-        else:
-            try:
-                if self._post is not None:
-                    value = self._post()
-                    if value is not None:
-                        call.result = value
-                self._result = call.result
-            except HpccommError as exc:
-                self._exc = exc
-            except Exception as exc:  # the backend's own error, named
-                self._exc = BackendError(f"{self._where()}: failed while completing: {exc}")
-                self._exc.__cause__ = exc
-        call.error = self._exc
-        if record.listeners and not call.quiet:
-            record.notify("end", call)
-
-    def _failed(self, exc: Exception) -> BaseException:
-        """The library failed while completing: the operation is over, with this error."""
-        if isinstance(exc, HpccommError):
-            err: BaseException = exc
-        else:
-            err = BackendError(f"{self._call}: failed while completing: {exc}")
-            err.__cause__ = exc
-        self._finish(err)
-        return err
+        try:
+            if failure is not None:
+                raise failure
+            self._result = self._pending.outcome()
+        except HpccommError as exc:
+            self._exc = exc
+        except Exception as exc:  # the library's own error, named
+            self._exc = BackendError(f"{self._where()}: failed while completing: {exc}")
+            self._exc.__cause__ = exc
+        self._pending = _Finished
+        rec = self._record
+        if rec is not None:
+            rec.error = self._exc
+            if record.listeners:
+                record.notify("end", rec)
 
     def is_completed(self) -> bool:
         """True when the operation has finished, successfully or not (never blocks)."""
         if not self._done:
             try:
-                done = self._test()
-            except CommTimeoutError:
-                raise
+                done = self._pending.test()
             except Exception as exc:
-                err = self._failed(exc)
-                raise err from err.__cause__
+                self._finish(exc)
+                raise self._exc from exc.__cause__  # type: ignore[misc]
             if done:
                 self._finish()
         return self._done
 
-    def wait(self, timeout: float | None = None) -> Any:
+    def wait(self, timeout: float | None = _DEFAULT) -> Any:
         """Block until the operation completes; return its result.
 
         Args:
-            timeout: seconds to wait at most (None: forever).
+            timeout: seconds to wait at most; None waits forever; without an argument, the
+                communicator's timeout (None if it has none).
 
         Raises:
-            CommTimeoutError: the operation did not complete in time; it stays pending (MPI
-                cannot cancel a started collective), so the job should be aborted.
-            HpccommError: the operation failed.
+            CommTimeoutError: not complete in time; the operation stays pending (MPI cannot
+                cancel a started collective), so a later wait() may still complete it.
+            HpccommError: the operation failed (every later wait() raises it again).
         """
         if not self._done:
+            if timeout is _DEFAULT:
+                timeout = self._timeout
             try:
-                self._block_until_done(timeout)
+                if timeout is None:
+                    done = self._pending.wait(None)
+                elif self._watch is None:
+                    done = self._pending.wait(timeout)
+                else:
+                    done = wait_bounded(self._pending.test, timeout, self._watch)
             except CommTimeoutError:
-                raise  # still pending: a later wait() may complete it
-            except Exception as exc:
-                err = self._failed(exc)
-                raise err from err.__cause__
-            self._finish()
+                raise
+            except Exception as exc:  # the library failed while completing: final
+                self._finish(exc)
+                done = True
+            if not done:
+                raise self._timed_out(timeout)
+            if not self._done:
+                self._finish()
         if self._exc is not None:
             raise self._exc
         return self._result
 
-    def _block_until_done(self, timeout: float | None) -> None:
-        if timeout is None:
-            self._block()
-            return
-        deadline = time.monotonic() + timeout
-        pause = 1e-6
-        while not self._test():
-            if time.monotonic() >= deadline:
-                raise CommTimeoutError(
-                    f"{self._where()}: not complete after {timeout:g} s; some rank of "
-                    f"the group has not joined it (MPI cannot cancel it: abort the job)"
-                )
-            time.sleep(pause)
-            pause = min(pause * 2, 1e-3)
+    def _timed_out(self, timeout: float) -> CommTimeoutError:
+        return CommTimeoutError(
+            f"{self._where()}: not complete after {timeout:g} s; some rank of the group has "
+            f"not joined it (MPI cannot cancel it: abort the job)"
+        )
+
+    def disown(self) -> None:
+        """Stop reporting this handle when it is dropped unfinished (the dispatch's own
+        handle of a bounded call that timed out: the caller got the CommTimeoutError)."""
+        self._closed = _always
 
     def result(self) -> Any:
         """The operation's result, waiting for it first."""
@@ -151,20 +181,61 @@ class Work:
 
     def exception(self) -> BaseException | None:
         """The error the finished operation raised, or None (None too while pending)."""
-        if not self._done:
-            self.is_completed()
+        self.is_completed()
         return self._exc
 
     def __del__(self) -> None:
-        if not self._done and not getattr(self._call.comm, "_freed", True):
-            import warnings
-
-            warnings.warn(
-                f"{self._where()}: Work handle dropped without wait()",
-                ResourceWarning,
-                stacklevel=1,
-            )
+        # Reported whenever the caller never saw the operation complete (wait(), or
+        # is_completed() returning True): whether it happened to finish meanwhile is a race,
+        # and an unsynchronized read of its buffers is the bug being reported.
+        if self._done:
+            return
+        closed = self._closed
+        if closed is not None and closed():
+            return
+        warnings.warn(
+            f"{self._where()}: Work handle dropped without wait(); its buffers may be read "
+            f"or written only after the operation completes",
+            UnwaitedWorkWarning,
+            stacklevel=1,
+        )
 
     def __repr__(self) -> str:
         state = "done" if self._done else "pending"
         return f"<Work {self._where()} {state}>"
+
+
+class _FinishedSource:
+    def test(self) -> bool:
+        return True
+
+    def wait(self, timeout: float | None) -> bool:
+        return True
+
+    def outcome(self) -> Any:  # pragma: no cover - never asked after _finish
+        return None
+
+
+_Finished = _FinishedSource()
+
+
+def _always() -> bool:
+    return True
+
+
+class Done:
+    """A Pending that is already complete (an operation that ran inline)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def test(self) -> bool:
+        return True
+
+    def wait(self, timeout: float | None) -> bool:
+        return True
+
+    def outcome(self) -> Any:
+        return self.value

@@ -1,28 +1,43 @@
-"""The interface every backend implements, with identical signatures."""
+"""The interface every backend implements, with identical signatures.
+
+A backend turns a validated :class:`~hpccomm.ops.Call` into something runnable
+(``prepare``: it sets ``call.backend``, ``call.body``, ``call.how`` and ``call.mode``) and the
+dispatch then runs ``call.body(call, data, out, stream)``. ``call.mode`` says what the body
+does:
+
+- ``"blocking"``: it runs the operation to completion and returns the result. The dispatch
+  runs it inline, or on the communicator's worker thread for ``async_op`` and bounded calls
+  (so every rank issues the same blocking MPI call whatever it waits for).
+- ``"requests"``: it starts the operation and returns a :class:`~hpccomm.work.Pending`
+  (MPI point-to-point: non-blocking sends match blocking receives, so no thread is needed).
+- ``"stream"``: it enqueues the operation on a CUDA stream and returns the result (NCCL);
+  ``backend.device_work(call, seq, result, stream)`` makes the Work of an async call.
+
+Adding a backend means one class with these methods and one line where the dispatch picks
+backends (``Communicator._device_backend``), not a change to every operation.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..record import Call
+from ..ops import Call
 
 __all__ = ["Backend"]
 
 
 class Backend(Protocol):
-    """A backend runs validated calls. ``run`` returns the result, or a Work when
-    ``call.async_op`` is true. ``supports`` says whether it takes a call (device, op, dtype);
-    ``fast`` may return a zero-argument callable that repeats a validated synchronous call
-    (its result is ``call.result``) for the dispatch's memo, or None; ``close`` releases
-    what it holds and is idempotent."""
+    """``supports`` says whether the backend takes a call (device, op, dtype); ``prepare``
+    fills the call's run fields (it may raise the errors only the backend can see, e.g. a
+    dtype NCCL lacks); ``close`` releases what it holds and is idempotent."""
 
     name: str
 
     def supports(self, call: Call) -> bool: ...
 
-    def run(self, call: Call) -> Any: ...
-
-    def fast(self, call: Call) -> Callable[[], Any] | None: ...
+    def prepare(self, call: Call) -> None: ...
 
     def close(self) -> None: ...
+
+
+Body = Any  # Callable[[Call, Any, Any, Any], Any]: (call, data, out, stream) -> result | Pending

@@ -1,14 +1,17 @@
-"""The MPI backend: every operation on host arrays through mpi4py's buffer (uppercase) API.
+"""The MPI backend: every operation on host arrays through mpi4py's buffer (uppercase) API,
+and the group operations (split, dup, create) on the communicator it owns.
 
-float16/bfloat16 travel as 2-byte words reduced by cached user-defined ops; AVG is SUM
-followed by a division by the group size; PREMUL_SUM sums a scaled copy of the input.
-Python objects go through ``mpi4py.util.pkl5`` (pickle protocol 5, large buffers out of band).
+Collectives have one body each, the blocking MPI call (the dispatch runs it inline or on the
+communicator's worker thread); point-to-point bodies start MPI's non-blocking calls and return
+:class:`Requests`. float16/bfloat16 travel as 2-byte words reduced by cached user-defined ops;
+AVG is SUM followed by a division by the group size; PREMUL_SUM sums a scaled copy of the
+input. Python objects go through ``mpi4py.util.pkl5`` (pickle protocol 5, large buffers out
+of band).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,10 +20,11 @@ from mpi4py.util import pkl5
 
 from .. import ops as O
 from ..dtypes import SUPPORTED_DTYPES
-from ..record import Call
-from ..work import Work
+from ..errors import MismatchError
+from ..ops import Call, P2POp
+from ..work import wait_bounded
 
-__all__ = ["MPIBackend"]
+__all__ = ["MPIBackend", "Requests", "probe_integer_ops", "reduces_on_host"]
 
 _MPI_TYPE_BY_NAME = {
     "bool": MPI.C_BOOL,
@@ -100,9 +104,6 @@ for _dt, _info in SUPPORTED_DTYPES.items():
         continue
     for _name, _op in (_BOOL_OPS if _info.category == "bool" else _BUILTIN_OPS).items():
         _OPS[(_name, _dt)] = _op
-# Ops that need work around the MPI call: PREMUL_SUM scales a copy first, AVG divides after.
-_SCALED = frozenset({"AVG", "PREMUL_SUM"})
-_REDUCING = frozenset({O.ALL_REDUCE, O.REDUCE, O.REDUCE_SCATTER})
 _probed = False
 
 
@@ -145,7 +146,7 @@ def probe_integer_ops() -> list[str]:
 
 def reduces_on_host(call: Call) -> bool:
     """True when the call's reduction runs a NumPy op (so its buffers must be host memory)."""
-    return call.op in _REDUCING and _mpi_op(call) in _numpy_ops.values()
+    return call.spec.reducing and _mpi_op(call) in _numpy_ops.values()
 
 
 def _mpi_op(call: Call) -> MPI.Op:
@@ -154,8 +155,129 @@ def _mpi_op(call: Call) -> MPI.Op:
     return op if op is not None else _numpy_op(call.info.dtype, name)
 
 
+IN_PLACE = MPI.IN_PLACE
+_ANY_SOURCE = MPI.ANY_SOURCE
+_ANY_TAG = MPI.ANY_TAG
+_mpi_types = _MPI_TYPES
+
+
+class Requests:
+    """Started MPI point-to-point requests (a :class:`~hpccomm.work.Pending`). It holds the
+    buffers until completion and checks that every receive got as many elements as its
+    buffer holds: MPI accepts a shorter message and leaves the rest of the buffer as it was,
+    which hpccomm reports instead of passing on silently."""
+
+    __slots__ = ("reqs", "statuses", "checks", "result", "keep", "where")
+
+    def __init__(
+        self,
+        reqs: list[MPI.Request],
+        result: Any = None,
+        *,
+        checks: Sequence[tuple[int, int, MPI.Datatype, str]] = (),
+        keep: Any = None,
+        where: Callable[[], str] | None = None,
+    ) -> None:
+        self.reqs = reqs
+        self.statuses = [MPI.Status() for _ in reqs]
+        self.checks = checks  # (request index, expected count, datatype, what)
+        self.result = result
+        self.keep = keep  # the arrays MPI reads or writes until completion
+        self.where = where
+
+    def test(self) -> bool:
+        try:
+            return MPI.Request.Testall(self.reqs, self.statuses)
+        except MPI.Exception as exc:
+            raise self._status_error(exc) from None
+
+    def wait(self, timeout: float | None) -> bool:
+        if timeout is None:
+            try:
+                MPI.Request.Waitall(self.reqs, self.statuses)
+            except MPI.Exception as exc:
+                raise self._status_error(exc) from None
+            return True
+        return wait_bounded(self.test, timeout)
+
+    def _status_error(self, exc: MPI.Exception) -> MPI.Exception:
+        """MPI_ERR_IN_STATUS names no error: the failing request's status does."""
+        if exc.Get_error_class() == MPI.ERR_IN_STATUS:
+            for st in self.statuses:
+                code = st.Get_error()
+                if code not in (MPI.SUCCESS, MPI.ERR_PENDING):
+                    return MPI.Exception(code)
+        return exc
+
+    def outcome(self) -> Any:
+        self.keep = None
+        for i, expected, mt, what in self.checks:
+            st = self.statuses[i]
+            got = st.Get_count(mt)
+            if got != expected:
+                prefix = self.where() if self.where is not None else "recv"
+                raise MismatchError(
+                    f"{prefix}: {what} got {got} elements from rank {st.Get_source()} (tag "
+                    f"{st.Get_tag()}), expected {expected} (the buffer's size); the sender sent "
+                    f"a shorter message and the rest of the buffer is unchanged"
+                )
+        result = self.result
+        return result(self.statuses) if callable(result) else result
+
+
+class _ObjectRecv:
+    """A pending ``recv_object``: probes until a message matches, then receives it."""
+
+    __slots__ = ("comm", "source", "tag", "value", "done", "where")
+
+    def __init__(self, comm: pkl5.Intracomm, source: int, tag: int) -> None:
+        self.comm, self.source, self.tag = comm, source, tag
+        self.value: Any = None
+        self.done = False
+
+    def test(self) -> bool:
+        if not self.done:
+            msg = self.comm.improbe(self.source, self.tag)
+            if msg is not None:
+                self.value = msg.recv()
+                self.done = True
+        return self.done
+
+    def wait(self, timeout: float | None) -> bool:
+        if timeout is None:
+            if not self.done:
+                self.value = self.comm.recv(None, self.source, self.tag)
+                self.done = True
+            return True
+        return wait_bounded(self.test, timeout)
+
+    def outcome(self) -> Any:
+        return self.value
+
+
+class _ObjectSend:
+    """A pending ``send_object`` (pkl5's non-blocking send)."""
+
+    __slots__ = ("req", "where")
+
+    def __init__(self, req: Any) -> None:
+        self.req = req
+
+    def test(self) -> bool:
+        return bool(self.req.test()[0])
+
+    def wait(self, timeout: float | None) -> bool:
+        if timeout is None:
+            self.req.wait()
+            return True
+        return wait_bounded(self.test, timeout)
+
+    def outcome(self) -> Any:
+        return None
+
+
 class MPIBackend:
-    """Runs calls on an mpi4py intracommunicator."""
+    """Runs calls on an mpi4py intracommunicator (which it owns: :meth:`free` frees it)."""
 
     name = "mpi"
 
@@ -163,8 +285,10 @@ class MPIBackend:
         if not _probed:
             probe_integer_ops()
         self.mpi = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
         self._pkl5: pkl5.Intracomm | None = None
-        self._table: dict[O.OpSpec, Callable[[Call], Any]] = {
+        self._bodies: dict[O.OpSpec, Callable[..., Any]] = {
             O.ALL_REDUCE: self._all_reduce,
             O.REDUCE: self._reduce,
             O.BROADCAST: self._broadcast,
@@ -191,257 +315,157 @@ class MPIBackend:
     def supports(self, call: Call) -> bool:
         return True
 
-    def run(self, call: Call) -> Any:
-        return self._table[call.op](call)
+    def prepare(self, call: Call) -> None:
+        spec = call.spec
+        call.backend = self
+        call.body = self._bodies[spec]
+        call.mode = "requests" if spec.p2p else "blocking"
+        if call.info is None:
+            call.how = None
+        elif spec.reducing:
+            name = call.redop.name
+            scale = (
+                call.redop.factor if name == "PREMUL_SUM" else ("avg" if name == "AVG" else None)
+            )
+            call.how = (_mpi_types[call.info.dtype], _mpi_op(call), scale)
+        else:
+            call.how = _mpi_types[call.info.dtype]
 
     def close(self) -> None:
         self._pkl5 = None
 
-    def fast(self, call: Call) -> Callable[[], Any] | None:
-        """A zero-argument callable that runs this validated plain call (synchronous, no split
-        sizes, no stream: the only ones the dispatch memoises) again with one MPI call (its
-        result is ``call.result``); None for calls that need more (AVG/PREMUL_SUM steps, an
-        any-source receive's status)."""
-        op, m = call.op, self.mpi
-        b = call.buf
-        mt = _MPI_TYPES[b.dtype]
-        x = [b.array, mt]
-        if op in _REDUCING:
-            if call.redop.name in _SCALED:
-                return None
-            mpi_op = _mpi_op(call)
-            if op is O.ALL_REDUCE:
-                return partial(m.Allreduce, MPI.IN_PLACE, x, mpi_op)
-            if op is O.REDUCE_SCATTER:
-                return partial(m.Reduce_scatter_block, x, [call.out.array, mt], mpi_op)
-            if m.Get_rank() == call.peer:
-                return partial(m.Reduce, MPI.IN_PLACE, x, mpi_op, call.peer)
-            return partial(m.Reduce, x, None, mpi_op, call.peer)
-        if op is O.BROADCAST:
-            return partial(m.Bcast, x, call.peer)
-        if op is O.ALL_GATHER:
-            return partial(m.Allgather, x, [call.out.array, mt])
-        if op is O.ALL_TO_ALL:
-            return partial(m.Alltoall, x, [call.out.array, mt])
-        if op is O.SEND:
-            return partial(m.Send, x, call.peer, call.tag)
-        if op is O.RECV and call.peer is not None and call.tag is not None:
-            call.result = call.peer  # a receive from a named source returns that source
-            return partial(m.Recv, x, call.peer, call.tag)
-        return None
+    # -- reductions ---------------------------------------------------------------------
 
-    # -- helpers ------------------------------------------------------------------------
-    #
-    # Every operation has the same shape: build the MPI buffer specs, then either start the
-    # non-blocking form and return a Work (async_op), or run the blocking form and return the
-    # result. The sync path is the hot one: nothing else is built for it.
+    def _source(self, x: np.ndarray, scale: Any) -> Any:
+        """The send side of a scaled reduction: PREMUL_SUM's scaled copy (a temporary that
+        lives until the blocking call returns), or the array itself for AVG."""
+        if scale == "avg":
+            return x
+        return (x * scale).astype(x.dtype, copy=False)
 
-    @staticmethod
-    def _started(
-        call: Call, req: MPI.Request, post: Callable[[], Any] | None = None, keep: Any = None
-    ) -> Work:
-        """A Work for a started request; ``keep`` holds the buffer specs (and temporaries such
-        as PREMUL_SUM's scaled copy) until completion: mpi4py keeps no reference to the
-        buffers of a non-blocking collective."""
-        return Work(call, req.Test, req.Wait, post, keep)
+    def _divide(self, target: np.ndarray, scale: Any) -> None:
+        if scale == "avg":
+            np.divide(target, self.size, out=target)
 
-    def _reduction(self, call: Call, x: Any, mt: MPI.Datatype) -> tuple[Any, Any, Any]:
-        """(send spec, MPI op, post-step) of a reduction over ``x``: PREMUL_SUM sends a
-        scaled copy, AVG divides the result by the group size afterwards."""
-        name = call.redop.name
-        op = _mpi_op(call)
-        if name not in _SCALED:
-            return [x, mt], op, None
-        if name == "PREMUL_SUM":
-            return [(x * call.redop.factor).astype(x.dtype, copy=False), mt], op, None
-        n = self.mpi.Get_size()
-        return [x, mt], op, n
+    # -- collectives (blocking bodies) --------------------------------------------------
 
-    @staticmethod
-    def _divide(target: Any, n: int | None) -> Callable[[], None] | None:
-        if n is None:
-            return None
-
-        def divide() -> None:
-            np.divide(target, n, out=target)
-
-        return divide
-
-    # -- collectives --------------------------------------------------------------------
-
-    def _all_reduce(self, call: Call) -> Any:
-        x = call.buf.array
-        mt = _MPI_TYPES[call.buf.dtype]
-        name = call.redop.name
-        if name in _SCALED:  # AVG / PREMUL_SUM: the general form
-            send, op, n = self._reduction(call, x, mt)
-            if send[0] is x:
-                send = MPI.IN_PLACE
-        else:  # the hottest path of all: _mpi_op's builtin lookup inlined, no helper frames
-            send, n = MPI.IN_PLACE, None
-            op = _OPS.get((name, call.info.dtype)) or _mpi_op(call)
-        if call.async_op:
-            req = self.mpi.Iallreduce(send, [x, mt], op)
-            return self._started(call, req, self._divide(x, n), send)
-        self.mpi.Allreduce(send, [x, mt], op)
-        if n is not None:
-            np.divide(x, n, out=x)
+    def _all_reduce(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> np.ndarray:
+        mt, op, scale = call.how
+        if scale is None:  # the hottest path of all: nothing else happens
+            self.mpi.Allreduce(IN_PLACE, [x, mt], op)
+            return x
+        send = self._source(x, scale)
+        self.mpi.Allreduce(IN_PLACE if send is x else [send, mt], [x, mt], op)
+        self._divide(x, scale)
         return x
 
-    def _reduce(self, call: Call) -> Any:
-        x = call.buf.array
-        mt = _MPI_TYPES[call.buf.dtype]
-        send, op, n = self._reduction(call, x, mt)
-        if self.mpi.Get_rank() == call.peer:
-            recv = [x, mt]
-            if send[0] is x:
-                send = MPI.IN_PLACE
+    def _reduce(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> np.ndarray:
+        mt, op, scale = call.how
+        send = x if scale is None else self._source(x, scale)
+        root = call.peer
+        if self.rank == root:
+            self.mpi.Reduce(IN_PLACE if send is x else [send, mt], [x, mt], op, root)
+            self._divide(x, scale)
         else:
-            recv, n = None, None
-        if call.async_op:
-            req = self.mpi.Ireduce(send, recv, op, call.peer)
-            return self._started(call, req, self._divide(x, n), send)
-        self.mpi.Reduce(send, recv, op, call.peer)
-        if n is not None:
-            np.divide(x, n, out=x)
+            self.mpi.Reduce([send, mt], None, op, root)
         return x
 
-    def _broadcast(self, call: Call) -> Any:
-        x = call.buf.array
-        buf = [x, _MPI_TYPES[call.buf.dtype]]
-        if call.async_op:
-            return self._started(call, self.mpi.Ibcast(buf, call.peer), keep=buf)
-        self.mpi.Bcast(buf, call.peer)
+    def _broadcast(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> np.ndarray:
+        self.mpi.Bcast([x, call.how], call.peer)
         return x
 
-    def _all_gather(self, call: Call) -> Any:
-        mt = _MPI_TYPES[call.buf.dtype]
-        send = [call.buf.array, mt]
-        out = call.out.array
-        if call.payload is None:
-            recv = [out, mt]
-            if call.async_op:
-                return self._started(call, self.mpi.Iallgather(send, recv), keep=(send, recv))
-            self.mpi.Allgather(send, recv)
-            return out
-        counts, displs = O.displacements(call.counts)
-        recv = [out, counts, displs, mt]
-        if call.async_op:
-            return self._started(call, self.mpi.Iallgatherv(send, recv), keep=(send, recv))
-        self.mpi.Allgatherv(send, recv)
+    def _all_gather(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> np.ndarray:
+        mt = call.how
+        if call.uneven:
+            counts, displs = call.counts
+            self.mpi.Allgatherv([x, mt], [out, counts, displs, mt])
+        else:
+            self.mpi.Allgather([x, mt], [out, mt])
         return out
 
-    def _gather(self, call: Call) -> Any:
-        mt = _MPI_TYPES[call.buf.dtype]
-        send = [call.buf.array, mt]
+    def _gather(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> Any:
+        mt = call.how
         recv = None
-        if call.out is not None:
-            counts, displs = O.displacements(call.counts)
-            recv = [call.out.array, counts, displs, mt]
-        if call.async_op:
-            return self._started(call, self.mpi.Igatherv(send, recv, call.peer), keep=(send, recv))
-        self.mpi.Gatherv(send, recv, call.peer)
-        return call.result
+        if out is not None:
+            counts, displs = call.counts
+            recv = [out, counts, displs, mt]
+        self.mpi.Gatherv([x, mt], recv, call.peer)
+        return out
 
-    def _scatter(self, call: Call) -> Any:
-        mt = _MPI_TYPES[call.out.dtype]
+    def _scatter(self, call: Call, x: Any, out: np.ndarray, stream: Any) -> np.ndarray:
+        mt = call.how
         send = None
-        if self.mpi.Get_rank() == call.peer:
-            counts, displs = O.displacements(call.counts)
-            send = [call.buf.array, counts, displs, mt]
-        recv = [call.out.array, mt]
-        if call.async_op:
-            return self._started(call, self.mpi.Iscatterv(send, recv, call.peer), keep=(send, recv))
-        self.mpi.Scatterv(send, recv, call.peer)
-        return call.result
+        if self.rank == call.peer:
+            counts, displs = call.counts
+            send = [x, counts, displs, mt]
+        self.mpi.Scatterv(send, [out, mt], call.peer)
+        return out
 
-    def _reduce_scatter(self, call: Call) -> Any:
-        mt = _MPI_TYPES[call.buf.dtype]
-        send, op, n = self._reduction(call, call.buf.array, mt)
-        out = call.out.array
-        recv = [out, mt]
-        if call.payload is None:
-            if call.async_op:
-                req = self.mpi.Ireduce_scatter_block(send, recv, op)
-                return self._started(call, req, self._divide(out, n), (send, recv))
-            self.mpi.Reduce_scatter_block(send, recv, op)
+    def _reduce_scatter(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> np.ndarray:
+        mt, op, scale = call.how
+        send = x if scale is None else self._source(x, scale)
+        if call.uneven:
+            self.mpi.Reduce_scatter([send, mt], [out, mt], call.counts[0], op)
         else:
-            counts = O.displacements(call.counts)[0]
-            if call.async_op:
-                req = self.mpi.Ireduce_scatter(send, recv, counts, op)
-                return self._started(call, req, self._divide(out, n), (send, recv, counts))
-            self.mpi.Reduce_scatter(send, recv, counts, op)
-        if n is not None:
-            np.divide(out, n, out=out)
+            self.mpi.Reduce_scatter_block([send, mt], [out, mt], op)
+        self._divide(out, scale)
         return out
 
-    def _all_to_all(self, call: Call) -> Any:
-        mt = _MPI_TYPES[call.buf.dtype]
-        out = call.out.array
-        if call.payload is None:
-            send, recv = [call.buf.array, mt], [out, mt]
-            if call.async_op:
-                return self._started(call, self.mpi.Ialltoall(send, recv), keep=(send, recv))
-            self.mpi.Alltoall(send, recv)
-            return out
-        (scounts, sdispls), (rcounts, rdispls) = map(O.displacements, call.counts)
-        send = [call.buf.array, scounts, sdispls, mt]
-        recv = [out, rcounts, rdispls, mt]
-        if call.async_op:
-            return self._started(call, self.mpi.Ialltoallv(send, recv), keep=(send, recv))
-        self.mpi.Alltoallv(send, recv)
+    def _all_to_all(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> np.ndarray:
+        mt = call.how
+        if call.uneven:
+            scounts, sdispls = call.send_counts
+            rcounts, rdispls = call.counts
+            self.mpi.Alltoallv([x, scounts, sdispls, mt], [out, rcounts, rdispls, mt])
+        else:
+            self.mpi.Alltoall([x, mt], [out, mt])
         return out
 
-    def _barrier(self, call: Call) -> Any:
-        if call.async_op:
-            return self._started(call, self.mpi.Ibarrier())
+    def _barrier(self, call: Call, x: Any, out: Any, stream: Any) -> None:
         self.mpi.Barrier()
-        return None
 
-    # -- point-to-point -----------------------------------------------------------------
+    # -- point-to-point (started; the dispatch waits or hands out a Work) ---------------
 
-    def _send(self, call: Call) -> Any:
-        buf = [call.buf.array, _MPI_TYPES[call.buf.dtype]]
-        if call.async_op:
-            return self._started(call, self.mpi.Isend(buf, call.peer, call.tag))
-        self.mpi.Send(buf, call.peer, call.tag)
-        return None
+    def _send(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> Requests:
+        req = self.mpi.Isend([x, call.how], call.peer, call.tag)
+        return Requests([req], keep=x)
 
-    def _recv(self, call: Call) -> Any:
-        status = MPI.Status()
-        src = MPI.ANY_SOURCE if call.peer is None else call.peer
-        tag = MPI.ANY_TAG if call.tag is None else call.tag
-        buf = [call.buf.array, _MPI_TYPES[call.buf.dtype]]
-        if call.async_op:
-            req = self.mpi.Irecv(buf, src, tag)
-            return Work(call, lambda: req.Test(status), lambda: req.Wait(status), status.Get_source)
-        self.mpi.Recv(buf, src, tag, status)
-        return status.Get_source()
+    def _recv(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> Requests:
+        src = _ANY_SOURCE if call.peer is None else call.peer
+        tag = _ANY_TAG if call.tag is None else call.tag
+        mt = call.how
+        req = self.mpi.Irecv([x, mt], src, tag)
+        return Requests(
+            [req],
+            _source_of_first,
+            checks=((0, call.count, mt, "the receive"),),
+            keep=x,
+        )
 
-    def _sendrecv(self, call: Call) -> Any:
-        mt = _MPI_TYPES[call.buf.dtype]
-        dst, src = call.payload
-        src = MPI.ANY_SOURCE if src is None else src
-        tag = call.tag
-        if call.async_op:
-            reqs = [
-                self.mpi.Irecv([call.out.array, mt], src, tag),
-                self.mpi.Isend([call.buf.array, mt], dst, tag),
-            ]
-            return Work(call, lambda: MPI.Request.Testall(reqs), lambda: MPI.Request.Waitall(reqs))
-        self.mpi.Sendrecv([call.buf.array, mt], dst, tag, [call.out.array, mt], src, tag)
-        return call.result
+    def _sendrecv(self, call: Call, x: np.ndarray, out: np.ndarray, stream: Any) -> Requests:
+        mt = call.how
+        src = _ANY_SOURCE if call.src is None else call.src
+        reqs = [
+            self.mpi.Irecv([out, mt], src, call.tag),
+            self.mpi.Isend([x, mt], call.peer, call.tag),
+        ]
+        return Requests(
+            reqs,
+            out,
+            checks=((0, out.size, mt, "the receive"),),
+            keep=(x, out),
+        )
 
-    def _batch(self, call: Call) -> Any:
-        reqs = []
-        for p in call.payload:
-            buf = [p.buf.array, _MPI_TYPES[p.buf.dtype]]
+    def _batch(self, call: Call, items: list[P2POp], out: Any, stream: Any) -> Requests:
+        reqs, checks = [], []
+        for i, p in enumerate(items):
+            buf = [p.buf.array, _mpi_types[p.buf.dtype]]
             if p.op == "send":
                 reqs.append(self.mpi.Isend(buf, p.peer, p.tag))
             else:
+                checks.append((len(reqs), p.buf.count, buf[1], f"ops[{i}] (recv)"))
                 reqs.append(self.mpi.Irecv(buf, p.peer, p.tag))
-        work = Work(call, lambda: MPI.Request.Testall(reqs), lambda: MPI.Request.Waitall(reqs))
-        return work if call.async_op else work.wait()
+        return Requests(reqs, None, checks=checks, keep=items)
 
     # -- Python objects (pickle protocol 5, out-of-band buffers) -------------------------
 
@@ -451,24 +475,89 @@ class MPIBackend:
             self._pkl5 = pkl5.Intracomm(self.mpi)
         return self._pkl5
 
-    def _bcast_object(self, call: Call) -> Any:
-        return self.objects.bcast(call.payload, root=call.peer)
+    def _bcast_object(self, call: Call, obj: Any, out: Any, stream: Any) -> Any:
+        return self.objects.bcast(obj, root=call.peer)
 
-    def _allgather_object(self, call: Call) -> Any:
-        return self.objects.allgather(call.payload)
+    def _allgather_object(self, call: Call, obj: Any, out: Any, stream: Any) -> Any:
+        return self.objects.allgather(obj)
 
-    def _gather_object(self, call: Call) -> Any:
-        return self.objects.gather(call.payload, root=call.peer)
+    def _gather_object(self, call: Call, obj: Any, out: Any, stream: Any) -> Any:
+        return self.objects.gather(obj, root=call.peer)
 
-    def _scatter_object(self, call: Call) -> Any:
-        objs = call.payload if self.mpi.Get_rank() == call.peer else None
-        return self.objects.scatter(objs, root=call.peer)
+    def _scatter_object(self, call: Call, objs: Any, out: Any, stream: Any) -> Any:
+        return self.objects.scatter(objs if self.rank == call.peer else None, root=call.peer)
 
-    def _send_object(self, call: Call) -> Any:
-        self.objects.send(call.payload, dest=call.peer, tag=call.tag)
-        return None
+    def _send_object(self, call: Call, obj: Any, out: Any, stream: Any) -> _ObjectSend:
+        return _ObjectSend(self.objects.isend(obj, dest=call.peer, tag=call.tag))
 
-    def _recv_object(self, call: Call) -> Any:
-        src = MPI.ANY_SOURCE if call.peer is None else call.peer
-        tag = MPI.ANY_TAG if call.tag is None else call.tag
-        return self.objects.recv(None, source=src, tag=tag)
+    def _recv_object(self, call: Call, obj: Any, out: Any, stream: Any) -> _ObjectRecv:
+        src = _ANY_SOURCE if call.peer is None else call.peer
+        tag = _ANY_TAG if call.tag is None else call.tag
+        return _ObjectRecv(self.objects, src, tag)
+
+    # -- groups (collective over this communicator unless said otherwise) -----------------
+
+    def split(self, color: int | None, key: int) -> MPIBackend | None:
+        """``MPI_Comm_split``; None on ranks with ``color=None``."""
+        new = self.mpi.Split(MPI.UNDEFINED if color is None else color, key)
+        return None if new == MPI.COMM_NULL else MPIBackend(new)
+
+    def dup(self) -> MPIBackend:
+        return MPIBackend(self.mpi.Dup())
+
+    def create(self, ranks: Sequence[int]) -> MPIBackend | None:
+        """``MPI_Comm_create`` of ``ranks`` (in that order): collective over this whole
+        communicator; None on ranks outside."""
+        group = self.mpi.Get_group()
+        sub = group.Incl(list(ranks))
+        try:
+            new = self.mpi.Create(sub)
+        finally:
+            sub.Free()
+            group.Free()
+        return None if new == MPI.COMM_NULL else MPIBackend(new)
+
+    def create_group(self, ranks: Sequence[int], tag: int) -> MPIBackend:
+        """``MPI_Comm_create_group`` of ``ranks``: collective over those ranks only."""
+        group = self.mpi.Get_group()
+        sub = group.Incl(list(ranks))
+        try:
+            new = self.mpi.Create_group(sub, tag)
+        finally:
+            sub.Free()
+            group.Free()
+        return MPIBackend(new)
+
+    def node(self) -> MPIBackend:
+        """The ranks sharing this node's memory (``COMM_TYPE_SHARED``), ordered by rank."""
+        return MPIBackend(self.mpi.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank))
+
+    def node_layout(self, node: MPIBackend) -> tuple[int, int, MPIBackend | None]:
+        """(this node's index among the group's nodes ordered by their lowest rank, number of
+        nodes, the leaders' communicator on local rank 0 of each node, else None)."""
+        first = node.mpi.allreduce(self.rank, op=MPI.MIN)
+        leader = node.rank == 0
+        leaders = self.split(0 if leader else None, first)
+        layout = (leaders.rank, leaders.size) if leaders is not None else None
+        index, count = node.mpi.bcast(layout, root=0)
+        return index, count, leaders
+
+    def translate(self, ranks: Sequence[int], other: MPIBackend) -> list[int | None]:
+        """``ranks`` of this group as ranks of ``other`` (None where not a member)."""
+        mine, theirs = self.mpi.Get_group(), other.mpi.Get_group()
+        try:
+            out = MPI.Group.Translate_ranks(mine, list(ranks), theirs)
+        finally:
+            mine.Free()
+            theirs.Free()
+        return [None if r == MPI.UNDEFINED else r for r in out]
+
+    def free(self) -> None:
+        """Free the communicator (idempotent; nothing once MPI is finalized)."""
+        self.close()
+        if not MPI.Is_finalized() and self.mpi != MPI.COMM_NULL:
+            self.mpi.Free()
+
+
+def _source_of_first(statuses: list[MPI.Status]) -> int:
+    return statuses[0].Get_source()

@@ -1,33 +1,67 @@
-"""Device (CuPy) arrays on the MPI path: passed straight to a CUDA-aware MPI, or staged
-through pooled pinned host buffers when MPI is not CUDA-aware (or unsure).
+"""Device (CuPy) arrays on the MPI path, and the choice of backend for device arrays.
 
-Either way the producing stream (``stream=`` or the current CuPy stream) is synchronized
-before MPI touches the data: MPI knows nothing of CUDA streams. float16/bfloat16 reductions
-(and integer ops the MPI library gets wrong, see ``mpi.probe_integer_ops``) are always
-staged, since their MPI op is a host (NumPy) function.
+On the MPI path device arrays are passed straight to a CUDA-aware MPI, or staged through
+pooled pinned host buffers when MPI is not CUDA-aware (or unsure). Either way the producing
+stream (``stream=`` or the current CuPy stream at the call) is synchronized before MPI touches
+the data: MPI knows nothing of CUDA streams. float16/bfloat16 reductions (and integer ops the
+MPI library gets wrong, see ``mpi.probe_integer_ops``) are always staged, since their MPI op
+is a host (NumPy) function. The staged body wraps the host backend's body for the same call:
+one implementation of every operation.
+
+:class:`DeviceBackends` picks NCCL or this path per call, and creates the group's NCCL
+communicator on first use (collective).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from .. import ops as O
-from ..buffers import Buffer, resolve
-from ..cuda_aware import DevicePath
-from ..ops import P2POp
-from ..record import Call
+from ..buffers import resolve
+from ..cuda_aware import DeviceConfig, DevicePath
+from ..errors import HpccommError, InvalidArgumentError
+from ..ops import Call, P2POp
 from ..staging import StagingPool
-from ..work import Work
 from .mpi import MPIBackend, reduces_on_host
 
-__all__ = ["DeviceMPIBackend"]
+__all__ = ["DeviceMPIBackend", "DeviceBackends"]
 
-# Operations whose result is written into the input array itself.
-_IN_PLACE = frozenset({O.ALL_REDUCE, O.REDUCE, O.BROADCAST, O.RECV})
+
+def _current_stream() -> Any:
+    import cupy
+
+    return cupy.cuda.get_current_stream()
+
+
+class _StagedPending:
+    """Started point-to-point requests on host copies; copies back when they complete."""
+
+    __slots__ = ("inner", "finish")
+
+    def __init__(self, inner: Any, finish: Callable[[Any], Any]) -> None:
+        self.inner = inner
+        self.finish = finish
+
+    @property
+    def where(self) -> Any:
+        return self.inner.where
+
+    @where.setter
+    def where(self, value: Any) -> None:
+        self.inner.where = value
+
+    def test(self) -> bool:
+        return self.inner.test()
+
+    def wait(self, timeout: float | None) -> bool:
+        return self.inner.wait(timeout)
+
+    def outcome(self) -> Any:
+        return self.finish(self.inner.outcome())
 
 
 class DeviceMPIBackend:
-    """Runs calls with device arrays through an :class:`MPIBackend`."""
+    """Runs calls with device arrays through an :class:`MPIBackend`'s bodies."""
 
     name = "mpi-device"
 
@@ -36,93 +70,142 @@ class DeviceMPIBackend:
         self.path = path
         self.pool = pool if pool is not None else StagingPool()
 
-    def fast(self, call: Call) -> None:
-        """No one-call repeats here: device calls are never memoised."""
-        return None
-
     def supports(self, call: Call) -> bool:
         return True
 
     def close(self) -> None:
         self.pool.clear()
 
+    def stream_now(self) -> Any:
+        """The current CuPy stream (captured at the call for bodies that run elsewhere)."""
+        return _current_stream()
+
     def direct(self, call: Call) -> bool:
         """True when this call's device arrays go to MPI as they are."""
         return self.path.cuda_aware and not reduces_on_host(call)
 
-    def run(self, call: Call) -> Any:
-        import cupy
-
-        stream = call.stream if call.stream is not None else cupy.cuda.get_current_stream()
+    def prepare(self, call: Call) -> None:
+        self.host.prepare(call)
+        host_body = call.body
+        call.backend = self
         if self.direct(call):
-            stream.synchronize()
-            return self.host.run(call)
-        return self._staged(call, stream)
+
+            def direct(call: Call, data: Any, out: Any, stream: Any) -> Any:
+                (stream or _current_stream()).synchronize()
+                return host_body(call, data, out, None)
+
+            call.body = direct
+        else:
+
+            def staged(call: Call, data: Any, out: Any, stream: Any) -> Any:
+                return self._staged(host_body, call, data, out, stream or _current_stream())
+
+            call.body = staged
 
     # -- staging --------------------------------------------------------------------------
 
-    def _host_copy(self, b: Buffer | None, copy_in: bool, stream: Any, lent: list) -> Buffer | None:
-        if b is None:
-            return None
-        arr = b.array
+    def _host_copy(self, arr: Any, copy_in: bool, stream: Any, lent: list) -> Any:
         h = self.pool.take(arr.nbytes, arr.dtype, tuple(arr.shape))
         lent.append(h)
         if copy_in:
             arr.get(out=h, stream=stream)
-        return resolve(h, "staging")
+        return h
 
-    def _staged(self, call: Call, stream: Any) -> Any:
+    def _staged(self, body: Any, call: Call, data: Any, out: Any, stream: Any) -> Any:
+        spec = call.spec
         lent: list = []
         pairs: list[tuple[Any, Any]] = []  # (device array, host array) to copy back
-        hbuf = self._host_copy(call.buf, call.op is not O.RECV, stream, lent)
-        hout = self._host_copy(call.out, False, stream, lent)
-        payload = call.payload
-        if call.op is O.BATCH_P2P:
-            payload = []
-            for p in call.payload:
-                hp = P2POp(p.op, None, p.peer, p.tag)
-                hp.buf = self._host_copy(p.buf, p.op == "send", stream, lent)
-                hp.array = hp.buf.array
-                payload.append(hp)
+        if spec.arrays:
+            hdata = None
+            if data is not None:
+                hdata = self._host_copy(data, spec.name != "recv", stream, lent)
+                if spec.in_place:
+                    pairs.append((data, hdata))
+        else:  # batch_isend_irecv: host twins of every item
+            hdata = []
+            for p in data:
+                h = self._host_copy(p.buf.array, p.op == "send", stream, lent)
+                hp = P2POp(p.op, h, p.peer, p.tag)
+                hp.buf = resolve(h, "staging")
+                hdata.append(hp)
                 if p.op == "recv":
-                    pairs.append((p.buf.array, hp.buf.array))
+                    pairs.append((p.buf.array, h))
+        hout = None
+        if out is not None:
+            hout = self._host_copy(out, False, stream, lent)
+            pairs.append((out, hout))
         stream.synchronize()  # device-to-host copies done before MPI reads the host buffers
-        hcall = Call(
-            call.op,
-            call.comm,
-            call.seq,
-            call.peer,
-            call.tag,
-            hbuf,
-            hout,
-            call.redop,
-            call.async_op,
-            None,
-            payload,
-        )
-        hcall.info, hcall.counts, hcall.quiet = call.info, call.counts, True
-        if call.out is not None:
-            pairs.append((call.out.array, hout.array))
-            hcall.result = hout.array if call.result is call.out.array else None
-        elif call.op in _IN_PLACE:
-            pairs.append((call.buf.array, hbuf.array))
-            hcall.result = hbuf.array if call.result is call.buf.array else None
 
-        def finish(value: Any) -> Any:
+        def finish(result: Any) -> Any:
             for dev, host in pairs:
                 dev.set(host, stream=stream)
             stream.synchronize()  # host buffers may be lent again only after the copies
             for h in lent:
                 self.pool.give(h)
-            return value if isinstance(value, int) else call.result  # a receive's source rank
+            if result is hdata and hdata is not None:
+                return data
+            if result is hout and hout is not None:
+                return out
+            return result  # a receive's source rank, or None
 
         try:
-            outcome = self.host.run(hcall)
+            result = body(call, hdata, hout, None)
         except BaseException:
             for h in lent:  # the operation never started: the buffers are free again
                 self.pool.give(h)
             raise
-        if isinstance(outcome, Work):
-            inner = outcome
-            return Work(call, inner.is_completed, inner.wait, lambda: finish(inner.wait()))
-        return finish(outcome)
+        if call.mode == "requests":
+            return _StagedPending(result, finish)
+        return finish(result)
+
+
+class DeviceBackends:
+    """The backends of one communicator's device-array calls: NCCL when the device mode is
+    "nccl" and NCCL has the op (its communicator created on first use, collectively), else the
+    MPI device path."""
+
+    def __init__(self, host: MPIBackend, config: DeviceConfig) -> None:
+        self.host = host
+        self.config = config
+        self.nccl: Any = None
+        self._mpi: DeviceMPIBackend | None = None
+
+    @property
+    def nccl_comm(self) -> Any:
+        return None if self.nccl is None else self.nccl.comm
+
+    def child(self, host: MPIBackend, config: DeviceConfig) -> DeviceBackends:
+        """The device backends of a group made from this one."""
+        return DeviceBackends(host, config)
+
+    def enable_nccl(self, where: str) -> None:
+        """Create the NCCL communicator (collective over the group)."""
+        if self.nccl is not None:
+            return
+        if self.config.gpu is None:
+            raise HpccommError(f"{where}: no GPU is bound on this rank (hpccomm.init(gpu=True))")
+        from .nccl import NcclBackend
+
+        self.nccl = NcclBackend(self.host.mpi, self.config.gpu)
+
+    def backend_for(self, call: Call) -> Any:
+        """The backend of a call with device arrays."""
+        if self.config.mode == "nccl" and call.spec.nccl:
+            if self.nccl is None:
+                if call.spec.p2p:
+                    raise InvalidArgumentError(
+                        f"{call}: the first device operation on {call.group.name} is "
+                        f"point-to-point, but creating the NCCL communicator is collective; call "
+                        f"comm.enable_nccl() on every rank first (or hpccomm.init(nccl=True))"
+                    )
+                self.enable_nccl(str(call))
+            if self.nccl.supports(call):
+                return self.nccl
+        if self._mpi is None:
+            self._mpi = DeviceMPIBackend(self.host, self.config.path)
+        return self._mpi
+
+    def close(self) -> None:
+        for backend in (self.nccl, self._mpi):
+            if backend is not None:
+                backend.close()

@@ -29,7 +29,7 @@ from ..errors import (
     GpuBindingError,
     InvalidArgumentError,
 )
-from ..record import Call
+from ..ops import Call
 from ..work import Work
 
 __all__ = [
@@ -189,6 +189,30 @@ def check_unique_gpus(
         )
 
 
+class _EventPending:
+    """A device operation enqueued on a stream: done when its CUDA event is."""
+
+    __slots__ = ("event", "result", "backend", "keep")
+
+    def __init__(self, event: Any, result: Any, backend: NcclBackend, keep: Any = None) -> None:
+        self.event = event
+        self.result = result
+        self.backend = backend
+        self.keep = keep  # temporaries the GPU reads until the event (PREMUL_SUM's copy)
+
+    def test(self) -> bool:
+        return bool(self.event.done)
+
+    def wait(self, timeout: float | None) -> bool:
+        import cupy
+
+        cupy.cuda.get_current_stream().wait_event(self.event)  # ordered, the host not blocked
+        return True
+
+    def outcome(self) -> Any:
+        return self.result
+
+
 class DeviceWork(Work):
     """A pending device operation: ``wait()`` makes the current stream wait on the event
     (the host is not blocked); ``synchronize(timeout)`` blocks the host until it is done."""
@@ -198,20 +222,14 @@ class DeviceWork(Work):
     def __init__(
         self,
         call: Call,
+        seq: int,
         event: Any,
         backend: NcclBackend,
-        post: Callable[[], Any] | None = None,
+        result: Any,
+        rec: Any = None,
         keep: Any = None,
     ) -> None:
-        import cupy
-
-        super().__init__(
-            call,
-            lambda: event.done,
-            lambda: cupy.cuda.get_current_stream().wait_event(event),
-            post,
-            keep,
-        )
+        super().__init__(call, seq, _EventPending(event, result, backend, keep), rec=rec)
         self._event = event
         self._backend = backend
 
@@ -219,12 +237,7 @@ class DeviceWork(Work):
         """Order the current stream after the operation (no host blocking); return the result.
         ``timeout`` is accepted for the host-path signature and ignored here: use
         :meth:`synchronize` for a host-side bound."""
-        if not self._done:
-            self._block()
-            self._finish()
-        if self._exc is not None:
-            raise self._exc
-        return self._result
+        return super().wait(None)
 
     def is_completed(self) -> bool:
         """True when the GPU has finished the operation (never blocks)."""
@@ -284,7 +297,7 @@ class NcclBackend:
                 )
             except nccl.NcclError as exc:
                 raise BackendError(f"NCCL init (rank {self.rank} of {self.size}): {exc}") from exc
-        self._table: dict[O.OpSpec, Callable[[Call, Any], None]] = {
+        self._table: dict[O.OpSpec, Callable[..., Any]] = {
             O.ALL_REDUCE: self._all_reduce,
             O.REDUCE: self._reduce,
             O.BROADCAST: self._broadcast,
@@ -301,42 +314,53 @@ class NcclBackend:
 
     # -- the interface ------------------------------------------------------------------
 
-    def fast(self, call: Call) -> None:
-        """No one-call repeats here: device calls are never memoised."""
-        return None
-
     def supports(self, call: Call) -> bool:
-        return call.op in self._table
+        return call.spec in self._table
 
-    def run(self, call: Call) -> Any:
+    def stream_now(self) -> Any:
+        return self._cupy.cuda.get_current_stream()
+
+    def prepare(self, call: Call) -> None:
+        if call.device != self.device:
+            raise InvalidArgumentError(
+                f"{call}: array is on GPU {call.device}, expected GPU {self.device} (this "
+                f"rank's GPU)"
+            )
+        if call.spec.reducing:
+            call.how = self._plan(call)  # raises the DtypeError NCCL's tables give
+        call.backend = self
+        call.body = self._run
+        call.mode = "stream"
+
+    def _run(self, call: Call, data: Any, out: Any, stream: Any) -> Any:
+        """Enqueue the call on ``stream`` (the current stream when None); returns the result,
+        ordered on that stream."""
         if self._aborted:
             raise BackendError(
                 f"{call}: the NCCL communicator was aborted earlier ({self._aborted})"
             )
-        b = call.buf if call.buf is not None else call.out
-        if b is not None and b.device != self.device:
-            raise InvalidArgumentError(
-                f"{call}: array is on GPU {b.device}, expected GPU {self.device} (this rank's GPU)"
-            )
-        stream = call.stream if call.stream is not None else self._cupy.cuda.get_current_stream()
+        stream = stream if stream is not None else self._cupy.cuda.get_current_stream()
         try:
             # The stream is made current too, so hpccomm's own CuPy work (PREMUL_SUM's scaled
             # copy, local block copies, AVG's division) is ordered with the NCCL calls.
             with self._cupy.cuda.Device(self.device), stream:
                 self._temps = []
-                post = self._table[call.op](call, stream.ptr)
-                temps, self._temps = self._temps, []
+                result, post = self._table[call.spec](call, data, out, stream.ptr)
                 self.comm.check_async_error()
-                if call.async_op:
-                    event = self._cupy.cuda.Event(disable_timing=True)
-                    event.record(stream)
-                    return DeviceWork(call, event, self, post, temps)
                 if post is not None:
                     post()
         except self._nccl_mod.NcclError as exc:
-            self.abort(f"{call.op.name} #{call.seq} failed: {exc}")
+            self.abort(f"{call.spec.name} failed: {exc}")
             raise BackendError(f"{call}: NCCL error {exc} (communicator aborted)") from exc
-        return call.result
+        return result
+
+    def device_work(self, call: Call, seq: int, result: Any, stream: Any, rec: Any) -> DeviceWork:
+        """The Work of an async device call just enqueued on ``stream``."""
+        stream = stream if stream is not None else self._cupy.cuda.get_current_stream()
+        event = self._cupy.cuda.Event(disable_timing=True)
+        event.record(stream)
+        temps, self._temps = self._temps, []
+        return DeviceWork(call, seq, event, self, result, rec, temps)
 
     def check(self) -> None:
         """Raise the NCCL communicator's asynchronous error, if any, as a BackendError."""
@@ -367,9 +391,8 @@ class NcclBackend:
     def _plan(self, call: Call) -> NcclPlan:
         return plan_reduction(call.info, call.redop, self.version, call)
 
-    def _source(self, call: Call, plan: NcclPlan) -> Any:
+    def _source(self, call: Call, x: Any, plan: NcclPlan) -> Any:
         """The send array of a reduction: a scaled copy for PREMUL_SUM, else the input."""
-        x = call.buf.array
         if plan.prescale is None:
             return x
         scaled = (x * plan.prescale).astype(x.dtype, copy=False)
@@ -394,30 +417,28 @@ class NcclBackend:
     def _rows(array: Any) -> Any:
         return array.reshape(-1)
 
-    # -- collectives --------------------------------------------------------------------
+    # -- collectives: each returns (result, post-step or None) --------------------------
 
-    def _all_reduce(self, call: Call, s: int):
-        plan = self._plan(call)
-        x = call.buf.array
-        src = self._source(call, plan)
+    def _all_reduce(self, call: Call, x: Any, out: Any, s: int):
+        plan = call.how
+        src = self._source(call, x, plan)
         self.comm.allReduce(
             src.data.ptr, x.data.ptr, x.size * plan.per_element, plan.dtype, plan.op, s
         )
-        return self._avg(plan, x)
+        return x, self._avg(plan, x)
 
-    def _reduce(self, call: Call, s: int):
-        plan = self._plan(call)
-        x = call.buf.array
-        src = self._source(call, plan)
+    def _reduce(self, call: Call, x: Any, out: Any, s: int):
+        plan = call.how
+        src = self._source(call, x, plan)
         self.comm.reduce(
             src.data.ptr, x.data.ptr, x.size * plan.per_element, plan.dtype, plan.op, call.peer, s
         )
-        return self._avg(plan, x) if self.rank == call.peer else None
+        return x, self._avg(plan, x) if self.rank == call.peer else None
 
-    def _broadcast(self, call: Call, s: int):
+    def _broadcast(self, call: Call, x: Any, out: Any, s: int):
         dt, per = self._type(call)
-        x = call.buf.array
         self.comm.bcast(x.data.ptr, x.size * per, dt, call.peer, s)
+        return x, None
 
     def _grouped(
         self, sends: list[Transfer], recvs: list[Transfer], dt: int, per: int, s: int
@@ -437,59 +458,57 @@ class NcclBackend:
         finally:
             nccl.groupEnd()
 
-    def _all_gather(self, call: Call, s: int):
+    def _all_gather(self, call: Call, x: Any, out: Any, s: int):
         dt, per = self._type(call)
-        x, out = call.buf.array, call.out.array
-        if call.payload is None:
+        if not call.uneven:
             self.comm.allGather(x.data.ptr, out.data.ptr, x.size * per, dt, s)
-            return None
-        counts, displs = O.displacements(call.counts)
+            return out, None
+        counts, displs = call.counts
         flat_out = self._rows(out)
         flat_out[displs[self.rank] : displs[self.rank] + counts[self.rank]] = self._rows(x)
         peers = [p for p in range(self.size) if p != self.rank]
         sends = [(self._rows(x), p, 0, counts[self.rank]) for p in peers]
         recvs = [(flat_out, p, displs[p], counts[p]) for p in peers]
         self._grouped(sends, recvs, dt, per, s)
-        return None
+        return out, None
 
-    def _gather(self, call: Call, s: int):
+    def _gather(self, call: Call, x: Any, out: Any, s: int):
         dt, per = self._type(call)
-        x = self._rows(call.buf.array)
+        x = self._rows(x)
         root = call.peer
         if self.rank != root:
             self._grouped([(x, root, 0, x.size)], [], dt, per, s)
-            return None
-        counts, displs = O.displacements(call.counts)
-        flat_out = self._rows(call.out.array)
+            return None, None
+        counts, displs = call.counts
+        flat_out = self._rows(out)
         flat_out[displs[root] : displs[root] + counts[root]] = x
         recvs = [(flat_out, p, displs[p], counts[p]) for p in range(self.size) if p != root]
         self._grouped([], recvs, dt, per, s)
-        return None
+        return out, None
 
-    def _scatter(self, call: Call, s: int):
+    def _scatter(self, call: Call, x: Any, out: Any, s: int):
         dt, per = self._type(call)
-        out = self._rows(call.out.array)
+        flat = self._rows(out)
         root = call.peer
-        counts, displs = O.displacements(call.counts)
+        counts, displs = call.counts
         if self.rank != root:
-            self._grouped([], [(out, root, 0, counts[self.rank])], dt, per, s)
-            return None
-        x = self._rows(call.buf.array)
-        out[...] = x[displs[root] : displs[root] + counts[root]]
+            self._grouped([], [(flat, root, 0, counts[self.rank])], dt, per, s)
+            return out, None
+        x = self._rows(x)
+        flat[...] = x[displs[root] : displs[root] + counts[root]]
         sends = [(x, p, displs[p], counts[p]) for p in range(self.size) if p != root]
         self._grouped(sends, [], dt, per, s)
-        return None
+        return out, None
 
-    def _reduce_scatter(self, call: Call, s: int):
-        plan = self._plan(call)
-        src = self._source(call, plan)
-        out = call.out.array
-        if call.payload is None:
+    def _reduce_scatter(self, call: Call, x: Any, out: Any, s: int):
+        plan = call.how
+        src = self._source(call, x, plan)
+        if not call.uneven:
             self.comm.reduceScatter(
                 src.data.ptr, out.data.ptr, out.size * plan.per_element, plan.dtype, plan.op, s
             )
-            return self._avg(plan, out)
-        counts, displs = O.displacements(call.counts)
+            return out, self._avg(plan, out)
+        counts, displs = call.counts
         flat = self._rows(src)
         nccl = self._nccl_mod
         nccl.groupStart()  # uneven blocks: one reduce per destination, grouped
@@ -508,45 +527,46 @@ class NcclBackend:
                     )
         finally:
             nccl.groupEnd()
-        return self._avg(plan, out)
+        return out, self._avg(plan, out)
 
-    def _all_to_all(self, call: Call, s: int):
+    def _all_to_all(self, call: Call, x: Any, out: Any, s: int):
         dt, per = self._type(call)
-        (scounts, sdispls), (rcounts, rdispls) = map(O.displacements, call.counts)
-        x, out = self._rows(call.buf.array), self._rows(call.out.array)
+        scounts, sdispls = call.send_counts
+        rcounts, rdispls = call.counts
+        x, flat = self._rows(x), self._rows(out)
         sends = [(x, p, sdispls[p], scounts[p]) for p in range(self.size)]
-        recvs = [(out, p, rdispls[p], rcounts[p]) for p in range(self.size)]
+        recvs = [(flat, p, rdispls[p], rcounts[p]) for p in range(self.size)]
         self._grouped(sends, recvs, dt, per, s)
+        return out, None
 
     # -- point-to-point -----------------------------------------------------------------
 
-    def _send(self, call: Call, s: int):
+    def _send(self, call: Call, x: Any, out: Any, s: int):
         dt, per = self._type(call)
-        x = call.buf.array
         self.comm.send(x.data.ptr, x.size * per, dt, call.peer, s)
+        return None, None
 
-    def _recv(self, call: Call, s: int):
+    def _recv(self, call: Call, x: Any, out: Any, s: int):
         if call.peer is None:
             raise InvalidArgumentError(f"{call}: NCCL cannot receive from any source; name src")
         dt, per = self._type(call)
-        x = call.buf.array
         self.comm.recv(x.data.ptr, x.size * per, dt, call.peer, s)
-        call.result = call.peer
+        return call.peer, None
 
-    def _sendrecv(self, call: Call, s: int):
-        dst, src = call.payload
-        if src is None:
+    def _sendrecv(self, call: Call, x: Any, out: Any, s: int):
+        if call.src is None:
             raise InvalidArgumentError(f"{call}: NCCL cannot receive from any source; name src")
         dt, per = self._type(call)
-        x, out = self._rows(call.buf.array), self._rows(call.out.array)
-        self._grouped([(x, dst, 0, x.size)], [(out, src, 0, out.size)], dt, per, s)
+        x, flat = self._rows(x), self._rows(out)
+        self._grouped([(x, call.peer, 0, x.size)], [(flat, call.src, 0, flat.size)], dt, per, s)
+        return out, None
 
-    def _batch(self, call: Call, s: int):
+    def _batch(self, call: Call, items: Any, out: Any, s: int):
+        types = [nccl_dtype(SUPPORTED_DTYPES[p.buf.dtype], call) for p in items]  # all first
         nccl = self._nccl_mod
         nccl.groupStart()
         try:
-            for p in call.payload:
-                dt, per = nccl_dtype(SUPPORTED_DTYPES[p.buf.dtype], call)
+            for p, (dt, per) in zip(items, types, strict=True):
                 ptr, n = p.buf.array.data.ptr, p.buf.array.size * per
                 if p.op == "send":
                     self.comm.send(ptr, n, dt, p.peer, s)
@@ -554,3 +574,4 @@ class NcclBackend:
                     self.comm.recv(ptr, n, dt, p.peer, s)
         finally:
             nccl.groupEnd()
+        return None, None

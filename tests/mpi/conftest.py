@@ -17,9 +17,10 @@ def world():
 @pytest.fixture(params=[60.0, None], ids=["bounded", "plain"])
 def comm(world, request):
     """A fresh duplicate per test, so one test's sequence numbers and leftovers stay apart.
-    Every test runs twice: with a 60 s bound on each operation, and plain (no timeout), which
-    is the path where repeated identical calls reuse their validation (hpccomm/memo.py). The
-    plain runs stay bounded by pytest-timeout and the Makefile's timeout."""
+    Every test runs twice: with a 60 s bound on each operation (collectives then run on the
+    communicator's worker thread, waited for with a deadline), and plain (no timeout: plain
+    collectives run inline, repeats reuse their cached validation). The plain runs stay
+    bounded by pytest-timeout and the Makefile's timeout."""
     c = world.dup()
     c.timeout = request.param
     yield c

@@ -157,14 +157,25 @@ def test_context_manager_frees(comm):
 
 
 def test_node_and_leaders(comm):
-    node = comm.node
+    node = comm.node()  # collective on first call, cached after
+    assert node is comm.node()
     assert node.size == comm.local_size and node.rank == comm.local_rank
     assert 0 <= comm.node_index < comm.num_nodes
-    leaders = comm.leaders
+    leaders = comm.leaders()
     if comm.local_rank == 0:
         assert leaders.size == comm.num_nodes and leaders.rank == comm.node_index
     else:
         assert leaders is None
+
+
+def test_node_facts_of_a_subgroup_never_communicate(comm):
+    # local_rank & co are computed when the group is made: reading them on one rank only
+    # (a collective hidden in a property used to hang here) is safe.
+    sub = comm.split(comm.rank % 2)
+    if comm.rank == 0:
+        assert sub.local_rank == 0 and sub.num_nodes == 1 and sub.node_index == 0
+        assert sub.local_size == len(range(0, comm.size, 2))
+    comm.barrier()
 
 
 def test_launch_discovery_agrees_with_mpi(world):

@@ -1,8 +1,11 @@
-"""Repeated identical calls reuse their validation (hpccomm/memo.py): results stay right when
-contents change, anything that changes what validation saw is validated again, and outputs
-hpccomm allocates are never handed out twice."""
+"""Validation runs once per call description (hpccomm/dispatch.py): repeats with the same
+arrays or fresh arrays of the same description reuse it, results stay right when contents
+change, anything that changes what validation saw is validated again, outputs hpccomm
+allocates are never handed out twice, and the cache keeps no user array alive."""
 
+import gc
 import warnings
+import weakref
 
 import numpy as np
 import pytest
@@ -30,7 +33,7 @@ def test_repeat_with_new_contents(plain):
         x[:] = r * step
         assert plain.all_gather(x, out=out) is out
         assert list(out[::5]) == [i * step for i in range(n)]
-    assert len(plain._memos) == 2
+    assert len(plain._dispatcher.cache) == 2  # one description each: all_reduce, all_gather
 
 
 def test_in_place_shape_or_dtype_change_is_validated_again(plain):
@@ -91,23 +94,53 @@ def test_listeners_see_every_repeat(plain):
     assert [rec["seq"] for rec in log.records] == [2, 3]
 
 
-def test_free_releases_the_memo(world):
+def test_free_releases_the_cache(world):
     c = world.dup()
     c.timeout = None
     c.all_reduce(np.ones(1))
-    assert c._memos
+    assert c._dispatcher.cache
     c.free()
-    assert not c._memos
+    assert not c._dispatcher.cache
 
 
 def test_sequence_numbers_keep_counting_on_repeats(plain):
     x = np.ones(1)
     for _ in range(3):
         plain.all_reduce(x)
-    assert plain._memos and next(iter(plain._memos.values())).call.seq == 3
+    assert plain._dispatcher.group.seq == 3
 
 
-def test_repeats_of_every_memoised_op(plain):
+def test_fresh_arrays_of_one_description_share_one_entry(plain):
+    n = plain.size
+    for step in range(5):
+        loss = np.array([float(step + plain.rank)])  # a new array every step
+        plain.all_reduce(loss)
+        assert loss[0] == sum(step + i for i in range(n))
+    assert len(plain._dispatcher.cache) == 1
+
+
+def test_the_cache_keeps_no_array_alive(plain):
+    x = np.ones(8)
+    out = np.empty(8 * plain.size)
+    plain.all_gather(x, out=out)
+    refs = [weakref.ref(x), weakref.ref(out)]
+    del x, out
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
+
+
+def test_a_cached_call_with_a_bad_array_gets_the_precise_error(plain):
+    x = np.ones(4)
+    plain.all_reduce(x)
+    x.flags.writeable = False  # the same description, but now read-only
+    with pytest.raises(hpccomm.InvalidArgumentError, match="array is read-only"):
+        plain.all_reduce(x)
+    x.flags.writeable = True
+    plain.all_reduce(x)
+    assert x[0] == plain.size**2
+
+
+def test_repeats_of_every_cached_op(plain):
     n, r = plain.size, plain.rank
     right, left = (r + 1) % n, (r - 1) % n
     x = np.empty(4)
@@ -127,7 +160,7 @@ def test_repeats_of_every_memoised_op(plain):
         assert plain.all_to_all(big, out=out) is out
         assert list(out[::4]) == [100 * j + 4 * r + step for j in range(n)]
         x[:] = float(r + step)
-        plain.all_reduce(x, op=ReduceOp.AVG)  # not a one-call repeat: divides after
+        plain.all_reduce(x, op=ReduceOp.AVG)  # divides after the MPI call
         assert np.allclose(x, (n - 1) / 2 + step)
         if n > 1:
             send = np.full(2, float(r * 10 + step))
@@ -144,7 +177,7 @@ def test_split_sizes_after_an_equal_call_on_the_same_arrays(plain):
     n, r = plain.size, plain.rank
     x = np.arange(n, dtype=np.int64) + 10 * r
     out = np.empty(n, dtype=np.int64)
-    plain.all_to_all_single(x, out=out)  # equal blocks: memoised
+    plain.all_to_all_single(x, out=out)  # equal blocks: cached
     assert list(out) == [10 * j + r for j in range(n)]
     # The same arrays with split sizes: every rank sends all its rows to itself.
     mine = [n if j == r else 0 for j in range(n)]

@@ -1,0 +1,401 @@
+"""The one path every operation takes: resolve -> validate -> record -> choose backend -> run.
+
+A :class:`Dispatcher` belongs to one communicator. It is handed the communicator's identity
+(:class:`~hpccomm.record.Group`), its host backend and a function that picks the backend of a
+call with device arrays; it imports nothing above it.
+
+- **Validate once per description.** Validation produces a :class:`~hpccomm.ops.Call` that
+  holds no array; the dispatch caches it under what validation depended on (op, dtype, shape,
+  strides, root/tag/op, sizes, the output's description) and reuses it for any later call
+  with arrays of that description, new array objects included. A cached call that then fails
+  in the library is validated again from scratch, so a read-only or otherwise bad array
+  still gets its precise error.
+- **Record.** Each call gets the next sequence number of its group. Only when someone listens
+  (or a Work is handed out) is a :class:`~hpccomm.record.Record` made.
+- **Run.** ``call.mode`` (set by the backend) says how: a blocking collective runs inline, or
+  on the communicator's worker thread (:mod:`hpccomm.executor`) when the caller asked for a
+  Work or a time bound, or when earlier calls still wait there; point-to-point bodies return
+  MPI requests that are waited for here or handed out in a Work; NCCL enqueues on a stream.
+  Whether a rank waits, how long, and whether it asked for a Work never changes which MPI call
+  it makes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from . import record
+from .buffers import allocate, resolve
+from .errors import (
+    BackendError,
+    ClosedError,
+    CommTimeoutError,
+    HpccommError,
+)
+from .executor import Executor, Future
+from .ops import Call, OpSpec
+from .record import Group, Record
+from .work import Done, Work, wait_bounded
+
+__all__ = ["Dispatcher", "CACHE_LIMIT"]
+
+CACHE_LIMIT = 512  # validated call descriptions kept per communicator (cleared when full)
+_ndarray = np.ndarray
+_listeners = record.listeners
+
+
+class Dispatcher:
+    """Runs every operation of one communicator.
+
+    Args:
+        group: the communicator's name, rank, size and sequence counters.
+        backend: the host backend (MPI).
+        device_backend: picks the backend of a call with device arrays (NCCL or the MPI
+            device path); called only for such calls.
+        timeout: seconds after which a blocking call raises CommTimeoutError (None: none).
+    """
+
+    def __init__(
+        self,
+        group: Group,
+        backend: Any,
+        device_backend: Callable[[Call], Any],
+        *,
+        timeout: float | None = None,
+    ) -> None:
+        self.group = group
+        self.backend = backend
+        self.device_backend = device_backend
+        self.cache: dict[tuple, Call] = {}
+        self.executor: Executor | None = None
+        self.closed = False
+        self.broken: str | None = None  # why calls can no longer run (a stuck call)
+        self.watch: Callable[[], None] | None = None  # checked while waiting with a bound
+        self._timeout = timeout
+        self._slow = timeout is not None
+
+    # -- settings ---------------------------------------------------------------------------
+
+    @property
+    def timeout(self) -> float | None:
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, value: float | None) -> None:
+        self._timeout = value
+        self._slow = value is not None or self.broken is not None
+
+    # -- the path ---------------------------------------------------------------------------
+
+    def dispatch(
+        self,
+        spec: OpSpec,
+        data: Any = None,
+        out: Any = None,
+        *,
+        peer: Any = None,
+        src: Any = None,
+        tag: Any = None,
+        redop: Any = None,
+        sizes: Any = None,
+        in_splits: Any = None,
+        out_splits: Any = None,
+        async_op: bool = False,
+        stream: Any = None,
+    ) -> Any:
+        """Run one operation; returns its result, or a Work when ``async_op``."""
+        if self.closed:
+            raise ClosedError(
+                f"{spec.name} (rank {self.group.rank} of {self.group.size}): "
+                f"communicator {self.group.name} already freed"
+            )
+        # resolve + validate, once per description of host arrays
+        key = None
+        if type(data) is _ndarray and stream is None and (out is None or type(out) is _ndarray):
+            extra = None
+            if sizes is not None or in_splits is not None or out_splits is not None:
+                sizes, in_splits, out_splits = (
+                    _frozen(sizes),
+                    _frozen(in_splits),
+                    _frozen(out_splits),
+                )
+                extra = (sizes, in_splits, out_splits)
+            key = (
+                spec,
+                data.dtype,
+                data.shape,
+                data.strides,
+                peer,
+                src,
+                tag,
+                redop,
+                extra,
+                None if out is None else (out.dtype, out.shape, out.strides),
+            )
+            call = self.cache.get(key)
+            if call is None:
+                call, data, out = self.prepare(
+                    spec, data, out, peer, src, tag, redop, sizes, in_splits, out_splits
+                )
+                if len(self.cache) >= CACHE_LIMIT:
+                    self.cache.clear()
+                self.cache[key] = call
+        else:
+            call, data, out = self.prepare(
+                spec, data, out, peer, src, tag, redop, sizes, in_splits, out_splits
+            )
+        # record: the group's next sequence number
+        group = self.group
+        if spec.p2p:
+            group.p2p_seq += 1
+            seq = group.p2p_seq
+        else:
+            group.seq += 1
+            seq = group.seq
+        # run: plain blocking calls inline, everything else through run()
+        if async_op or self._slow or _listeners or call.mode != "blocking":
+            return self.run(call, seq, data, out, async_op, stream, key)
+        ex = self.executor
+        if ex is not None and ex.pending:
+            return self.run(call, seq, data, out, async_op, stream, key)
+        if out is None and call.out_shape is not None:
+            out = allocate(call.out_shape, call.info.dtype, call.device)
+        try:
+            return call.body(call, data, out, stream)
+        except HpccommError:
+            raise
+        except Exception as exc:
+            raise self.failed(call, seq, exc, key, data, out) from exc
+
+    def prepare(
+        self,
+        spec: OpSpec,
+        data: Any,
+        out: Any,
+        peer: Any,
+        src: Any,
+        tag: Any,
+        redop: Any,
+        sizes: Any,
+        in_splits: Any,
+        out_splits: Any,
+    ) -> tuple[Call, Any, Any]:
+        """Resolve and validate one call and let its backend prepare it; returns the Call and
+        the data and output as the backend takes them (NumPy or CuPy arrays for DLPack and
+        CUDA-array-interface objects)."""
+        call = Call(
+            spec,
+            self.group,
+            peer=peer,
+            src=src,
+            tag=tag,
+            redop=redop,
+            sizes=sizes,
+            in_splits=in_splits,
+            out_splits=out_splits,
+        )
+        b = o = None
+        if not spec.arrays:
+            spec.validate(call, data, None)  # Python objects, or a list of P2POp
+        else:
+            if data is not None:
+                b = resolve(data, call)
+                data = b.array
+            if out is not None:
+                o = resolve(out, call, "out")
+                out = o.array
+            spec.validate(call, b, o)
+        backend = self.backend if call.device is None else self.device_backend(call)
+        backend.prepare(call)
+        return call, data, out
+
+    def run(
+        self,
+        call: Call,
+        seq: int,
+        data: Any,
+        out: Any,
+        async_op: bool,
+        stream: Any,
+        key: tuple | None = None,
+    ) -> Any:
+        """The run step when the call is not a plain inline one: listeners, a Work, a time
+        bound, point-to-point requests, a device stream, or earlier calls still queued."""
+        if self.broken is not None:
+            raise ClosedError(f"{call.where(seq)}: {self.broken}")
+        rec = None
+        if _listeners:
+            rec = Record(call, seq, async_op)
+            record.notify("start", rec)
+        pending: Any = None
+        try:
+            if out is None and call.out_shape is not None:
+                out = allocate(call.out_shape, call.info.dtype, call.device)
+            mode = call.mode
+            if mode == "blocking":
+                ex = self.executor
+                if not async_op and self._timeout is None and (ex is None or not ex.pending):
+                    pending = Done(call.body(call, data, out, stream))
+                else:
+                    pending = self.worker().submit(
+                        call.where(seq), _run_job, call, data, out, stream
+                    )
+            elif mode == "requests":
+                pending = call.body(call, data, out, stream)
+                pending.where = partial(call.where, seq)  # names the call in its errors
+            else:  # "stream": enqueued on a CUDA stream
+                result = call.body(call, data, out, stream)
+                if async_op:
+                    return call.backend.device_work(call, seq, result, stream, rec)
+                pending = Done(result)
+        except Exception as exc:
+            err = (
+                exc
+                if isinstance(exc, HpccommError)
+                else self.failed(call, seq, exc, key, data, out)
+            )
+            if rec is not None:
+                rec.error = err
+                record.notify("end", rec)
+            if err is exc:
+                raise
+            raise err from exc
+        work = Work(
+            call,
+            seq,
+            pending,
+            timeout=self._timeout,
+            watch=self.watch,
+            rec=rec,
+            closed=self._is_closed,
+        )
+        if async_op:
+            return work
+        try:
+            return work.wait(self._timeout)
+        except CommTimeoutError as exc:
+            work.disown()
+            raise self.timed_out(call, seq, pending, exc) from None
+
+    def failed(
+        self,
+        call: Call,
+        seq: int,
+        exc: Exception,
+        key: tuple | None = None,
+        data: Any = None,
+        out: Any = None,
+    ) -> HpccommError:
+        """A library error as a BackendError naming the call. When the call came from the
+        cache, validation runs again on the actual arrays first, so an array that should have
+        been refused (read-only, say) gets its precise error instead."""
+        if key is not None:
+            self.cache.pop(key, None)
+            spec = call.spec
+            try:
+                self.prepare(
+                    spec,
+                    data,
+                    out,
+                    call.peer,
+                    call.src,
+                    call.tag,
+                    call.redop,
+                    call.sizes,
+                    call.in_splits,
+                    call.out_splits,
+                )
+            except HpccommError as precise:
+                return precise
+        return BackendError(f"{call.where(seq)}: {call.backend.name} failed: {exc}")
+
+    def timed_out(
+        self, call: Call, seq: int, pending: Any, exc: CommTimeoutError
+    ) -> CommTimeoutError:
+        """The error of a bounded call that did not complete; says when it waits behind an
+        earlier call of the group that is stuck."""
+        ex = self.executor
+        if isinstance(pending, Future) and ex is not None:
+            running = ex.running
+            if running is not None and running is not pending:
+                return CommTimeoutError(
+                    f"{exc}; it is queued behind {running.what}, which has not completed"
+                )
+        return exc
+
+    def worker(self) -> Executor:
+        """The communicator's worker thread (started on first use)."""
+        if self.executor is None:
+            self.executor = Executor(self.group.name)
+        return self.executor
+
+    def collective(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a collective that is not an array operation (split, dup, ...) as one step of
+        the group's sequence: inline, or bounded by the timeout on the worker thread."""
+        if self.closed:
+            raise ClosedError(
+                f"{what} (rank {self.group.rank} of {self.group.size}): communicator "
+                f"{self.group.name} already freed"
+            )
+        group = self.group
+        group.seq += 1
+        name = f"{what} #{group.seq} on {group.name} (rank {group.rank} of {group.size})"
+        if self.broken is not None:
+            raise ClosedError(f"{name}: {self.broken}")
+        ex = self.executor
+        if self._timeout is None and (ex is None or not ex.pending):
+            return fn(*args)
+        fut = self.worker().submit(name, fn, *args)
+        if self._timeout is None:
+            fut.wait(None)
+        elif not _wait_watched(fut, self._timeout, self.watch):
+            raise CommTimeoutError(
+                f"{name}: not complete after {self._timeout:g} s; some rank of the group has "
+                f"not joined it (MPI cannot cancel it: abort the job)"
+            )
+        return fut.outcome()
+
+    def _is_closed(self) -> bool:
+        return self.closed
+
+    def close(self) -> str | None:
+        """Stop the worker thread; returns what is stuck in it, if anything."""
+        self.closed = True
+        self.cache.clear()
+        ex = self.executor
+        if ex is not None and not ex.close():
+            return ex.stuck
+        return None
+
+
+def _run_job(call: Call, data: Any, out: Any, stream: Any) -> Any:
+    """A blocking body on the worker thread: library errors become BackendErrors naming the
+    call (the sequence number is in the Work's messages)."""
+    try:
+        return call.body(call, data, out, stream)
+    except HpccommError:
+        raise
+    except Exception as exc:
+        raise BackendError(f"{call}: {call.backend.name} failed: {exc}") from exc
+
+
+def _wait_watched(fut: Future, timeout: float, watch: Callable[[], None] | None) -> bool:
+    if watch is None:
+        return fut.wait(timeout)
+    return wait_bounded(fut.test, timeout, watch)
+
+
+def _frozen(value: Any) -> Any:
+    """A hashable form of a sizes list for the cache key."""
+    if value is None or isinstance(value, tuple):
+        return value
+    if isinstance(value, np.ndarray):
+        return tuple(value.tolist())
+    try:
+        return tuple(value)
+    except TypeError:
+        return ("unhashable", id(value))
