@@ -30,8 +30,13 @@ def parse_bytes(text: str) -> int:
     return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
 
 
-def cases(comm, raw, nbytes):
-    """(name, raw callable, hpccomm callable, bytes S for algbw) for one size."""
+def cases(comm, bounded, raw, nbytes):
+    """(name, raw callable, hpccomm callable, bytes S for algbw) for one size.
+
+    Plain names repeat the call on the same arrays (a training loop's buffers); "fresh" cases
+    make a new array for every call on both sides (``comm.all_reduce(np.array([loss]))``);
+    "timeout" runs on a communicator with a time bound (collectives then go through its worker
+    thread); "async" asks for a Work and waits for it at once."""
     n = comm.size
     count = max(1, nbytes // 8)
     x = np.ones(count)
@@ -46,6 +51,26 @@ def cases(comm, raw, nbytes):
             lambda: raw.Allreduce(MPI.IN_PLACE, [x, dt], MPI.SUM),
             lambda: comm.all_reduce(y),
             s1,
+        ),
+        "all_reduce fresh": (
+            lambda: raw.Allreduce(MPI.IN_PLACE, [np.ones(count), dt], MPI.SUM),
+            lambda: comm.all_reduce(np.ones(count)),
+            s1,
+        ),
+        "all_reduce timeout": (
+            lambda: raw.Allreduce(MPI.IN_PLACE, [x, dt], MPI.SUM),
+            lambda: bounded.all_reduce(y),
+            s1,
+        ),
+        "all_reduce async": (
+            lambda: raw.Allreduce(MPI.IN_PLACE, [x, dt], MPI.SUM),
+            lambda: comm.all_reduce(y, async_op=True).wait(),
+            s1,
+        ),
+        "all_gather fresh": (
+            lambda: raw.Allgather([np.ones(count), dt], [np.empty(count * n), dt]),
+            lambda: comm.all_gather(np.ones(count)),
+            sn,
         ),
         "all_gather": (
             lambda: raw.Allgather([x, dt], [big_out, dt]),
@@ -99,7 +124,9 @@ def time_block(comm_mpi, fn, iters):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
-        "--ops", default="all_reduce,all_gather,reduce_scatter,broadcast,all_to_all,send_recv"
+        "--ops",
+        default="all_reduce,all_reduce fresh,all_reduce timeout,all_reduce async,all_gather,"
+        "all_gather fresh,reduce_scatter,broadcast,all_to_all,send_recv",
     )
     p.add_argument("--min-bytes", default="8")
     p.add_argument("--max-bytes", default="16M")
@@ -108,6 +135,8 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="also write the rows to this file (rank 0)")
     args = p.parse_args(argv)
     comm = hpccomm.init()
+    bounded = comm.dup()
+    bounded.timeout = 600
     raw = comm.mpi.Dup()  # raw mpi4py on its own communicator, same ranks
     sizes = []
     s = parse_bytes(args.min_bytes)
@@ -118,7 +147,7 @@ def main(argv=None) -> int:
     wanted = args.ops.split(",")
     for nbytes in sizes:
         iters = max(20, min(2000, (64 << 20) // max(nbytes * comm.size, 1)))
-        for name, (raw_fn, hp_fn, S) in cases(comm, raw, nbytes).items():
+        for name, (raw_fn, hp_fn, S) in cases(comm, bounded, raw, nbytes).items():
             if name not in wanted:
                 continue
             for fn in (raw_fn, hp_fn):
@@ -153,17 +182,18 @@ def main(argv=None) -> int:
             f"# hpccomm vs raw mpi4py, {comm.size} ranks, {MPI.Get_library_version().splitlines()[0].strip()}"
         )
         print(
-            f"{'op':<15}{'size(B)':>10}{'raw(us)':>11}{'hpccomm(us)':>13}{'diff(us)':>10}{'ratio':>8}{'algbw raw':>11}{'algbw hpc':>11}"
+            f"{'op':<20}{'size(B)':>10}{'raw(us)':>11}{'hpccomm(us)':>13}{'diff(us)':>10}{'ratio':>8}{'algbw raw':>11}{'algbw hpc':>11}"
         )
         for r in rows:
             print(
-                f"{r['op']:<15}{r['bytes']:>10}{r['raw_us']:>11.2f}{r['hpccomm_us']:>13.2f}{r['overhead_us']:>10.2f}"
+                f"{r['op']:<20}{r['bytes']:>10}{r['raw_us']:>11.2f}{r['hpccomm_us']:>13.2f}{r['overhead_us']:>10.2f}"
                 f"{r['ratio']:>8.3f}{r['raw_algbw']:>11.3f}{r['hpccomm_algbw']:>11.3f}"
             )
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=1)
     raw.Free()
+    bounded.free()
     return 0
 
 

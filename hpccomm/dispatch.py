@@ -23,7 +23,6 @@ call with device arrays; it imports nothing above it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -156,16 +155,32 @@ class Dispatcher:
         else:
             group.seq += 1
             seq = group.seq
-        # run: plain blocking calls inline, everything else through run()
-        if async_op or self._slow or _listeners or call.mode != "blocking":
+        # run: plain calls here (blocking collectives inline, point-to-point started and
+        # waited for), everything else through run()
+        if async_op or self._slow or _listeners:
             return self.run(call, seq, data, out, async_op, stream, key)
-        ex = self.executor
-        if ex is not None and ex.pending:
+        mode = call.mode
+        if mode == "blocking":
+            ex = self.executor
+            if ex is not None and ex.pending:
+                return self.run(call, seq, data, out, async_op, stream, key)
+            if out is None and call.out_shape is not None:
+                out = allocate(call.out_shape, call.info.dtype, call.device)
+            try:
+                return call.body(call, data, out, stream)
+            except HpccommError:
+                raise
+            except Exception as exc:
+                raise self.failed(call, seq, exc, key, data, out) from exc
+        if mode != "requests":
             return self.run(call, seq, data, out, async_op, stream, key)
         if out is None and call.out_shape is not None:
             out = allocate(call.out_shape, call.info.dtype, call.device)
         try:
-            return call.body(call, data, out, stream)
+            pending = call.body(call, data, out, stream)
+            pending.seq = seq
+            pending.wait(None)
+            return pending.outcome()
         except HpccommError:
             raise
         except Exception as exc:
@@ -246,7 +261,7 @@ class Dispatcher:
                     )
             elif mode == "requests":
                 pending = call.body(call, data, out, stream)
-                pending.where = partial(call.where, seq)  # names the call in its errors
+                pending.seq = seq  # names the call in its errors
             else:  # "stream": enqueued on a CUDA stream
                 result = call.body(call, data, out, stream)
                 if async_op:

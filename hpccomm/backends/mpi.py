@@ -167,23 +167,24 @@ class Requests:
     buffer holds: MPI accepts a shorter message and leaves the rest of the buffer as it was,
     which hpccomm reports instead of passing on silently."""
 
-    __slots__ = ("reqs", "statuses", "checks", "result", "keep", "where")
+    __slots__ = ("reqs", "statuses", "checks", "result", "keep", "call", "seq")
 
     def __init__(
         self,
+        call: Call,
         reqs: list[MPI.Request],
         result: Any = None,
         *,
         checks: Sequence[tuple[int, int, MPI.Datatype, str]] = (),
         keep: Any = None,
-        where: Callable[[], str] | None = None,
     ) -> None:
+        self.call = call
+        self.seq = 0  # set by the dispatch: the call's sequence number, for messages
         self.reqs = reqs
         self.statuses = [MPI.Status() for _ in reqs]
         self.checks = checks  # (request index, expected count, datatype, what)
         self.result = result
         self.keep = keep  # the arrays MPI reads or writes until completion
-        self.where = where
 
     def test(self) -> bool:
         try:
@@ -215,9 +216,8 @@ class Requests:
             st = self.statuses[i]
             got = st.Get_count(mt)
             if got != expected:
-                prefix = self.where() if self.where is not None else "recv"
                 raise MismatchError(
-                    f"{prefix}: {what} got {got} elements from rank {st.Get_source()} (tag "
+                    f"{self.call.where(self.seq)}: {what} got {got} elements from rank {st.Get_source()} (tag "
                     f"{st.Get_tag()}), expected {expected} (the buffer's size); the sender sent "
                     f"a shorter message and the rest of the buffer is unchanged"
                 )
@@ -225,10 +225,70 @@ class Requests:
         return result(self.statuses) if callable(result) else result
 
 
+class _Sent:
+    """One started send (the common case, kept lean): done when MPI may reuse the buffer."""
+
+    __slots__ = ("req", "keep", "seq")
+
+    def __init__(self, req: MPI.Request, keep: Any) -> None:
+        self.req = req
+        self.keep = keep
+        self.seq = 0
+
+    def test(self) -> bool:
+        return self.req.Test()
+
+    def wait(self, timeout: float | None) -> bool:
+        if timeout is None:
+            self.req.Wait()
+            return True
+        return wait_bounded(self.req.Test, timeout)
+
+    def outcome(self) -> None:
+        self.keep = None
+
+
+class _Received:
+    """One started receive: returns the source rank; a message shorter than the buffer is a
+    MismatchError naming sender, tag and both sizes."""
+
+    __slots__ = ("req", "status", "keep", "call", "mt", "seq")
+
+    def __init__(self, call: Call, req: MPI.Request, keep: Any, mt: MPI.Datatype) -> None:
+        self.call = call
+        self.req = req
+        self.status = MPI.Status()
+        self.keep = keep
+        self.mt = mt
+        self.seq = 0
+
+    def test(self) -> bool:
+        return self.req.Test(self.status)
+
+    def wait(self, timeout: float | None) -> bool:
+        if timeout is None:
+            self.req.Wait(self.status)
+            return True
+        return wait_bounded(self.test, timeout)
+
+    def outcome(self) -> int:
+        self.keep = None
+        st = self.status
+        got = st.Get_count(self.mt)
+        expected = self.call.count
+        if got != expected:
+            raise MismatchError(
+                f"{self.call.where(self.seq)}: the receive got {got} elements from rank "
+                f"{st.Get_source()} (tag {st.Get_tag()}), expected {expected} (the buffer's "
+                f"size); the sender sent a shorter message and the rest of the buffer is unchanged"
+            )
+        return st.Get_source()
+
+
 class _ObjectRecv:
     """A pending ``recv_object``: probes until a message matches, then receives it."""
 
-    __slots__ = ("comm", "source", "tag", "value", "done", "where")
+    __slots__ = ("comm", "source", "tag", "value", "done", "seq")
 
     def __init__(self, comm: pkl5.Intracomm, source: int, tag: int) -> None:
         self.comm, self.source, self.tag = comm, source, tag
@@ -258,7 +318,7 @@ class _ObjectRecv:
 class _ObjectSend:
     """A pending ``send_object`` (pkl5's non-blocking send)."""
 
-    __slots__ = ("req", "where")
+    __slots__ = ("req", "seq")
 
     def __init__(self, req: Any) -> None:
         self.req = req
@@ -426,21 +486,14 @@ class MPIBackend:
 
     # -- point-to-point (started; the dispatch waits or hands out a Work) ---------------
 
-    def _send(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> Requests:
-        req = self.mpi.Isend([x, call.how], call.peer, call.tag)
-        return Requests([req], keep=x)
+    def _send(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> _Sent:
+        return _Sent(self.mpi.Isend([x, call.how], call.peer, call.tag), x)
 
-    def _recv(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> Requests:
+    def _recv(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> _Received:
         src = _ANY_SOURCE if call.peer is None else call.peer
         tag = _ANY_TAG if call.tag is None else call.tag
         mt = call.how
-        req = self.mpi.Irecv([x, mt], src, tag)
-        return Requests(
-            [req],
-            _source_of_first,
-            checks=((0, call.count, mt, "the receive"),),
-            keep=x,
-        )
+        return _Received(call, self.mpi.Irecv([x, mt], src, tag), x, mt)
 
     def _sendrecv(self, call: Call, x: np.ndarray, out: np.ndarray, stream: Any) -> Requests:
         mt = call.how
@@ -449,12 +502,7 @@ class MPIBackend:
             self.mpi.Irecv([out, mt], src, call.tag),
             self.mpi.Isend([x, mt], call.peer, call.tag),
         ]
-        return Requests(
-            reqs,
-            out,
-            checks=((0, out.size, mt, "the receive"),),
-            keep=(x, out),
-        )
+        return Requests(call, reqs, out, checks=((0, out.size, mt, "the receive"),), keep=(x, out))
 
     def _batch(self, call: Call, items: list[P2POp], out: Any, stream: Any) -> Requests:
         reqs, checks = [], []
@@ -465,7 +513,7 @@ class MPIBackend:
             else:
                 checks.append((len(reqs), p.buf.count, buf[1], f"ops[{i}] (recv)"))
                 reqs.append(self.mpi.Irecv(buf, p.peer, p.tag))
-        return Requests(reqs, None, checks=checks, keep=items)
+        return Requests(call, reqs, None, checks=checks, keep=items)
 
     # -- Python objects (pickle protocol 5, out-of-band buffers) -------------------------
 
@@ -557,7 +605,3 @@ class MPIBackend:
         self.close()
         if not MPI.Is_finalized() and self.mpi != MPI.COMM_NULL:
             self.mpi.Free()
-
-
-def _source_of_first(statuses: list[MPI.Status]) -> int:
-    return statuses[0].Get_source()

@@ -43,12 +43,12 @@ class _StagedPending:
         self.finish = finish
 
     @property
-    def where(self) -> Any:
-        return self.inner.where
+    def seq(self) -> int:
+        return self.inner.seq
 
-    @where.setter
-    def where(self, value: Any) -> None:
-        self.inner.where = value
+    @seq.setter
+    def seq(self, value: int) -> None:
+        self.inner.seq = value
 
     def test(self) -> bool:
         return self.inner.test()
