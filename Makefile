@@ -16,7 +16,7 @@ MPIEXEC  := $(BIN)/mpiexec --oversubscribe
 MPI_TIMEOUT ?= 300
 BOUND    := timeout -k 10 $(MPI_TIMEOUT)
 
-.PHONY: install test test-unit test-mpi test-slurm slurm-up slurm-down run info lint format bench clean
+.PHONY: install test test-unit test-mpi test-slurm slurm-up slurm-down run info lint types check coverage format bench clean
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,21 @@ lint:
 	$(BIN)/ruff check hpccomm tests benchmarks
 	$(BIN)/ruff format --check hpccomm tests benchmarks
 
+# mypy over hpccomm/ with the settings in pyproject.toml (backends checked against the protocol)
+types:
+	$(BIN)/mypy
+
+# What CI checks besides the tests.
+check: lint types
+
+# The MPI tests at 2 ranks and the unit tests under coverage, every rank's data combined.
+coverage:
+	rm -rf build/coverage && mkdir -p build/coverage
+	$(BOUND) $(MPIEXEC) -n 2 $(BIN)/python -m coverage run -m pytest -q -p no:cacheprovider --color=no --with-mpi tests/mpi
+	$(BOUND) $(BIN)/python -m coverage run -m pytest -q -p no:cacheprovider --color=no tests/unit
+	$(BIN)/python -m coverage combine -q
+	$(BIN)/python -m coverage report --sort=cover | tail -n 25
+
 format:
 	$(BIN)/ruff format hpccomm tests benchmarks
 	$(BIN)/ruff check --fix hpccomm tests benchmarks
@@ -66,4 +81,4 @@ bench:
 	done
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache

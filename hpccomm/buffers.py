@@ -22,12 +22,12 @@ _DLPACK_CUDA_MANAGED = 13
 
 
 class Buffer(NamedTuple):
-    """One resolved array: the array itself (NumPy or CuPy), element count, dtype, CUDA
+    """One resolved array: the array itself (NumPy or CuPy), its number of elements, dtype, CUDA
     device id (None for host memory), C-contiguity, its array module, and whether it may be
     written (NumPy's read-only flag; device arrays always may)."""
 
     array: Any
-    count: int
+    elements: int
     dtype: np.dtype
     device: int | None
     contiguous: bool
@@ -35,7 +35,7 @@ class Buffer(NamedTuple):
     writable: bool
 
 
-def _cupy():
+def _cupy() -> Any:
     try:
         import cupy
     except ImportError as exc:  # pragma: no cover - depends on the machine

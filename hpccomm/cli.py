@@ -13,6 +13,13 @@ import os
 import sys
 from collections.abc import Sequence
 
+from .diagnose import format_checks, format_launch_table, gather_launch, run_checks
+from .discovery import discover
+from .errors import HpccommError, InvalidArgumentError
+from .layout import Layout
+from .runtime import init
+from .slurm import SUBMIT_TIMEOUT, BatchOptions, render, submit
+
 __all__ = ["main", "build_parser", "SBATCH_TIMEOUT_ENV"]
 
 # Seconds `hpccomm sbatch --submit` waits for sbatch when --submit-timeout is not given.
@@ -21,14 +28,9 @@ SBATCH_TIMEOUT_ENV = "HPCCOMM_SBATCH_TIMEOUT"
 
 def _cmd_info(args: argparse.Namespace) -> int:
     if args.no_mpi:
-        from .discovery import discover
-
         info = discover()
         print(info.to_json() if args.json else info)
         return 0
-    from .diagnose import format_launch_table, gather_launch
-    from .runtime import init
-
     comm = init()
     infos = gather_launch(comm)
     if infos is not None:
@@ -39,13 +41,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from .diagnose import format_checks, format_launch_table, gather_launch, run_checks
-    from .runtime import init
-
     comm = init()
     infos = gather_launch(comm)
     results = run_checks(comm, timeout=args.timeout)
-    if comm.rank == 0:
+    if comm.rank == 0 and infos is not None:
         if args.json:
             doc = {"ranks": infos, "checks": [r.__dict__ for r in results]}
             print(json.dumps(doc, indent=1, sort_keys=True))
@@ -56,8 +55,6 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_layout(args: argparse.Namespace) -> int:
-    from .layout import Layout
-
     layout = Layout(
         args.world, tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, ep=args.ep, order=args.order
     )
@@ -97,17 +94,14 @@ def _cmd_layout(args: argparse.Namespace) -> int:
     mesh = ", ".join(f"{n}={s}" for n, s in zip(layout.mesh_names, layout.mesh_shape, strict=True))
     print(f"world {layout.world_size}: {sizes}; order {'-'.join(layout.order)} (DeviceMesh {mesh})")
     print(f"{'dims':<10}{'#':>4}  members")
-    for d, groups in table.items():
-        for i, members in enumerate(groups):
+    for d, rows in table.items():
+        for i, members in enumerate(rows):
             print(f"{d:<10}{i:>4}  {members}")
     return 0
 
 
 def _submit_timeout(args: argparse.Namespace) -> float:
     """Seconds to wait for sbatch: --submit-timeout, else $HPCCOMM_SBATCH_TIMEOUT, else 60."""
-    from .errors import InvalidArgumentError
-    from .slurm import SUBMIT_TIMEOUT
-
     if args.submit_timeout is not None:
         what, raw = "--submit-timeout", args.submit_timeout
     else:
@@ -124,9 +118,6 @@ def _submit_timeout(args: argparse.Namespace) -> float:
 
 
 def _cmd_sbatch(args: argparse.Namespace) -> int:
-    from .errors import HpccommError
-    from .slurm import BatchOptions, render, submit
-
     command = list(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
     opts = BatchOptions(
         command=command,
@@ -152,7 +143,7 @@ def _cmd_sbatch(args: argparse.Namespace) -> int:
                 f.write(script)
         except OSError as exc:
             raise HpccommError(f"sbatch: cannot write {args.o}: {exc.strerror or exc}") from None
-    if args.submit:
+    if args.submit and timeout is not None:
         print(submit(script, timeout=timeout))
     elif not args.o:
         print(script, end="")
@@ -221,12 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hpccomm`` command; returns the exit status."""
-    from .errors import HpccommError
-
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (HpccommError, ValueError) as exc:
+    except HpccommError as exc:
         print(f"hpccomm: {exc}", file=sys.stderr)
         return 2
 

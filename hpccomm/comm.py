@@ -44,14 +44,17 @@ from .ops import (
     SEND,
     SEND_OBJECT,
     SENDRECV,
+    Group,
     P2POp,
     as_int,
 )
 from .parallel import ParallelGroups
-from .record import Group
 
 if TYPE_CHECKING:
     from mpi4py import MPI
+
+    from .backends.mpi import MPIBackend
+    from .backends.mpi_device import DeviceBackends
 
     from .discovery import LaunchInfo
     from .work import Work
@@ -119,8 +122,8 @@ class Communicator:
 
     def __init__(
         self,
-        backend: Any,
-        devices: Any,
+        backend: MPIBackend,
+        devices: DeviceBackends,
         *,
         name: str = "world",
         timeout: float | None = None,
@@ -579,7 +582,7 @@ class Communicator:
         self, made: tuple[Any, NodeInfo | None], name: str, device: DeviceConfig | None = None
     ) -> Communicator | None:
         backend, nodes = made
-        if backend is None:
+        if backend is None or nodes is None:
             return None
         device = device or self._device
         child = Communicator(
@@ -665,7 +668,10 @@ class Communicator:
         backend = self._backend.create_group(ranks, tag_value)
         keys = backend.mpi.allgather(self._node_key)
         child = self._adopt((backend, node_info(keys, backend.rank)), f"{self.name}/group{ranks}")
-        assert child is not None  # a member always gets its group
+        if child is None:  # pragma: no cover - MPI gives every member its group
+            raise HpccommError(
+                f"{where('create_group', self.rank, self.size)}: MPI returned no group"
+            )
         return child
 
     def dup(self, *, device_backend: str | None = None) -> Communicator:
@@ -705,7 +711,10 @@ class Communicator:
                 f"0..{self.size - 1}"
             )
         value = self.translate([r], self._world)[0]
-        assert value is not None  # every rank of a group is a world rank
+        if value is None:  # pragma: no cover - every rank of a group is a world rank
+            raise HpccommError(
+                f"{where('world_rank', self.rank, self.size)}: rank {r} not in world"
+            )
         return value
 
     def group_rank(self, world_rank: int) -> int | None:
@@ -741,13 +750,15 @@ class Communicator:
         Collective over the group on its first call (cached after)."""
         self._check_open("node")
         if self._node is None:
+            made: tuple[Any, NodeInfo | None]
             if self._node_backend is not None:
                 made = (self._node_backend, NodeInfo(*(self._nodes[:2]), 0, 1))
                 self._node_backend = None
             else:
                 made = self._make("node", self._backend.node)
             self._node = self._adopt(made, f"{self.name}/node")
-        assert self._node is not None
+        if self._node is None:  # pragma: no cover - every rank is on its node
+            raise HpccommError(f"{where('node', self.rank, self.size)}: MPI returned no group")
         return self._node
 
     def leaders(self) -> Communicator | None:

@@ -15,6 +15,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
+from .errors import InvalidArgumentError
+
 __all__ = [
     "DevicePath",
     "DeviceConfig",
@@ -117,7 +119,7 @@ def decide(
     mpix: Callable[[], int | None] = query_mpix,
 ) -> DevicePath:
     """Decide the device path. ``alloc_kinds``/``mpix`` are the library queries (tests pass
-    recorded answers). Raises ValueError for an unreadable ``HPCCOMM_CUDA_AWARE_MPI``."""
+    recorded answers). Raises InvalidArgumentError (a ValueError) for an unreadable ``HPCCOMM_CUDA_AWARE_MPI``."""
     env = os.environ if environ is None else environ
     if setting is not None:
         return DevicePath(bool(setting), f"init(cuda_aware_mpi={bool(setting)})")
@@ -126,7 +128,7 @@ def decide(
         value = raw.strip().lower()
         if value in _TRUE | _FALSE:
             return DevicePath(value in _TRUE, f"{ENV}={raw}")
-        raise ValueError(f"init: {ENV}={raw!r}, expected 1 or 0 (true/false)")
+        raise InvalidArgumentError(f"init: {ENV}={raw!r}, expected 1 or 0 (true/false)")
     kinds = alloc_kinds()
     if kinds is not None:
         aware = any(k.strip().startswith("cuda") for k in kinds.split(","))

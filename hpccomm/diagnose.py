@@ -6,12 +6,14 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 
 from .comm import Communicator
 from .dtypes import ReduceOp
+from .errors import HpccommError
 from .ops import P2POp
 
 __all__ = [
@@ -27,7 +29,9 @@ __all__ = [
 def gather_launch(comm: Communicator) -> list[dict] | None:
     """Every rank's verified launch description (as dicts, with its device path), on rank 0;
     None elsewhere."""
-    info = comm.launch.to_dict() if comm.launch is not None else {"rank": comm.rank}
+    info: dict[str, Any] = (
+        comm.launch.to_dict() if comm.launch is not None else {"rank": comm.rank}
+    )
     info["device"] = comm.device.describe()
     return comm.gather_object(info, dst=0)
 
@@ -76,7 +80,7 @@ class CheckResult:
     detail: str
 
 
-class CheckFailed(Exception):
+class CheckFailed(HpccommError):
     """A doctor check computed a wrong result."""
 
 
@@ -222,7 +226,7 @@ def run_checks(comm: Communicator, *, timeout: float = 60.0) -> list[CheckResult
                 error = ""
             except Exception as exc:  # report, never hide
                 error = f"{type(exc).__name__}: {exc}".strip() or traceback.format_exc(limit=1)
-            errors = c.mpi.allgather(error)
+            errors = c.all_gather_object(error)
             bad = [(i, e) for i, e in enumerate(errors) if e]
             detail = "" if not bad else f"ranks {[i for i, _ in bad]}: {bad[0][1]}"
             results.append(CheckResult(name, not bad, detail))

@@ -13,6 +13,7 @@ with a warning that says what was found and why.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import json
 import os
@@ -141,7 +142,7 @@ class _Reader:
         self.set(name, names, var)
         return True
 
-    def tasks_per_node(self, var: str) -> list[int]:
+    def tasks_per_node(self, var: str) -> list[builtins.int]:
         """The expanded tasks-per-node list in ``var`` (e.g. ``"2(x3),1"``)."""
         raw = self.env[var]
         try:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from . import record
+from .backends.base import Backend
 from .buffers import allocate, resolve
 from .errors import (
     BackendError,
@@ -36,8 +37,8 @@ from .errors import (
     HpccommError,
 )
 from .executor import Executor, Future
-from .ops import Call, OpSpec
-from .record import Group, Record
+from .ops import Call, Group, OpSpec
+from .record import Record
 from .work import Done, Work, wait_bounded
 
 __all__ = ["Dispatcher", "CACHE_LIMIT"]
@@ -61,8 +62,8 @@ class Dispatcher:
     def __init__(
         self,
         group: Group,
-        backend: Any,
-        device_backend: Callable[[Call], Any],
+        backend: Backend,
+        device_backend: Callable[[Call], Backend],
         *,
         timeout: float | None = None,
     ) -> None:
@@ -165,7 +166,7 @@ class Dispatcher:
             if ex is not None and ex.pending:
                 return self.run(call, seq, data, out, async_op, stream, key)
             if out is None and call.out_shape is not None:
-                out = allocate(call.out_shape, call.info.dtype, call.device)
+                out = allocate(call.out_shape, call.dtype(), call.device)
             try:
                 return call.body(call, data, out, stream)
             except HpccommError:
@@ -175,7 +176,7 @@ class Dispatcher:
         if mode != "requests":
             return self.run(call, seq, data, out, async_op, stream, key)
         if out is None and call.out_shape is not None:
-            out = allocate(call.out_shape, call.info.dtype, call.device)
+            out = allocate(call.out_shape, call.dtype(), call.device)
         try:
             pending = call.body(call, data, out, stream)
             pending.seq = seq
@@ -249,7 +250,7 @@ class Dispatcher:
         pending: Any = None
         try:
             if out is None and call.out_shape is not None:
-                out = allocate(call.out_shape, call.info.dtype, call.device)
+                out = allocate(call.out_shape, call.dtype(), call.device)
             mode = call.mode
             if mode == "blocking":
                 ex = self.executor

@@ -11,6 +11,8 @@ from __future__ import annotations
 import itertools
 import re
 
+from .errors import InvalidArgumentError
+
 __all__ = ["expand", "compress", "expand_tasks_per_node"]
 
 _SEPARATORS = ",\t\n "
@@ -18,8 +20,8 @@ _TRAILING_DIGITS = re.compile(r"^(.*?)(\d+)$", re.DOTALL)
 _TASKS_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
 
-def _error(expr: str, pos: int, what: str) -> ValueError:
-    return ValueError(f"hostlist {expr!r}: {what} at position {pos}")
+def _error(expr: str, pos: int, what: str) -> InvalidArgumentError:
+    return InvalidArgumentError(f"hostlist {expr!r}: {what} at position {pos}")
 
 
 def _parse_group(expr: str, start: int, end: int) -> list[str]:
@@ -82,7 +84,7 @@ def expand(expr: str) -> list[str]:
         The names, e.g. ``["node001", "node002", "node003", "node007", ...]``.
 
     Raises:
-        ValueError: naming the expression and the position of the first problem (lo > hi,
+        InvalidArgumentError: (a ValueError) naming the expression and the position of the first problem (lo > hi,
             unbalanced or nested brackets, empty range, negative number).
     """
     names: list[str] = []
@@ -135,13 +137,15 @@ def compress(names: list[str] | tuple[str, ...]) -> str:
     order and duplicates survive: ``compress(["n1", "n2", "n4"]) == "n[1-2,4]"``.
 
     Raises:
-        ValueError: if a name is empty or holds a character of the hostlist syntax.
+        InvalidArgumentError: (a ValueError) if a name is empty or holds a character of the hostlist syntax.
     """
     out: list[str] = []
     i = 0
     for name in names:
         if not name or any(c in name for c in "[]" + _SEPARATORS):
-            raise ValueError(f"hostlist compress: name {name!r} cannot be written in a hostlist")
+            raise InvalidArgumentError(
+                f"hostlist compress: name {name!r} cannot be written in a hostlist"
+            )
     while i < len(names):
         prefix, digits = _split_name(names[i])
         if not digits:
@@ -168,12 +172,14 @@ def expand_tasks_per_node(spec: str) -> list[int]:
     """Expand Slurm's ``SLURM_TASKS_PER_NODE`` form, e.g. ``"2(x3),1"`` -> ``[2, 2, 2, 1]``.
 
     Raises:
-        ValueError: naming the spec and the bad item.
+        InvalidArgumentError: (a ValueError) naming the spec and the bad item.
     """
     counts: list[int] = []
     for item in spec.split(","):
         match = _TASKS_ITEM.match(item.strip())
         if match is None:
-            raise ValueError(f"tasks-per-node {spec!r}: bad item {item!r} (want N or N(xM))")
+            raise InvalidArgumentError(
+                f"tasks-per-node {spec!r}: bad item {item!r} (want N or N(xM))"
+            )
         counts.extend([int(match.group(1))] * int(match.group(2) or 1))
     return counts

@@ -33,12 +33,33 @@ from .dtypes import (
     check_op,
     dtype_info,
 )
-from .errors import DtypeError, InvalidArgumentError, where
-from .record import Group
+from .errors import DtypeError, HpccommError, InvalidArgumentError, where
 
-__all__ = ["OpSpec", "Call", "P2POp", "SPECS", "as_int"]
+__all__ = ["OpSpec", "Call", "Group", "P2POp", "SPECS", "as_int"]
 
 Counts = tuple[list[int], list[int]]  # elements per rank, displacement per rank
+_NO_COUNTS: Counts = ([], [])
+
+
+def _unprepared(call: Call, data: Any, out: Any, stream: Any) -> Any:
+    raise HpccommError(f"{call}: the call was never prepared by a backend")  # pragma: no cover
+
+
+class Group:
+    """A communicator's identity in messages and records: its name, this rank, its size, and
+    the sequence counters of its collectives and point-to-point calls."""
+
+    __slots__ = ("name", "rank", "size", "seq", "p2p_seq")
+
+    def __init__(self, name: str, rank: int, size: int) -> None:
+        self.name = name
+        self.rank = rank
+        self.size = size
+        self.seq = 0
+        self.p2p_seq = 0
+
+    def __repr__(self) -> str:
+        return f"<Group {self.name} rank {self.rank} of {self.size}>"
 
 
 class OpSpec:
@@ -59,8 +80,19 @@ class OpSpec:
         validate: ``validate(call, buf, out_buf)`` fills the Call or raises.
     """
 
-    __slots__ = ("name", "kind", "root", "reducing", "in_place", "uneven", "objects", "nccl")
-    __slots__ += ("validate", "p2p", "arrays")
+    __slots__ = (
+        "name",
+        "kind",
+        "root",
+        "reducing",
+        "in_place",
+        "uneven",
+        "objects",
+        "nccl",
+        "validate",
+        "p2p",
+        "arrays",
+    )
 
     def __init__(
         self,
@@ -150,12 +182,12 @@ class Call:
         self.shape: tuple[int, ...] | None = None
         self.count = 0
         self.out_shape: tuple[int, ...] | None = None
-        self.counts: Counts | None = None
-        self.send_counts: Counts | None = None
+        self.counts: Counts = _NO_COUNTS  # elements and displacements per rank
+        self.send_counts: Counts = _NO_COUNTS
         self.uneven = False
         self.device: int | None = None
         self.backend: Any = None
-        self.body: Callable[..., Any] | None = None
+        self.body: Callable[..., Any] = _unprepared
         self.how: Any = None
         self.mode = "blocking"
 
@@ -167,6 +199,16 @@ class Call:
         """The ``"op #seq on group (rank r of n)"`` prefix of messages about a running call."""
         g = self.group
         return where(self.spec.name, g.rank, g.size, group=g.name, seq=seq)
+
+    def dtype(self) -> np.dtype:
+        """The payload's dtype (validation guarantees one for every array operation)."""
+        return self.dtype_info().dtype
+
+    def dtype_info(self) -> DtypeInfo:
+        """The payload's DtypeInfo (validation guarantees one for every array operation)."""
+        if self.info is None:  # pragma: no cover - objects and barriers have none
+            raise HpccommError(f"{self}: no array dtype")
+        return self.info
 
     @property
     def nbytes(self) -> int:
@@ -229,7 +271,7 @@ def _check_rank(call: Call, value: Any, name: str, allow_any: bool = False) -> i
 
 
 def _check_root(call: Call) -> None:
-    call.peer = _check_rank(call, call.peer, call.spec.root)
+    call.peer = _check_rank(call, call.peer, call.spec.root or "root")
 
 
 def _check_tag(call: Call) -> None:
@@ -305,11 +347,13 @@ def _equal_blocks(call: Call, rows: int, arg: str = "array") -> int:
     return rows // n
 
 
-def _describe(call: Call, b: Buffer, info: DtypeInfo) -> None:
+def _describe(call: Call, b: Buffer, info: DtypeInfo) -> tuple[int, ...]:
+    """Record the payload's dtype, shape, element count and device; returns the shape."""
     call.info = info
-    call.shape = tuple(b.array.shape)
-    call.count = b.count
+    shape = call.shape = tuple(b.array.shape)
+    call.count = b.elements
     call.device = b.device
+    return shape
 
 
 # ---- collectives ----------------------------------------------------------------------
@@ -354,9 +398,9 @@ def _v_broadcast(call: Call, b: Buffer | None, o: Buffer | None) -> None:
 def _v_all_gather(call: Call, b: Buffer | None, o: Buffer | None) -> None:
     """all_gather and gather: every rank's rows along axis 0, in rank order."""
     b = _need(call, b)
-    _describe(call, b, _check_array(call, b))
+    shape = _describe(call, b, _check_array(call, b))
     n, me = call.group.size, call.group.rank
-    rows, rest, row_elems = _rows(call.shape)
+    rows, rest, row_elems = _rows(shape)
     if call.sizes is None:
         out_rows = [rows] * n
     else:
@@ -389,8 +433,8 @@ def _v_scatter(call: Call, b: Buffer | None, o: Buffer | None) -> None:
             raise InvalidArgumentError(
                 f"{call}: the source rank must pass the full array, got None"
             )
-        _describe(call, b, _check_array(call, b))
-        rows, rest, row_elems = _rows(call.shape)
+        shape = _describe(call, b, _check_array(call, b))
+        rows, rest, row_elems = _rows(shape)
         blocks = (
             [_equal_blocks(call, rows)] * n
             if sizes is None
@@ -416,34 +460,36 @@ def _v_scatter(call: Call, b: Buffer | None, o: Buffer | None) -> None:
         call.info, call.device = info, o.device
         shape = tuple(o.array.shape)
         rest, row_elems = shape[1:], math.prod(shape[1:])
+        call.shape = None
         blocks = [shape[0]] * n if sizes is None else _check_sizes(call, sizes, "sizes", None)
         template = o
     if sizes is not None:
         call.sizes = blocks
         call.uneven = True
-    _check_out(call, o, (blocks[me], *rest), template)
+    out_shape = (blocks[me], *rest)
+    _check_out(call, o, out_shape, template)
     if me != call.peer:
-        call.count = math.prod(call.out_shape)
+        call.count = math.prod(out_shape)
     call.counts = _counts(blocks, row_elems)
 
 
 def _v_reduce_scatter(call: Call, b: Buffer | None, o: Buffer | None) -> None:
     _v_all_reduce(call, b, o)
-    rows, rest, row_elems = _rows(call.shape)
+    b = _need(call, b)
+    rows, rest, row_elems = _rows(tuple(b.array.shape))
     n = call.group.size
     if call.sizes is None:
         blocks = [_equal_blocks(call, rows)] * n
     else:
         blocks = call.sizes = _check_sizes(call, call.sizes, "sizes", rows)
         call.uneven = True
-    _check_out(call, o, (blocks[call.group.rank], *rest), b)  # type: ignore[arg-type]
+    _check_out(call, o, (blocks[call.group.rank], *rest), b)
     call.counts = _counts(blocks, row_elems)
 
 
 def _v_all_to_all(call: Call, b: Buffer | None, o: Buffer | None) -> None:
     b = _need(call, b)
-    _describe(call, b, _check_array(call, b))
-    rows, rest, row_elems = _rows(call.shape)
+    rows, rest, row_elems = _rows(_describe(call, b, _check_array(call, b)))
     in_splits, out_splits = call.in_splits, call.out_splits
     n = call.group.size
     if in_splits is None:
@@ -496,8 +542,7 @@ def _v_sendrecv(call: Call, b: Buffer | None, o: Buffer | None) -> None:
     call.src = _check_rank(call, call.src, "src", allow_any=True)
     _check_tag(call)
     b = _need(call, b)
-    _describe(call, b, _check_array(call, b))
-    call.out_shape = call.shape
+    call.out_shape = _describe(call, b, _check_array(call, b))
     if o is not None:
         if o.dtype != b.dtype:
             raise DtypeError(f"{call}: out has dtype {o.dtype}, expected {b.dtype}")
@@ -521,7 +566,7 @@ class P2POp:
     RECV = "recv"
     __slots__ = ("op", "array", "peer", "tag", "buf")
 
-    def __init__(self, op: Any, array: Any, peer: int, tag: int = 0) -> None:
+    def __init__(self, op: Any, array: Any, peer: Any, tag: Any = 0) -> None:
         func = getattr(op, "__name__", op)
         self.op = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv"}.get(func, op)
         if self.op not in ("send", "recv"):
@@ -532,6 +577,12 @@ class P2POp:
         self.peer = peer
         self.tag = tag
         self.buf: Buffer | None = None
+
+    def buffer(self) -> Buffer:
+        """The resolved array (set when the batch is checked)."""
+        if self.buf is None:  # pragma: no cover - check_batch resolves every item first
+            raise HpccommError(f"P2POp: {self.op} to/from {self.peer} was never checked")
+        return self.buf
 
 
 def check_batch(call: Call, items: Any) -> list[P2POp]:

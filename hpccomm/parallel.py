@@ -3,15 +3,36 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from .errors import InvalidArgumentError
 from .layout import Layout
 
-if TYPE_CHECKING:
-    from .comm import Communicator
+__all__ = ["ParallelGroups", "Splittable"]
 
-__all__ = ["ParallelGroups"]
+
+class Splittable(Protocol):
+    """What ParallelGroups needs of a communicator (a :class:`~hpccomm.comm.Communicator`;
+    named by its methods so that this module does not import the communicator's)."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def nccl(self) -> Any: ...
+
+    def split(self, color: int | None, *, key: int | None = None) -> Any: ...
+
+    def enable_nccl(self) -> None: ...
+
+
+Communicator = Any  # a Splittable's split() result: the group's Communicator
 
 
 class ParallelGroups:
@@ -25,7 +46,7 @@ class ParallelGroups:
     holding world ranks [2, 3] and ``groups.dp`` holding [1, 3].
     """
 
-    def __init__(self, comm: Communicator, layout: Layout) -> None:
+    def __init__(self, comm: Splittable, layout: Layout) -> None:
         if layout.world_size != comm.size:
             raise InvalidArgumentError(
                 f"layout (rank {comm.rank} of {comm.size}): the layout is for {layout.world_size} "

@@ -1,5 +1,4 @@
-"""The record step: who a group is, the sequence numbers of its calls, and the listeners that
-observe them.
+"""The record step: the records of calls and the listeners that observe them.
 
 Every call gets a sequence number on its group (collectives and point-to-point counted
 separately, since only collectives must be called in the same order on every rank). Only when
@@ -11,32 +10,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .ops import Call
+from .ops import Call
 
-__all__ = ["Group", "Record", "CallLog", "add_listener", "remove_listener", "listeners", "notify"]
+__all__ = ["Record", "CallLog", "add_listener", "remove_listener", "listeners", "notify"]
 
 # Dispatch reads this list directly: an empty list means "no one listens".
 listeners: list[Callable[[str, Record], None]] = []
-
-
-class Group:
-    """A communicator's identity in messages and records: its name, this rank, its size, and
-    the sequence counters of its collectives and point-to-point calls."""
-
-    __slots__ = ("name", "rank", "size", "seq", "p2p_seq")
-
-    def __init__(self, name: str, rank: int, size: int) -> None:
-        self.name = name
-        self.rank = rank
-        self.size = size
-        self.seq = 0
-        self.p2p_seq = 0
-
-    def __repr__(self) -> str:
-        return f"<Group {self.name} rank {self.rank} of {self.size}>"
 
 
 class Record:

@@ -23,7 +23,9 @@ __all__ = ["init", "world", "is_initialized", "verify_launch"]
 _world: Communicator | None = None
 
 
-def _mismatch(what: str, env_value: object, source: str, mpi_value: object, mpi_source: str) -> str:
+def _mismatch(
+    what: str, env_value: object, source: str | None, mpi_value: object, mpi_source: str
+) -> str:
     return f"{what} is {env_value} from {source} but {mpi_value} from {mpi_source}"
 
 
@@ -42,7 +44,9 @@ _STALE_HINT = (
 )
 
 
-def verify_launch(info: LaunchInfo, comm: MPI.Intracomm) -> tuple[LaunchInfo, MPI.Intracomm]:
+def verify_launch(
+    info: LaunchInfo, comm: MPI.Intracomm
+) -> tuple[LaunchInfo, MPI.Comm, NodeInfo]:
     """Check ``info`` against ``comm`` (COMM_WORLD) and fill the fields only MPI knows.
 
     Rank/size are compared with ``comm``; local rank/size with the COMM_TYPE_SHARED split
@@ -51,7 +55,8 @@ def verify_launch(info: LaunchInfo, comm: MPI.Intracomm) -> tuple[LaunchInfo, MP
     node list come from the node leaders.
 
     Returns:
-        The completed LaunchInfo and the node (shared-memory) communicator.
+        The completed LaunchInfo, the node (shared-memory) communicator, and this rank's
+        NodeInfo as MPI sees it (the world communicator's local rank & co).
 
     Raises:
         LaunchMismatchError: naming both values and the variables they came from; raised on
@@ -133,7 +138,8 @@ def verify_launch(info: LaunchInfo, comm: MPI.Intracomm) -> tuple[LaunchInfo, MP
             sources[field] = how
         elif field in ("node_index", "num_nodes") and current != value:
             notes.append(f"{field} is {current} from {src.get(field)} but {value} from {how}")
-    return info.replace(**changes, sources=sources, warnings=tuple(notes)), node
+    nodes = NodeInfo(local_rank, local_size, node_index, num_nodes)
+    return info.replace(**changes, sources=sources, warnings=tuple(notes)), node, nodes
 
 
 def _exclude_saturating_ops() -> None:
@@ -175,8 +181,8 @@ def _bind_gpu(info: LaunchInfo, want_gpu: bool | None) -> LaunchInfo:
     try:
         gpu = choose_gpu(
             len(visible),
-            info.local_rank,
-            info.local_size,
+            info.local_rank if info.local_rank is not None else 0,
+            info.local_size if info.local_size is not None else 1,
             allow_sharing=sharing_allowed(os.environ),
         )
     except GpuBindingError as exc:
@@ -267,8 +273,9 @@ def init(
         HpccommError: MPI was already finalized in this process.
     """
     global _world, _init_args
-    args = {
-        "timeout": check_timeout(timeout, "init"),
+    timeout_s = check_timeout(timeout, "init")
+    args: dict[str, object] = {
+        "timeout": timeout_s,
         "gpu": gpu,
         "device_backend": device_backend,
         "cuda_aware_mpi": cuda_aware_mpi,
@@ -303,7 +310,7 @@ def init(
         )
     if not MPI.Is_initialized():  # pragma: no cover - mpi4py initializes on import
         MPI.Init_thread()
-    info, node = verify_launch(info, MPI.COMM_WORLD)
+    info, node, nodes = verify_launch(info, MPI.COMM_WORLD)
     info = _bind_gpu(info, gpu)
     device = _device_config(info, device_backend, cuda_aware_mpi)
     backend = MPIBackend(MPI.COMM_WORLD.Dup())
@@ -311,10 +318,10 @@ def init(
         backend,
         DeviceBackends(backend, device),
         name="world",
-        timeout=args["timeout"],
+        timeout=timeout_s,
         launch=info,
-        nodes=NodeInfo(info.local_rank, info.local_size, info.node_index, info.num_nodes),
-        node_key=info.node_index,
+        nodes=nodes,
+        node_key=nodes.node_index,
         device=device,
         node=MPIBackend(node),
     )

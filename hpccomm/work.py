@@ -157,7 +157,7 @@ class Work:
                 self._finish(exc)
                 done = True
             if not done:
-                raise self._timed_out(timeout)
+                raise self._timed_out(timeout or 0.0)
             if not self._done:
                 self._finish()
         if self._exc is not None:

@@ -12,7 +12,7 @@ of band).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -87,7 +87,9 @@ def _numpy_op(dtype: np.dtype, name: str) -> MPI.Op:
     if op is None:
         ufunc = _UFUNCS[name]
 
-        def combine(inbuf, inoutbuf, datatype, _dt=dtype, _f=ufunc):
+        def combine(
+            inbuf: Any, inoutbuf: Any, datatype: Any, _dt: np.dtype = dtype, _f: Any = ufunc
+        ) -> None:
             a = np.frombuffer(inbuf, dtype=_dt)
             b = np.frombuffer(inoutbuf, dtype=_dt)
             _f(a, b, out=b)
@@ -151,8 +153,9 @@ def reduces_on_host(call: Call) -> bool:
 
 def _mpi_op(call: Call) -> MPI.Op:
     name = call.redop.name
-    op = _OPS.get((name, call.info.dtype))
-    return op if op is not None else _numpy_op(call.info.dtype, name)
+    dtype = call.dtype()
+    op = _OPS.get((name, dtype))
+    return op if op is not None else _numpy_op(dtype, name)
 
 
 IN_PLACE = MPI.IN_PLACE
@@ -341,10 +344,10 @@ class MPIBackend:
 
     name = "mpi"
 
-    def __init__(self, comm: MPI.Intracomm) -> None:
+    def __init__(self, comm: MPI.Comm) -> None:
         if not _probed:
             probe_integer_ops()
-        self.mpi = comm
+        self.mpi = cast(MPI.Intracomm, comm)
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self._pkl5: pkl5.Intracomm | None = None
@@ -505,14 +508,16 @@ class MPIBackend:
         return Requests(call, reqs, out, checks=((0, out.size, mt, "the receive"),), keep=(x, out))
 
     def _batch(self, call: Call, items: list[P2POp], out: Any, stream: Any) -> Requests:
-        reqs, checks = [], []
+        reqs: list[MPI.Request] = []
+        checks: list[tuple[int, int, MPI.Datatype, str]] = []
         for i, p in enumerate(items):
-            buf = [p.buf.array, _mpi_types[p.buf.dtype]]
+            b = p.buffer()
+            mt = _mpi_types[b.dtype]
             if p.op == "send":
-                reqs.append(self.mpi.Isend(buf, p.peer, p.tag))
+                reqs.append(self.mpi.Isend([b.array, mt], p.peer, p.tag))
             else:
-                checks.append((len(reqs), p.buf.count, buf[1], f"ops[{i}] (recv)"))
-                reqs.append(self.mpi.Irecv(buf, p.peer, p.tag))
+                checks.append((len(reqs), b.elements, mt, f"ops[{i}] (recv)"))
+                reqs.append(self.mpi.Irecv([b.array, mt], p.peer, p.tag))
         return Requests(call, reqs, None, checks=checks, keep=items)
 
     # -- Python objects (pickle protocol 5, out-of-band buffers) -------------------------

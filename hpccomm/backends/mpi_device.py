@@ -22,7 +22,9 @@ from ..cuda_aware import DeviceConfig, DevicePath
 from ..errors import HpccommError, InvalidArgumentError
 from ..ops import Call, P2POp
 from ..staging import StagingPool
+from .base import Backend
 from .mpi import MPIBackend, reduces_on_host
+from .nccl import NcclBackend
 
 __all__ = ["DeviceMPIBackend", "DeviceBackends"]
 
@@ -167,7 +169,7 @@ class DeviceBackends:
     def __init__(self, host: MPIBackend, config: DeviceConfig) -> None:
         self.host = host
         self.config = config
-        self.nccl: Any = None
+        self.nccl: NcclBackend | None = None
         self._mpi: DeviceMPIBackend | None = None
 
     @property
@@ -184,11 +186,9 @@ class DeviceBackends:
             return
         if self.config.gpu is None:
             raise HpccommError(f"{where}: no GPU is bound on this rank (hpccomm.init(gpu=True))")
-        from .nccl import NcclBackend
-
         self.nccl = NcclBackend(self.host.mpi, self.config.gpu)
 
-    def backend_for(self, call: Call) -> Any:
+    def backend_for(self, call: Call) -> Backend:
         """The backend of a call with device arrays."""
         if self.config.mode == "nccl" and call.spec.nccl:
             if self.nccl is None:
@@ -199,8 +199,9 @@ class DeviceBackends:
                         f"comm.enable_nccl() on every rank first (or hpccomm.init(nccl=True))"
                     )
                 self.enable_nccl(str(call))
-            if self.nccl.supports(call):
-                return self.nccl
+            nccl = self.nccl
+            if nccl is not None and nccl.supports(call):
+                return nccl
         if self._mpi is None:
             self._mpi = DeviceMPIBackend(self.host, self.config.path)
         return self._mpi

@@ -47,6 +47,7 @@ __all__ = [
 
 UNIQUE_ID_BYTES = 128
 Transfer = tuple[Any, int, int, int]  # (flat array, peer, element offset, element count)
+Step = tuple[Any, Callable[[], None] | None]  # (the call's result, a step to run after it)
 
 # ncclDataType_t and ncclRedOp_t values (NCCL's ABI; cupy.cuda.nccl exposes the same numbers).
 NCCL_INT8, NCCL_UINT8, NCCL_INT32, NCCL_UINT32, NCCL_INT64, NCCL_UINT64 = 0, 1, 2, 3, 4, 5
@@ -176,7 +177,8 @@ def check_unique_gpus(
         return
     seen: dict[tuple[str, str], list[int]] = {}
     for r, ident in enumerate(identities):
-        seen.setdefault(tuple(ident), []).append(r)
+        host, gpu = ident
+        seen.setdefault((host, gpu), []).append(r)
     shared = [(ident, ranks) for ident, ranks in seen.items() if len(ranks) > 1]
     if shared:
         (host, gpu), ranks = shared[0]
@@ -389,7 +391,7 @@ class NcclBackend:
     # -- helpers ------------------------------------------------------------------------
 
     def _plan(self, call: Call) -> NcclPlan:
-        return plan_reduction(call.info, call.redop, self.version, call)
+        return plan_reduction(call.dtype_info(), call.redop, self.version, call)
 
     def _source(self, call: Call, x: Any, plan: NcclPlan) -> Any:
         """The send array of a reduction: a scaled copy for PREMUL_SUM, else the input."""
@@ -411,7 +413,7 @@ class NcclBackend:
 
     @staticmethod
     def _type(call: Call) -> tuple[int, int]:
-        return nccl_dtype(call.info, call)
+        return nccl_dtype(call.dtype_info(), call)
 
     @staticmethod
     def _rows(array: Any) -> Any:
@@ -419,7 +421,7 @@ class NcclBackend:
 
     # -- collectives: each returns (result, post-step or None) --------------------------
 
-    def _all_reduce(self, call: Call, x: Any, out: Any, s: int):
+    def _all_reduce(self, call: Call, x: Any, out: Any, s: int) -> Step:
         plan = call.how
         src = self._source(call, x, plan)
         self.comm.allReduce(
@@ -427,7 +429,7 @@ class NcclBackend:
         )
         return x, self._avg(plan, x)
 
-    def _reduce(self, call: Call, x: Any, out: Any, s: int):
+    def _reduce(self, call: Call, x: Any, out: Any, s: int) -> Step:
         plan = call.how
         src = self._source(call, x, plan)
         self.comm.reduce(
@@ -435,7 +437,7 @@ class NcclBackend:
         )
         return x, self._avg(plan, x) if self.rank == call.peer else None
 
-    def _broadcast(self, call: Call, x: Any, out: Any, s: int):
+    def _broadcast(self, call: Call, x: Any, out: Any, s: int) -> Step:
         dt, per = self._type(call)
         self.comm.bcast(x.data.ptr, x.size * per, dt, call.peer, s)
         return x, None
@@ -458,7 +460,7 @@ class NcclBackend:
         finally:
             nccl.groupEnd()
 
-    def _all_gather(self, call: Call, x: Any, out: Any, s: int):
+    def _all_gather(self, call: Call, x: Any, out: Any, s: int) -> Step:
         dt, per = self._type(call)
         if not call.uneven:
             self.comm.allGather(x.data.ptr, out.data.ptr, x.size * per, dt, s)
@@ -472,7 +474,7 @@ class NcclBackend:
         self._grouped(sends, recvs, dt, per, s)
         return out, None
 
-    def _gather(self, call: Call, x: Any, out: Any, s: int):
+    def _gather(self, call: Call, x: Any, out: Any, s: int) -> Step:
         dt, per = self._type(call)
         x = self._rows(x)
         root = call.peer
@@ -486,7 +488,7 @@ class NcclBackend:
         self._grouped([], recvs, dt, per, s)
         return out, None
 
-    def _scatter(self, call: Call, x: Any, out: Any, s: int):
+    def _scatter(self, call: Call, x: Any, out: Any, s: int) -> Step:
         dt, per = self._type(call)
         flat = self._rows(out)
         root = call.peer
@@ -500,7 +502,7 @@ class NcclBackend:
         self._grouped(sends, [], dt, per, s)
         return out, None
 
-    def _reduce_scatter(self, call: Call, x: Any, out: Any, s: int):
+    def _reduce_scatter(self, call: Call, x: Any, out: Any, s: int) -> Step:
         plan = call.how
         src = self._source(call, x, plan)
         if not call.uneven:
@@ -529,7 +531,7 @@ class NcclBackend:
             nccl.groupEnd()
         return out, self._avg(plan, out)
 
-    def _all_to_all(self, call: Call, x: Any, out: Any, s: int):
+    def _all_to_all(self, call: Call, x: Any, out: Any, s: int) -> Step:
         dt, per = self._type(call)
         scounts, sdispls = call.send_counts
         rcounts, rdispls = call.counts
@@ -541,19 +543,19 @@ class NcclBackend:
 
     # -- point-to-point -----------------------------------------------------------------
 
-    def _send(self, call: Call, x: Any, out: Any, s: int):
+    def _send(self, call: Call, x: Any, out: Any, s: int) -> Step:
         dt, per = self._type(call)
         self.comm.send(x.data.ptr, x.size * per, dt, call.peer, s)
         return None, None
 
-    def _recv(self, call: Call, x: Any, out: Any, s: int):
+    def _recv(self, call: Call, x: Any, out: Any, s: int) -> Step:
         if call.peer is None:
             raise InvalidArgumentError(f"{call}: NCCL cannot receive from any source; name src")
         dt, per = self._type(call)
         self.comm.recv(x.data.ptr, x.size * per, dt, call.peer, s)
         return call.peer, None
 
-    def _sendrecv(self, call: Call, x: Any, out: Any, s: int):
+    def _sendrecv(self, call: Call, x: Any, out: Any, s: int) -> Step:
         if call.src is None:
             raise InvalidArgumentError(f"{call}: NCCL cannot receive from any source; name src")
         dt, per = self._type(call)
@@ -561,7 +563,7 @@ class NcclBackend:
         self._grouped([(x, call.peer, 0, x.size)], [(flat, call.src, 0, flat.size)], dt, per, s)
         return out, None
 
-    def _batch(self, call: Call, items: Any, out: Any, s: int):
+    def _batch(self, call: Call, items: Any, out: Any, s: int) -> Step:
         types = [nccl_dtype(SUPPORTED_DTYPES[p.buf.dtype], call) for p in items]  # all first
         nccl = self._nccl_mod
         nccl.groupStart()
