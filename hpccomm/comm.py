@@ -24,6 +24,7 @@ from .dispatch import Dispatcher
 from .dtypes import ReduceOp
 from .errors import ClosedError, HpccommError, InvalidArgumentError, where
 from .layout import Layout
+from .notices import NoticeBoard
 from .ops import (
     ALL_GATHER,
     ALL_GATHER_OBJECT,
@@ -55,7 +56,6 @@ if TYPE_CHECKING:
 
     from .backends.mpi import MPIBackend
     from .backends.mpi_device import DeviceBackends
-
     from .discovery import LaunchInfo
     from .work import Work
 
@@ -133,12 +133,24 @@ class Communicator:
         world: Communicator | None = None,
         device: DeviceConfig = CPU_ONLY,
         node: Any = None,
+        notices: NoticeBoard | None = None,
+        gid: str = "world",
     ) -> None:
         self._backend = backend
         self._devices = devices
         self._group = Group(name, backend.rank, backend.size)
         self._dispatcher = Dispatcher(self._group, backend, devices.backend_for, timeout=timeout)
         self._dispatch = self._dispatcher.dispatch
+        self._notices = notices
+        self._dispatcher.notices = notices
+        self._dispatcher.gid = gid
+        world_backend = backend if world is None else world._backend
+        self._dispatcher.members = (
+            list(range(backend.size))
+            if world is None
+            else [r for r in backend.translate(range(backend.size), world_backend) if r is not None]
+        )
+        self._created: dict[tuple, int] = {}  # create_group calls so far, per (ranks, tag)
         self._nodes = nodes
         self._node_key = node_key
         self._launch = launch
@@ -579,7 +591,11 @@ class Communicator:
         return self._dispatcher.collective(what, job)
 
     def _adopt(
-        self, made: tuple[Any, NodeInfo | None], name: str, device: DeviceConfig | None = None
+        self,
+        made: tuple[Any, NodeInfo | None],
+        name: str,
+        device: DeviceConfig | None = None,
+        gid: str | None = None,
     ) -> Communicator | None:
         backend, nodes = made
         if backend is None or nodes is None:
@@ -594,6 +610,9 @@ class Communicator:
             node_key=self._node_key,
             world=self._world,
             device=device,
+            notices=self._notices,
+            # the same on every member: the parent's id and the creation's sequence number
+            gid=gid or f"{self._dispatcher.gid}/{self._group.seq}",
         )
         self._children.append(child)
         return child
@@ -667,7 +686,13 @@ class Communicator:
             )
         backend = self._backend.create_group(ranks, tag_value)
         keys = backend.mpi.allgather(self._node_key)
-        child = self._adopt((backend, node_info(keys, backend.rank)), f"{self.name}/group{ranks}")
+        count = self._created.get((tuple(ranks), tag_value), 0)
+        self._created[(tuple(ranks), tag_value)] = count + 1
+        child = self._adopt(
+            (backend, node_info(keys, backend.rank)),
+            f"{self.name}/group{ranks}",
+            gid=f"{self._dispatcher.gid}/create{ranks}:{tag_value}:{count}",
+        )
         if child is None:  # pragma: no cover - MPI gives every member its group
             raise HpccommError(
                 f"{where('create_group', self.rank, self.size)}: MPI returned no group"

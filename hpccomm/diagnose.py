@@ -29,9 +29,7 @@ __all__ = [
 def gather_launch(comm: Communicator) -> list[dict] | None:
     """Every rank's verified launch description (as dicts, with its device path), on rank 0;
     None elsewhere."""
-    info: dict[str, Any] = (
-        comm.launch.to_dict() if comm.launch is not None else {"rank": comm.rank}
-    )
+    info: dict[str, Any] = comm.launch.to_dict() if comm.launch is not None else {"rank": comm.rank}
     info["device"] = comm.device.describe()
     return comm.gather_object(info, dst=0)
 

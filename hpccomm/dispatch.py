@@ -23,6 +23,7 @@ call with device arrays; it imports nothing above it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -31,19 +32,22 @@ from . import record
 from .backends.base import Backend
 from .buffers import allocate, resolve
 from .errors import (
-    BackendError,
     ClosedError,
     CommTimeoutError,
     HpccommError,
+    PeerError,
 )
 from .executor import Executor, Future
+from .notices import NoticeBoard
 from .ops import Call, Group, OpSpec
 from .record import Record
-from .work import Done, Work, wait_bounded
+from .work import Done, Work, wait_watching
 
 __all__ = ["Dispatcher", "CACHE_LIMIT"]
 
 CACHE_LIMIT = 512  # validated call descriptions kept per communicator (cleared when full)
+# Errors that are consequences of another rank's failure: never reported to the others.
+_CONSEQUENCES = (CommTimeoutError, PeerError, ClosedError)
 _ndarray = np.ndarray
 _listeners = record.listeners
 
@@ -74,7 +78,11 @@ class Dispatcher:
         self.executor: Executor | None = None
         self.closed = False
         self.broken: str | None = None  # why calls can no longer run (a stuck call)
-        self.watch: Callable[[], None] | None = None  # checked while waiting with a bound
+        # Failure notices (set by the communicator): the job's board, this group's id
+        # (alike on every member) and its members' world ranks.
+        self.notices: NoticeBoard | None = None
+        self.gid = group.name
+        self.members: list[int] = []
         self._timeout = timeout
         self._slow = timeout is not None
 
@@ -138,16 +146,24 @@ class Dispatcher:
             )
             call = self.cache.get(key)
             if call is None:
-                call, data, out = self.prepare(
-                    spec, data, out, peer, src, tag, redop, sizes, in_splits, out_splits
-                )
+                try:
+                    call, data, out = self.prepare(
+                        spec, data, out, peer, src, tag, redop, sizes, in_splits, out_splits
+                    )
+                except HpccommError as exc:
+                    self.refused(spec, exc)
+                    raise
                 if len(self.cache) >= CACHE_LIMIT:
                     self.cache.clear()
                 self.cache[key] = call
         else:
-            call, data, out = self.prepare(
-                spec, data, out, peer, src, tag, redop, sizes, in_splits, out_splits
-            )
+            try:
+                call, data, out = self.prepare(
+                    spec, data, out, peer, src, tag, redop, sizes, in_splits, out_splits
+                )
+            except HpccommError as exc:
+                self.refused(spec, exc)
+                raise
         # record: the group's next sequence number
         group = self.group
         if spec.p2p:
@@ -169,10 +185,13 @@ class Dispatcher:
                 out = allocate(call.out_shape, call.dtype(), call.device)
             try:
                 return call.body(call, data, out, stream)
-            except HpccommError:
+            except HpccommError as exc:
+                self.report(call, seq, exc)
                 raise
             except Exception as exc:
-                raise self.failed(call, seq, exc, key, data, out) from exc
+                err = self.failed(call, seq, exc, key, data, out)
+                self.report(call, seq, err)
+                raise err from exc
         if mode != "requests":
             return self.run(call, seq, data, out, async_op, stream, key)
         if out is None and call.out_shape is not None:
@@ -247,6 +266,11 @@ class Dispatcher:
         if _listeners:
             rec = Record(call, seq, async_op)
             record.notify("start", rec)
+        notices = self.notices
+        watch = on_failure = None
+        if notices is not None and not call.spec.p2p:
+            watch = notices.watch(self.gid, seq, partial(call.where, seq))
+            on_failure = partial(self.report, call)
         pending: Any = None
         try:
             if out is None and call.out_shape is not None:
@@ -257,8 +281,10 @@ class Dispatcher:
                 if not async_op and self._timeout is None and (ex is None or not ex.pending):
                     pending = Done(call.body(call, data, out, stream))
                 else:
+                    if stream is None and call.device is not None:
+                        stream = call.backend.stream_now()  # the caller's, not the worker's
                     pending = self.worker().submit(
-                        call.where(seq), _run_job, call, data, out, stream
+                        call.where(seq), _run_job, call, seq, data, out, stream
                     )
             elif mode == "requests":
                 pending = call.body(call, data, out, stream)
@@ -277,6 +303,7 @@ class Dispatcher:
             if rec is not None:
                 rec.error = err
                 record.notify("end", rec)
+            self.report(call, seq, err)
             if err is exc:
                 raise
             raise err from exc
@@ -285,9 +312,10 @@ class Dispatcher:
             seq,
             pending,
             timeout=self._timeout,
-            watch=self.watch,
+            watch=watch,
             rec=rec,
             closed=self._is_closed,
+            on_failure=on_failure,
         )
         if async_op:
             return work
@@ -296,6 +324,37 @@ class Dispatcher:
         except CommTimeoutError as exc:
             work.disown()
             raise self.timed_out(call, seq, pending, exc) from None
+        except PeerError as exc:
+            work.disown()
+            if isinstance(pending, Future):  # the worker stays inside MPI for good
+                self.broken = f"the group is unusable: {exc}"
+                self._slow = True
+            raise
+
+    def refused(self, spec: OpSpec, exc: BaseException) -> None:
+        """A collective refused by validation on this rank takes its sequence number all the
+        same (the other ranks may have entered it: their counters moved on too; or they
+        refused it too), and the others are told, since they may be waiting in it."""
+        if spec.p2p:
+            return
+        self.group.seq += 1
+        if self.notices is not None:
+            self._post(spec.name, self.group.seq, exc)
+
+    def report(self, call: Call, seq: int, exc: BaseException) -> None:
+        """A collective that failed on this rank: tell the group's other ranks (unless the
+        failure is itself the consequence of another rank's: a timeout, a peer's failure)."""
+        if self.notices is not None and not call.spec.p2p and not isinstance(exc, _CONSEQUENCES):
+            self._post(call.spec.name, seq, exc)
+
+    def _post(self, op: str, seq: int, exc: BaseException) -> None:
+        if self.notices is None:  # pragma: no cover - callers check
+            return
+        reason = f"{type(exc).__name__}: {exc}"
+        try:
+            self.notices.post(self.gid, seq, op, self.group.rank, self.members, reason)
+        except Exception:  # never hide the real error behind a failed notice
+            pass
 
     def failed(
         self,
@@ -327,7 +386,7 @@ class Dispatcher:
                 )
             except HpccommError as precise:
                 return precise
-        return BackendError(f"{call.where(seq)}: {call.backend.name} failed: {exc}")
+        return call.backend.error(call, seq, exc)
 
     def timed_out(
         self, call: Call, seq: int, pending: Any, exc: CommTimeoutError
@@ -368,12 +427,26 @@ class Dispatcher:
         fut = self.worker().submit(name, fn, *args)
         if self._timeout is None:
             fut.wait(None)
-        elif not _wait_watched(fut, self._timeout, self.watch):
-            raise CommTimeoutError(
-                f"{name}: not complete after {self._timeout:g} s; some rank of the group has "
-                f"not joined it (MPI cannot cancel it: abort the job)"
+        else:
+            notices = self.notices
+            seq = group.seq
+            watch = None if notices is None else notices.watch(self.gid, seq, lambda: name)
+            done = (
+                fut.wait(self._timeout)
+                if watch is None
+                else (wait_watching(fut, self._timeout, watch))
             )
-        return fut.outcome()
+            if not done:
+                raise CommTimeoutError(
+                    f"{name}: not complete after {self._timeout:g} s; some rank of the group "
+                    f"has not joined it (MPI cannot cancel it: abort the job)"
+                )
+        try:
+            return fut.outcome()
+        except HpccommError as exc:
+            if not isinstance(exc, _CONSEQUENCES):
+                self._post(what, group.seq, exc)
+            raise
 
     def _is_closed(self) -> bool:
         return self.closed
@@ -388,21 +461,15 @@ class Dispatcher:
         return None
 
 
-def _run_job(call: Call, data: Any, out: Any, stream: Any) -> Any:
-    """A blocking body on the worker thread: library errors become BackendErrors naming the
-    call (the sequence number is in the Work's messages)."""
+def _run_job(call: Call, seq: int, data: Any, out: Any, stream: Any) -> Any:
+    """A blocking body on the worker thread: library errors become HpccommErrors naming the
+    call (a PeerError when a peer process died)."""
     try:
         return call.body(call, data, out, stream)
     except HpccommError:
         raise
     except Exception as exc:
-        raise BackendError(f"{call}: {call.backend.name} failed: {exc}") from exc
-
-
-def _wait_watched(fut: Future, timeout: float, watch: Callable[[], None] | None) -> bool:
-    if watch is None:
-        return fut.wait(timeout)
-    return wait_bounded(fut.test, timeout, watch)
+        raise call.backend.error(call, seq, exc) from exc
 
 
 def _frozen(value: Any) -> Any:

@@ -14,6 +14,7 @@ from .cuda_aware import DeviceConfig, decide
 from .discovery import LaunchInfo, discover
 from .errors import GpuBindingError, HpccommError, InvalidArgumentError, LaunchMismatchError
 from .gpuselect import choose_gpu, sharing_allowed
+from .notices import NoticeBoard
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -44,9 +45,7 @@ _STALE_HINT = (
 )
 
 
-def verify_launch(
-    info: LaunchInfo, comm: MPI.Intracomm
-) -> tuple[LaunchInfo, MPI.Comm, NodeInfo]:
+def verify_launch(info: LaunchInfo, comm: MPI.Intracomm) -> tuple[LaunchInfo, MPI.Comm, NodeInfo]:
     """Check ``info`` against ``comm`` (COMM_WORLD) and fill the fields only MPI knows.
 
     Rank/size are compared with ``comm``; local rank/size with the COMM_TYPE_SHARED split
@@ -314,6 +313,7 @@ def init(
     info = _bind_gpu(info, gpu)
     device = _device_config(info, device_backend, cuda_aware_mpi)
     backend = MPIBackend(MPI.COMM_WORLD.Dup())
+    notices = NoticeBoard(MPI.COMM_WORLD.Dup(), MPI.ANY_SOURCE)
     _world = Communicator(
         backend,
         DeviceBackends(backend, device),
@@ -324,6 +324,7 @@ def init(
         node_key=nodes.node_index,
         device=device,
         node=MPIBackend(node),
+        notices=notices,
     )
     _init_args = args
     _register_exit()

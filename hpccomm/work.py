@@ -16,7 +16,7 @@ from . import record
 from .errors import BackendError, CommTimeoutError, HpccommError, UnwaitedWorkWarning
 from .ops import Call
 
-__all__ = ["Work", "Pending", "wait_bounded"]
+__all__ = ["Work", "Pending", "wait_bounded", "wait_watching"]
 
 _DEFAULT: Any = object()  # wait() without an argument: the communicator's timeout
 
@@ -50,6 +50,19 @@ def wait_bounded(
     return True
 
 
+def wait_watching(pending: Pending, timeout: float, watch: Callable[[], None]) -> bool:
+    """Wait for ``pending`` at most ``timeout`` seconds, in slices of 20 ms with ``watch()``
+    (which may raise: a peer's failure notice) between them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if pending.wait(max(0.0, min(0.02, remaining))):
+            return True
+        watch()
+        if remaining <= 0:
+            return False
+
+
 class Work:
     """A pending operation: ``wait()`` returns its result (the output array, the source rank
     of a receive, or None), ``is_completed()`` never blocks, ``exception()`` gives the error
@@ -69,6 +82,7 @@ class Work:
         "_exc",
         "_result",
         "_closed",
+        "_on_failure",
         "__weakref__",
     )
 
@@ -82,6 +96,7 @@ class Work:
         watch: Callable[[], None] | None = None,
         rec: record.Record | None = None,
         closed: Callable[[], bool] | None = None,
+        on_failure: Callable[[int, BaseException], None] | None = None,
     ) -> None:
         self._call = call
         self._seq = seq
@@ -90,6 +105,7 @@ class Work:
         self._watch = watch
         self._record = rec
         self._closed = closed
+        self._on_failure = on_failure  # tells the group's other ranks (failure notices)
         self._done = False
         self._exc: BaseException | None = None
         self._result: Any = None
@@ -108,9 +124,15 @@ class Work:
         except HpccommError as exc:
             self._exc = exc
         except Exception as exc:  # the library's own error, named
-            self._exc = BackendError(f"{self._where()}: failed while completing: {exc}")
+            backend = self._call.backend
+            if backend is not None:
+                self._exc = backend.error(self._call, self._seq, exc)
+            else:  # pragma: no cover - every started call has its backend
+                self._exc = BackendError(f"{self._where()}: failed while completing: {exc}")
             self._exc.__cause__ = exc
         self._pending = _Finished
+        if self._exc is not None and self._on_failure is not None:
+            self._on_failure(self._seq, self._exc)
         rec = self._record
         if rec is not None:
             rec.error = self._exc
@@ -150,7 +172,7 @@ class Work:
                 elif self._watch is None:
                     done = self._pending.wait(timeout)
                 else:
-                    done = wait_bounded(self._pending.test, timeout, self._watch)
+                    done = wait_watching(self._pending, timeout, self._watch)
             except CommTimeoutError:
                 raise
             except Exception as exc:  # the library failed while completing: final

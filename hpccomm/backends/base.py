@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from ..errors import HpccommError
 from ..ops import Call
 
 __all__ = ["Backend"]
@@ -36,6 +37,11 @@ class Backend(Protocol):
     def supports(self, call: Call) -> bool: ...
 
     def prepare(self, call: Call) -> None: ...
+
+    def error(self, call: Call, seq: int, exc: BaseException) -> HpccommError:
+        """The library's exception as an HpccommError naming the call (``call.where(seq)``):
+        a PeerError when a peer process failed, else a BackendError."""
+        ...
 
     def close(self) -> None: ...
 

@@ -20,7 +20,7 @@ from mpi4py.util import pkl5
 
 from .. import ops as O
 from ..dtypes import SUPPORTED_DTYPES
-from ..errors import MismatchError
+from ..errors import BackendError, HpccommError, MismatchError, PeerError
 from ..ops import Call, P2POp
 from ..work import wait_bounded
 
@@ -159,6 +159,7 @@ def _mpi_op(call: Call) -> MPI.Op:
 
 
 IN_PLACE = MPI.IN_PLACE
+_PROC_FAILED = (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING, MPI.ERR_REVOKED)
 _ANY_SOURCE = MPI.ANY_SOURCE
 _ANY_TAG = MPI.ANY_TAG
 _mpi_types = _MPI_TYPES
@@ -396,6 +397,27 @@ class MPIBackend:
 
     def close(self) -> None:
         self._pkl5 = None
+
+    def error(self, call: Call, seq: int, exc: BaseException) -> HpccommError:
+        where = call.where(seq)
+        if isinstance(exc, MPI.Exception) and exc.Get_error_class() in _PROC_FAILED:
+            return PeerError(f"{where}: {self.failed_ranks()}; MPI reports {exc}")
+        return BackendError(f"{where}: {self.name} failed: {exc}")
+
+    def failed_ranks(self) -> str:
+        """Which ranks of this group MPI knows to have failed (ULFM's MPI_Comm_get_failed,
+        available when the job runs with ``mpiexec --with-ft ulfm``)."""
+        try:
+            failed = self.mpi.Get_failed()
+            mine = self.mpi.Get_group()
+            try:
+                ranks = MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())), mine)
+            finally:
+                failed.Free()
+                mine.Free()
+        except Exception:  # pragma: no cover - an MPI without ULFM's calls
+            return "a peer process failed"
+        return f"rank(s) {sorted(ranks)} of this group failed (the process died)"
 
     # -- reductions ---------------------------------------------------------------------
 

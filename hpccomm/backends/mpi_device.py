@@ -82,6 +82,9 @@ class DeviceMPIBackend:
         """The current CuPy stream (captured at the call for bodies that run elsewhere)."""
         return _current_stream()
 
+    def error(self, call: Call, seq: int, exc: BaseException) -> HpccommError:
+        return self.host.error(call, seq, exc)
+
     def direct(self, call: Call) -> bool:
         """True when this call's device arrays go to MPI as they are."""
         return self.path.cuda_aware and not reduces_on_host(call)

@@ -27,6 +27,7 @@ from ..errors import (
     CommTimeoutError,
     DtypeError,
     GpuBindingError,
+    HpccommError,
     InvalidArgumentError,
 )
 from ..ops import Call
@@ -321,6 +322,9 @@ class NcclBackend:
 
     def stream_now(self) -> Any:
         return self._cupy.cuda.get_current_stream()
+
+    def error(self, call: Call, seq: int, exc: BaseException) -> HpccommError:
+        return BackendError(f"{call.where(seq)}: {self.name} failed: {exc}")
 
     def prepare(self, call: Call) -> None:
         if call.device != self.device:
