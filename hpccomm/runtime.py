@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import atexit
 import os
+import select
+import signal
 import sys
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .comm import Communicator, NodeInfo, check_timeout
@@ -139,6 +142,56 @@ def verify_launch(info: LaunchInfo, comm: MPI.Intracomm) -> tuple[LaunchInfo, MP
             notes.append(f"{field} is {current} from {src.get(field)} but {value} from {how}")
     nodes = NodeInfo(local_rank, local_size, node_index, num_nodes)
     return info.replace(**changes, sources=sources, warnings=tuple(notes)), node, nodes
+
+
+def _start_mpi_bounded(info: LaunchInfo, timeout: float) -> None:
+    """Start MPI with a deadline: MPI_Init waits for every rank the launcher started, so a
+    rank that died or exited before init would hang the others forever. MPI_Init holds the
+    GIL, so no Python thread can watch it: a forked watchdog process does. Past the deadline
+    it says why on stderr and kills this process (the launcher then ends the job); once MPI
+    is up it is told to exit."""
+    import mpi4py
+
+    mpi4py.rc.initialize = False  # hpccomm initializes (and mpi4py finalizes at exit)
+    mpi4py.rc.finalize = True
+    from mpi4py import MPI
+
+    who = f"rank {info.rank} of {info.size}" if info.rank is not None else "this process"
+    message = (
+        f"hpccomm init ({who}, {info.launcher} launch): MPI_Init did not complete within "
+        f"{timeout:g} s: not every rank the launcher started has reached MPI_Init (one exited "
+        f"or failed before init, or is still starting); ending this process\n"
+    )
+    disarm = _watchdog(timeout, message)
+    try:
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    finally:
+        disarm()
+
+
+def _watchdog(timeout: float, message: str) -> Callable[[], None]:
+    """Fork a process that kills this one after ``timeout`` seconds unless disarmed (by the
+    returned function, or by this process ending)."""
+    read_end, write_end = os.pipe()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the watchdog: no Python state of the parent is used past this point
+        try:
+            os.close(write_end)
+            ready, _, _ = select.select([read_end], [], [], timeout)
+            if not ready:
+                os.write(2, message.encode())
+                os.kill(parent, signal.SIGKILL)
+        finally:
+            os._exit(0)
+    os.close(read_end)
+
+    def disarm() -> None:
+        os.write(write_end, b"x")
+        os.close(write_end)
+        os.waitpid(pid, 0)
+
+    return disarm
 
 
 def _exclude_saturating_ops() -> None:
@@ -297,6 +350,8 @@ def init(
     for note in info.warnings:
         warnings.warn(f"hpccomm: {note}", RuntimeWarning, stacklevel=2)
     _exclude_saturating_ops()
+    if timeout_s is not None and "mpi4py.MPI" not in sys.modules:
+        _start_mpi_bounded(info, timeout_s)
     from mpi4py import MPI
 
     from .backends.mpi import MPIBackend

@@ -184,7 +184,9 @@ def render(opts: BatchOptions) -> str:
         d.append("export CUDA_DEVICE_ORDER=PCI_BUS_ID")
         d.append("export NCCL_DEBUG=${NCCL_DEBUG:-WARN}")
     d.append("")
-    d.append(f"srun --mpi={opts.mpi} {shlex.join(opts.command)}")
+    # A task that dies or fails ends the whole step (srun's default lets the others run on,
+    # stuck in their next collective with the dead rank).
+    d.append(f"srun --mpi={opts.mpi} --kill-on-bad-exit=1 {shlex.join(opts.command)}")
     return "\n".join(d) + "\n"
 
 

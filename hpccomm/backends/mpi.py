@@ -106,6 +106,12 @@ for _dt, _info in SUPPORTED_DTYPES.items():
         continue
     for _name, _op in (_BOOL_OPS if _info.category == "bool" else _BUILTIN_OPS).items():
         _OPS[(_name, _dt)] = _op
+    if _info.category == "float":
+        # MPI's MIN/MAX keep whichever operand the comparison picks, so a NaN on one rank
+        # may vanish (the result depends on which rank holds it); NumPy, torch.minimum and
+        # torch.maximum propagate NaN, and so does hpccomm: np.minimum / np.maximum.
+        _OPS[("MIN", _dt)] = _numpy_op(_dt, "MIN")
+        _OPS[("MAX", _dt)] = _numpy_op(_dt, "MAX")
 _probed = False
 
 

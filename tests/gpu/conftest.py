@@ -1,15 +1,11 @@
 """GPU tests: the real CuPy/NCCL paths. They run under mpiexec (``--with-mpi``) on a machine
-with a CUDA GPU (jobs/gpu-check.sh), and skip with the reason everywhere else."""
+with a CUDA GPU (jobs/gpu-check.sh), and skip with the reason everywhere else. Every test in
+this directory gets the ``gpu`` marker and pytest-mpi's ``mpi`` marker here."""
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(
-    0, str(Path(__file__).resolve().parents[1] / "mpi")
-)  # helpers.py: data and references
 
 HERE = Path(__file__).parent
 
@@ -28,14 +24,18 @@ def why_no_gpu() -> str | None:
     return None
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-mpi's hook (mpi marker) and -m selection
 def pytest_collection_modifyitems(config, items):
     ours = [i for i in items if HERE in Path(i.path).parents]
     if not ours:
         return
+    for item in ours:
+        item.add_marker(pytest.mark.gpu)
+        item.add_marker(pytest.mark.mpi)
     why = why_no_gpu()
     if why is None and not config.getoption("with_mpi", False):
         why = "GPU tests run under mpiexec with --with-mpi (jobs/gpu-check.sh)"
-    if why:
+    if why:  # added before pytest-mpi's skip, so this reason is the one shown
         for item in ours:
             item.add_marker(pytest.mark.skip(reason=why))
 

@@ -4,7 +4,6 @@ against NumPy references; streams and async Work; bfloat16."""
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import assert_close, data, reduce_ref
 
 from hpccomm import P2POp, ReduceOp
 
@@ -63,37 +62,41 @@ def ok_pair(dt, op):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("op", OPS, ids=lambda o: o.name)
-def test_all_reduce(gcomm, dtype, op):
+def test_all_reduce(gcomm, ref, dtype, op):
     if not ok_pair(dtype, op):
         pytest.skip(f"{op.name} is not defined for {np.dtype(dtype).name}")
     n, r = gcomm.size, gcomm.rank
-    x = dev(data(dtype, r, (257,)))
+    x = dev(ref.data(dtype, r, (257,)))
     assert gcomm.all_reduce(x, op=op) is x
-    assert_close(
-        host(x), reduce_ref([data(dtype, i, (257,)) for i in range(n)], op.name, op.factor), dtype
+    ref.assert_close(
+        host(x),
+        ref.reduce_ref([ref.data(dtype, i, (257,)) for i in range(n)], op.name, op.factor),
+        dtype,
     )
 
 
-def test_reduce_broadcast(gcomm):
+def test_reduce_broadcast(gcomm, ref):
     n, r = gcomm.size, gcomm.rank
-    x = dev(data(np.float32, r, (64,)))
+    x = dev(ref.data(np.float32, r, (64,)))
     gcomm.reduce(x, dst=n - 1)
     if r == n - 1:
-        assert_close(
-            host(x), reduce_ref([data(np.float32, i, (64,)) for i in range(n)], "SUM"), np.float32
+        ref.assert_close(
+            host(x),
+            ref.reduce_ref([ref.data(np.float32, i, (64,)) for i in range(n)], "SUM"),
+            np.float32,
         )
-    y = dev(data(ml_dtypes.bfloat16, r, (33,)))
+    y = dev(ref.data(ml_dtypes.bfloat16, r, (33,)))
     gcomm.broadcast(y, src=0)
-    assert np.array_equal(host(y), data(ml_dtypes.bfloat16, 0, (33,)))
+    assert np.array_equal(host(y), ref.data(ml_dtypes.bfloat16, 0, (33,)))
 
 
 @pytest.mark.parametrize("uneven", [False, True])
-def test_all_gather_gather_scatter(gcomm, uneven):
+def test_all_gather_gather_scatter(gcomm, ref, uneven):
     n, r = gcomm.size, gcomm.rank
     sizes = [i % 3 + (0 if uneven else 2 - i % 3) for i in range(n)]
     kw = {"sizes": sizes} if uneven else {}
-    x = dev(data(np.float64, r, (sizes[r], 3)))
-    full = np.concatenate([data(np.float64, i, (sizes[i], 3)) for i in range(n)])
+    x = dev(ref.data(np.float64, r, (sizes[r], 3)))
+    full = np.concatenate([ref.data(np.float64, i, (sizes[i], 3)) for i in range(n)])
     assert np.array_equal(host(gcomm.all_gather(x, **kw)), full)
     got = gcomm.gather(x, dst=0, **kw)
     assert (got is None) if r else np.array_equal(host(got), full)
@@ -104,17 +107,17 @@ def test_all_gather_gather_scatter(gcomm, uneven):
 
 
 @pytest.mark.parametrize("uneven", [False, True])
-def test_reduce_scatter(gcomm, uneven):
+def test_reduce_scatter(gcomm, ref, uneven):
     n, r = gcomm.size, gcomm.rank
     sizes = [(i + 1) % 3 for i in range(n)] if uneven else [4] * n
-    x = dev(data(np.float32, r, (sum(sizes),)))
+    x = dev(ref.data(np.float32, r, (sum(sizes),)))
     out = gcomm.reduce_scatter(x, sizes=sizes if uneven else None)
-    ref = reduce_ref([data(np.float32, i, (sum(sizes),)) for i in range(n)], "SUM")
+    expect = ref.reduce_ref([ref.data(np.float32, i, (sum(sizes),)) for i in range(n)], "SUM")
     start = sum(sizes[:r])
-    assert_close(host(out), ref[start : start + sizes[r]], np.float32)
+    ref.assert_close(host(out), expect[start : start + sizes[r]], np.float32)
 
 
-def test_all_to_all_equal_and_uneven(gcomm):
+def test_all_to_all_equal_and_uneven(gcomm, ref):
     n, r = gcomm.size, gcomm.rank
     out = gcomm.all_to_all(dev(np.arange(2 * n, dtype=np.int64) + 100 * r))
     assert list(host(out)) == [100 * j + 2 * r + k for j in range(n) for k in range(2)]
@@ -122,7 +125,7 @@ def test_all_to_all_equal_and_uneven(gcomm):
     def splits(i):
         return [(i + 2 * j) % 3 for j in range(n)]
 
-    inputs = [data(np.float32, i, (sum(splits(i)),)) for i in range(n)]
+    inputs = [ref.data(np.float32, i, (sum(splits(i)),)) for i in range(n)]
     got = gcomm.all_to_all_single(
         dev(inputs[r]),
         input_split_sizes=splits(r),

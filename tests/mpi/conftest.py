@@ -1,11 +1,18 @@
-"""Fixtures for tests that run under mpiexec (``pytest --with-mpi``), at any world size."""
+"""Fixtures for tests that run under mpiexec (``pytest --with-mpi``), at any world size.
+
+Every test in this directory is an MPI test: it gets pytest-mpi's ``mpi`` marker here, so
+pytest-mpi skips it without ``--with-mpi`` and honours ``@pytest.mark.mpi(min_size=2)`` (a
+skip when COMM_WORLD is smaller) on the pair tests."""
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import hpccomm
+
+HERE = Path(__file__).parent
+# pytest-mpi's own reason ("need --with-mpi option to run") does not say how to start ranks.
+HOW_TO_RUN = "MPI tests run under mpiexec with --with-mpi (make test-mpi)"
 
 
 @pytest.fixture(scope="session")
@@ -27,18 +34,11 @@ def comm(world, request):
     c.free()
 
 
-HERE = Path(__file__).parent
-
-
+@pytest.hookimpl(tryfirst=True)  # before pytest-mpi's hook, which acts on the mpi marker
 def pytest_collection_modifyitems(config, items):
-    if not config.getoption("with_mpi", False):
-        skip = pytest.mark.skip(
-            reason="MPI tests run under mpiexec with --with-mpi (make test-mpi)"
-        )
-        for item in items:
-            if HERE in Path(item.path).parents:
-                item.add_marker(skip)
-
-
-def rng_for(rank: int, seed: int = 0) -> np.random.Generator:
-    return np.random.default_rng(1000 * seed + rank)
+    with_mpi = config.getoption("with_mpi", False)
+    for item in items:
+        if HERE in Path(item.path).parents:
+            item.add_marker(pytest.mark.mpi)
+            if not with_mpi:  # added before pytest-mpi's skip, so this reason is the one shown
+                item.add_marker(pytest.mark.skip(reason=HOW_TO_RUN))

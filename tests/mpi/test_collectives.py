@@ -3,10 +3,11 @@ locally; sync and async; even and uneven splits, zero-length shards included."""
 
 import numpy as np
 import pytest
-from helpers import ALL_DTYPES, assert_close, data, reduce_ref
 
 from hpccomm import ReduceOp
 from hpccomm.dtypes import ALLOWED_CATEGORIES, SUPPORTED_DTYPES
+
+ALL_DTYPES = list(SUPPORTED_DTYPES)
 
 OPS = [
     ReduceOp.SUM,
@@ -35,26 +36,28 @@ def run(fn, async_op, **kw):
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize(("dtype", "op"), PAIRS, ids=IDS)
-def test_all_reduce(comm, dtype, op, async_op):
+def test_all_reduce(comm, ref, dtype, op, async_op):
     n, r = comm.size, comm.rank
-    x = data(dtype, r, (3, 5))
+    x = ref.data(dtype, r, (3, 5))
     got = run(lambda **kw: comm.all_reduce(x, op=op, **kw), async_op)
     assert got is x
-    assert_close(
-        x, reduce_ref([data(dtype, i, (3, 5)) for i in range(n)], op.name, op.factor), dtype
+    ref.assert_close(
+        x, ref.reduce_ref([ref.data(dtype, i, (3, 5)) for i in range(n)], op.name, op.factor), dtype
     )
 
 
 @pytest.mark.parametrize(("dtype", "op"), PAIRS, ids=IDS)
-def test_reduce(comm, dtype, op):
+def test_reduce(comm, ref, dtype, op):
     n, r = comm.size, comm.rank
     root = n // 2
-    x = data(dtype, r, (7,))
+    x = ref.data(dtype, r, (7,))
     before = x.copy()
     comm.reduce(x, dst=root, op=op)
     if r == root:
-        assert_close(
-            x, reduce_ref([data(dtype, i, (7,)) for i in range(n)], op.name, op.factor), dtype
+        ref.assert_close(
+            x,
+            ref.reduce_ref([ref.data(dtype, i, (7,)) for i in range(n)], op.name, op.factor),
+            dtype,
         )
     else:
         assert np.array_equal(x, before)
@@ -62,16 +65,16 @@ def test_reduce(comm, dtype, op):
 
 @pytest.mark.parametrize("uneven", [False, True], ids=["even", "uneven"])
 @pytest.mark.parametrize(("dtype", "op"), PAIRS, ids=IDS)
-def test_reduce_scatter(comm, dtype, op, uneven):
+def test_reduce_scatter(comm, ref, dtype, op, uneven):
     n, r = comm.size, comm.rank
     sizes = [(i * 2) % 3 for i in range(n)] if uneven else [2] * n
     total = sum(sizes)
-    x = data(dtype, r, (total, 2))
+    x = ref.data(dtype, r, (total, 2))
     out = comm.reduce_scatter(x, op=op, sizes=sizes if uneven else None)
-    ref = reduce_ref([data(dtype, i, (total, 2)) for i in range(n)], op.name, op.factor)
+    expect = ref.reduce_ref([ref.data(dtype, i, (total, 2)) for i in range(n)], op.name, op.factor)
     start = sum(sizes[:r])
     assert out.shape == (sizes[r], 2)
-    assert_close(out, ref[start : start + sizes[r]], dtype)
+    ref.assert_close(out, expect[start : start + sizes[r]], dtype)
 
 
 def test_reduce_scatter_async_and_out(comm):
@@ -84,29 +87,31 @@ def test_reduce_scatter_async_and_out(comm):
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=[d.name for d in ALL_DTYPES])
-def test_broadcast(comm, dtype, async_op):
+def test_broadcast(comm, ref, dtype, async_op):
     src = comm.size - 1
-    x = data(dtype, comm.rank, (4, 3))
+    x = ref.data(dtype, comm.rank, (4, 3))
     assert run(lambda **kw: comm.broadcast(x, src=src, **kw), async_op) is x
-    assert np.array_equal(x, data(dtype, src, (4, 3)))
+    assert np.array_equal(x, ref.data(dtype, src, (4, 3)))
 
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=[d.name for d in ALL_DTYPES])
-def test_all_gather(comm, dtype, async_op):
+def test_all_gather(comm, ref, dtype, async_op):
     n, r = comm.size, comm.rank
-    got = run(lambda **kw: comm.all_gather(data(dtype, r, (2, 3)), **kw), async_op)
-    assert np.array_equal(got, np.concatenate([data(dtype, i, (2, 3)) for i in range(n)]))
+    got = run(lambda **kw: comm.all_gather(ref.data(dtype, r, (2, 3)), **kw), async_op)
+    assert np.array_equal(got, np.concatenate([ref.data(dtype, i, (2, 3)) for i in range(n)]))
 
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
-def test_all_gather_uneven_with_empty_shards(comm, async_op):
+def test_all_gather_uneven_with_empty_shards(comm, ref, async_op):
     n, r = comm.size, comm.rank
     sizes = [i % 3 for i in range(n)]  # rank 0 gives nothing
-    x = data(np.int32, r, (sizes[r], 2))
+    x = ref.data(np.int32, r, (sizes[r], 2))
     got = run(lambda **kw: comm.all_gather(x, sizes=sizes, **kw), async_op)
     assert got.shape == (sum(sizes), 2)
-    assert np.array_equal(got, np.concatenate([data(np.int32, i, (sizes[i], 2)) for i in range(n)]))
+    assert np.array_equal(
+        got, np.concatenate([ref.data(np.int32, i, (sizes[i], 2)) for i in range(n)])
+    )
 
 
 def test_all_gather_scalar_and_out(comm):
@@ -118,23 +123,25 @@ def test_all_gather_scalar_and_out(comm):
 
 @pytest.mark.parametrize("uneven", [False, True], ids=["even", "uneven"])
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=[d.name for d in ALL_DTYPES])
-def test_gather(comm, dtype, uneven):
+def test_gather(comm, ref, dtype, uneven):
     n, r = comm.size, comm.rank
     sizes = [(i + 1) % 3 for i in range(n)] if uneven else [2] * n
-    got = comm.gather(data(dtype, r, (sizes[r],)), dst=0, sizes=sizes if uneven else None)
+    got = comm.gather(ref.data(dtype, r, (sizes[r],)), dst=0, sizes=sizes if uneven else None)
     if r == 0:
-        assert np.array_equal(got, np.concatenate([data(dtype, i, (sizes[i],)) for i in range(n)]))
+        assert np.array_equal(
+            got, np.concatenate([ref.data(dtype, i, (sizes[i],)) for i in range(n)])
+        )
     else:
         assert got is None
 
 
 @pytest.mark.parametrize("uneven", [False, True], ids=["even", "uneven"])
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=[d.name for d in ALL_DTYPES])
-def test_scatter(comm, dtype, uneven):
+def test_scatter(comm, ref, dtype, uneven):
     n, r = comm.size, comm.rank
     src = n - 1
     sizes = [i % 3 for i in range(n)] if uneven else [2] * n
-    full = data(dtype, 99, (sum(sizes), 2))
+    full = ref.data(dtype, 99, (sum(sizes), 2))
     if r == src:
         got = comm.scatter(full, src=src, sizes=sizes if uneven else None)
     else:
@@ -158,22 +165,22 @@ def test_scatter_full_array_on_every_rank_with_out_async(comm):
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=[d.name for d in ALL_DTYPES])
-def test_all_to_all(comm, dtype, async_op):
+def test_all_to_all(comm, ref, dtype, async_op):
     n, r = comm.size, comm.rank
-    inputs = [data(dtype, i, (n * 2, 3)) for i in range(n)]
+    inputs = [ref.data(dtype, i, (n * 2, 3)) for i in range(n)]
     got = run(lambda **kw: comm.all_to_all(inputs[r], **kw), async_op)
     expect = np.concatenate([inputs[j][2 * r : 2 * r + 2] for j in range(n)])
     assert np.array_equal(got, expect)
 
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
-def test_all_to_all_single_uneven(comm, async_op):
+def test_all_to_all_single_uneven(comm, ref, async_op):
     n, r = comm.size, comm.rank
 
     def splits(i):  # what rank i sends to each rank j; zero-length blocks included
         return [(i + 2 * j) % 3 for j in range(n)]
 
-    inputs = [data(np.float64, i, (sum(splits(i)), 2)) for i in range(n)]
+    inputs = [ref.data(np.float64, i, (sum(splits(i)), 2)) for i in range(n)]
     out_splits = [splits(j)[r] for j in range(n)]
     got = run(
         lambda **kw: comm.all_to_all_single(

@@ -146,10 +146,9 @@ def test_sizes_disagree_with_own_rows(comm):
         comm.all_gather(np.ones(2), sizes=[5] * n)
 
 
+@pytest.mark.mpi(min_size=2)  # every row count is a multiple of 1
 def test_equal_blocks_need_multiple(comm):
     n = comm.size
-    if n == 1:
-        pytest.skip("every row count is a multiple of 1")
     with pytest.raises(
         InvalidArgumentError,
         match=where(comm, "all_to_all")
@@ -173,9 +172,8 @@ def test_split_sizes_must_sum(comm):
         comm.all_to_all_single(np.ones(n), input_split_sizes=[1] * n)
 
 
+@pytest.mark.mpi(min_size=2)  # a non-source rank
 def test_scatter_non_source_needs_out(comm):
-    if comm.size == 1:
-        pytest.skip("no non-source rank at size 1")
     if comm.rank != 0:  # raised before MPI is touched: the source rank does not call
         with pytest.raises(
             InvalidArgumentError, match=where(comm, "scatter") + ": non-source ranks need out="
@@ -211,9 +209,8 @@ def test_new_group_bad_ranks(comm):
         comm.new_group([0, 0])
 
 
+@pytest.mark.mpi(min_size=2)  # a peer that never sends
 def test_timeout_names_the_stuck_operation(comm):
-    if comm.size == 1:
-        pytest.skip("needs a peer that never sends")
     comm.timeout = 0.3
     # Nobody sends tag 99: the receive must time out, not hang. The receive stays posted
     # (MPI cannot cancel it); the fixture frees this duplicate communicator.
@@ -233,10 +230,9 @@ def test_bool_is_not_a_rank(comm):
         comm.broadcast(np.ones(1), src=True)
 
 
+@pytest.mark.mpi(min_size=2)
 def test_short_receive_is_a_backend_error_naming_the_op(comm):
     # A mismatch only visible across ranks: rank 0 sends 4 elements, rank 1 receives 2.
-    if comm.size < 2:
-        pytest.skip("needs 2 ranks")
     from hpccomm import BackendError
 
     if comm.rank == 0:
@@ -259,11 +255,10 @@ def test_short_receive_is_a_backend_error_naming_the_op(comm):
             comm.recv(np.empty(2), 0, tag=5)
 
 
+@pytest.mark.mpi(min_size=2)
 def test_long_receive_is_a_mismatch_naming_sender_tag_and_sizes(comm):
     # MPI accepts a message shorter than the receive buffer and leaves the tail as it was;
     # hpccomm reports it (in every mode) instead of passing on a half-filled buffer.
-    if comm.size < 2:
-        pytest.skip("needs 2 ranks")
     from hpccomm import MismatchError
 
     if comm.rank == 0:

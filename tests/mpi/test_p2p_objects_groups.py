@@ -7,12 +7,8 @@ import hpccomm
 from hpccomm import P2POp
 from hpccomm.discovery import discover
 
-pair = pytest.mark.skipif(
-    "__import__('mpi4py.MPI').MPI.COMM_WORLD.Get_size() < 2", reason="needs at least 2 ranks"
-)
 
-
-@pair
+@pytest.mark.mpi(min_size=2)
 def test_send_recv_named_and_any_source(comm):
     n, r = comm.size, comm.rank
     if r == 0:
@@ -28,7 +24,7 @@ def test_send_recv_named_and_any_source(comm):
             comm.send(np.full(2, 7.0), 0, tag=7)
 
 
-@pair
+@pytest.mark.mpi(min_size=2)
 def test_isend_irecv(comm):
     n, r = comm.size, comm.rank
     right, left = (r + 1) % n, (r - 1) % n
@@ -74,7 +70,7 @@ def test_objects(comm):
     assert comm.scatter_object([{"i": i} for i in range(n)] if r == 0 else None, src=0) == {"i": r}
 
 
-@pair
+@pytest.mark.mpi(min_size=2)
 def test_send_recv_object(comm):
     r = comm.rank
     if r == 0:

@@ -7,30 +7,22 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import BIN, ROOT, cluster_env
 
 pytestmark = pytest.mark.timeout(300)
-JOBS = ROOT / "jobs"
+JOBS = Path(__file__).resolve().parents[2] / "jobs"
 
 
-def run(cmd, timeout=120, **kw):
-    out = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, env=cluster_env(), **kw
-    )
-    return out
-
-
-def srun_json(*args):
-    out = run(["srun", *args, "--mpi=pmix", str(BIN / "hpccomm"), "info", "--json"])
+def srun_json(cluster, *args):
+    out = cluster.run(["srun", *args, "--mpi=pmix", str(cluster.bin / "hpccomm"), "info", "--json"])
     assert out.returncode == 0, f"srun failed:\n{out.stdout}\n{out.stderr}"
     return json.loads(out.stdout)
 
 
-def sbatch_wait(script, tmp_path, *args, extra_env=None):
+def sbatch_wait(cluster, script, tmp_path, *args, extra_env=None):
     """Submit, wait (bounded), return (job id, output text). A failed job's output goes into
     the assertion message."""
     log = tmp_path / "job-%j.out"
-    env = cluster_env()
+    env = cluster.env()
     env.update(extra_env or {})
     cmd = ["sbatch", "--parsable", "--wait", f"--output={log}", "--time=5", *args, str(script)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -38,8 +30,8 @@ def sbatch_wait(script, tmp_path, *args, extra_env=None):
         stdout, stderr = proc.communicate(timeout=240)
     except subprocess.TimeoutExpired:
         proc.kill()
-        jobs = run(["squeue", "-h", "-o", "%i"]).stdout.split()
-        run(["scancel", *jobs])
+        jobs = cluster.run(["squeue", "-h", "-o", "%i"]).stdout.split()
+        cluster.run(["scancel", *jobs])
         pytest.fail(
             f"job did not finish in 240 s: {cmd}; outputs: {[p.read_text() for p in tmp_path.glob('job-*.out')]}"
         )
@@ -51,8 +43,8 @@ def sbatch_wait(script, tmp_path, *args, extra_env=None):
     return job, text
 
 
-def test_srun_two_nodes_four_ranks():
-    infos = sorted(srun_json("-N2", "-n4"), key=lambda d: d["rank"])
+def test_srun_two_nodes_four_ranks(cluster):
+    infos = sorted(srun_json(cluster, "-N2", "-n4"), key=lambda d: d["rank"])
     assert [d["rank"] for d in infos] == [0, 1, 2, 3]
     assert {d["num_nodes"] for d in infos} == {2}
     assert [d["local_rank"] for d in infos] == [0, 1, 0, 1]
@@ -63,30 +55,31 @@ def test_srun_two_nodes_four_ranks():
     assert infos[0]["sources"]["local_size"] == "SLURM_STEP_TASKS_PER_NODE[SLURM_NODEID]"
 
 
-def test_srun_uneven_layout():
-    infos = sorted(srun_json("-N2", "-n3"), key=lambda d: d["rank"])
+def test_srun_uneven_layout(cluster):
+    infos = sorted(srun_json(cluster, "-N2", "-n3"), key=lambda d: d["rank"])
     assert [d["local_size"] for d in infos] == [2, 2, 1]
     assert [d["node_index"] for d in infos] == [0, 0, 1]
 
 
-def test_batch_shell_is_not_a_step(tmp_path):
+def test_batch_shell_is_not_a_step(cluster, tmp_path):
     script = tmp_path / "shell.sh"
     script.write_text("#!/bin/bash\nhpccomm info --no-mpi --json\n")
-    _, text = sbatch_wait(script, tmp_path, "-N2", "-n4")
+    _, text = sbatch_wait(cluster, script, tmp_path, "-N2", "-n4")
     doc = json.loads(text.strip().splitlines()[-1])
     assert (doc["launcher"], doc["rank"], doc["size"]) == ("slurm-batch", 0, 1)
     assert doc["nodelist"] == ["node1", "node2"]
     assert "launch the ranks with srun" in doc["warnings"][0]
 
 
-def test_cpu_template_doctor_passes_across_both_nodes(tmp_path):
-    _, text = sbatch_wait(JOBS / "cpu-mpi.sbatch", tmp_path)
+def test_cpu_template_doctor_passes_across_both_nodes(cluster, tmp_path):
+    _, text = sbatch_wait(cluster, JOBS / "cpu-mpi.sbatch", tmp_path)
     assert "doctor: 11 of 11 operations passed on 4 ranks" in text, text
     assert "node1" in text and "node2" in text
 
 
-def test_mpirun_inside_allocation_is_open_mpi(tmp_path):
+def test_mpirun_inside_allocation_is_open_mpi(cluster, tmp_path):
     _, text = sbatch_wait(
+        cluster,
         JOBS / "mpirun-in-allocation.sbatch",
         tmp_path,
         extra_env={"HPCCOMM_CMD": "hpccomm info --json"},
@@ -97,9 +90,9 @@ def test_mpirun_inside_allocation_is_open_mpi(tmp_path):
     assert {d["num_nodes"] for d in infos} == {2}
 
 
-def test_job_array_sees_task_id(tmp_path):
+def test_job_array_sees_task_id(cluster, tmp_path):
     log = tmp_path / "arr-%A_%a.out"
-    env = cluster_env()
+    env = cluster.env()
     out = subprocess.run(
         ["sbatch", "--parsable", "--wait", f"--output={log}", "--time=5", str(JOBS / "job-array.sbatch")],
         capture_output=True, text=True, timeout=240, env=env,
@@ -115,19 +108,19 @@ def test_job_array_sees_task_id(tmp_path):
         assert rows and all(row[-1].endswith(f"[{task}]") for row in rows), text
 
 
-def test_hpccomm_sbatch_submit(tmp_path):
+def test_hpccomm_sbatch_submit(cluster, tmp_path):
     log = tmp_path / "gen-%j.out"
-    out = run(
-        [str(BIN / "hpccomm"), "sbatch", "-N", "2", "--ntasks-per-node", "2", "--time", "5", "--job-name", "gen",
+    out = cluster.run(
+        [str(cluster.bin / "hpccomm"), "sbatch", "-N", "2", "--ntasks-per-node", "2", "--time", "5", "--job-name", "gen",
          "--output", str(log), "--submit", "--", "hpccomm", "info", "--json"],
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     job = out.stdout.strip()
     assert job.isdigit()
     deadline = time.monotonic() + 180
-    while run(["squeue", "-h", "-j", job]).stdout.strip():
+    while cluster.run(["squeue", "-h", "-j", job]).stdout.strip():
         if time.monotonic() > deadline:
-            run(["scancel", job])
+            cluster.run(["scancel", job])
             pytest.fail(f"job {job} still queued or running after 180 s")
         time.sleep(0.5)
     text = Path(str(log).replace("%j", job)).read_text()
@@ -145,8 +138,8 @@ def test_templates_are_valid_bash_with_headers():
         assert head.startswith("# ") and len(head) > 20, path
 
 
-def test_srun_without_pmix_is_named_not_hung():
-    out = run(["srun", "-N2", "-n2", "--mpi=none", str(BIN / "hpccomm"), "info"])
+def test_srun_without_pmix_is_named_not_hung(cluster):
+    out = cluster.run(["srun", "-N2", "-n2", "--mpi=none", str(cluster.bin / "hpccomm"), "info"])
     assert out.returncode != 0
     assert "size is 2 from SLURM_STEP_NUM_TASKS but 1 from MPI COMM_WORLD" in out.stderr, out.stderr
     assert "srun --mpi=pmix" in out.stderr

@@ -1,8 +1,6 @@
 """Dtype/op tables, in-process CLI calls, and the CLI under mpiexec (bounded)."""
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,23 +12,6 @@ import pytest
 from hpccomm import DtypeError, ReduceOp
 from hpccomm.cli import main
 from hpccomm.dtypes import SUPPORTED_DTYPES, as_reduce_op, check_op, dtype_info
-
-BIN = Path(sys.executable).parent
-MPIEXEC = shutil.which("mpiexec", path=str(BIN)) or shutil.which("mpiexec")
-
-
-def mpi_env():
-    env = dict(os.environ)
-    env.update(
-        OMPI_ALLOW_RUN_AS_ROOT="1",
-        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-        OMPI_MCA_mpi_yield_when_idle="1",
-    )
-    for key in [
-        k for k in env if k.startswith(("SLURM_", "OMPI_COMM_WORLD", "PRTE_", "PMIX_", "PMI_"))
-    ]:
-        del env[key]
-    return env
 
 
 def test_every_documented_dtype_is_supported():
@@ -99,14 +80,13 @@ def test_cli_reports_bad_environment(monkeypatch, capsys):
     assert "OMPI_COMM_WORLD_RANK='zero' is not an integer" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the 'mpi' extra)")
-def test_info_table_under_mpiexec_4_ranks():
+def test_info_table_under_mpiexec_4_ranks(mpiexec, venv_bin, mpi_env):
     out = subprocess.run(
-        [MPIEXEC, "--oversubscribe", "-n", "4", str(BIN / "hpccomm"), "info"],
+        [mpiexec, "--oversubscribe", "-n", "4", str(venv_bin / "hpccomm"), "info"],
         capture_output=True,
         text=True,
         timeout=120,
-        env=mpi_env(),
+        env=mpi_env,
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
@@ -117,14 +97,14 @@ def test_info_table_under_mpiexec_4_ranks():
     assert {r[2] for r in rows} == {"0/1"} and {r[4] for r in rows} == {"openmpi"}
 
 
-@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the 'mpi' extra)")
-def test_info_json_standalone_singleton():
+@pytest.mark.usefixtures("mpiexec")  # skips without one
+def test_info_json_standalone_singleton(venv_bin, mpi_env):
     out = subprocess.run(
-        [str(BIN / "hpccomm"), "info", "--json"],
+        [str(venv_bin / "hpccomm"), "info", "--json"],
         capture_output=True,
         text=True,
         timeout=120,
-        env=mpi_env(),
+        env=mpi_env,
     )
     assert out.returncode == 0, out.stderr
     (doc,) = json.loads(out.stdout)
@@ -136,14 +116,13 @@ def test_info_json_standalone_singleton():
     )
 
 
-@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the 'mpi' extra)")
-def test_doctor_under_mpiexec_3_ranks():
+def test_doctor_under_mpiexec_3_ranks(mpiexec, venv_bin, mpi_env):
     out = subprocess.run(
-        [MPIEXEC, "--oversubscribe", "-n", "3", str(BIN / "hpccomm"), "doctor", "--json"],
+        [mpiexec, "--oversubscribe", "-n", "3", str(venv_bin / "hpccomm"), "doctor", "--json"],
         capture_output=True,
         text=True,
         timeout=180,
-        env=mpi_env(),
+        env=mpi_env,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     doc = json.loads(out.stdout)
@@ -151,10 +130,10 @@ def test_doctor_under_mpiexec_3_ranks():
     assert [c["name"] for c in doc["checks"] if not c["ok"]] == []
 
 
-@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the 'mpi' extra)")
-def test_broken_launch_is_named(tmp_path):
+@pytest.mark.usefixtures("mpiexec")  # skips without one
+def test_broken_launch_is_named(tmp_path, mpi_env):
     # A stale OMPI_COMM_WORLD_SIZE claims 8 ranks in a 1-rank (singleton) run.
-    env = mpi_env()
+    env = mpi_env
     env.update(OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_SIZE="8")
     out = subprocess.run(
         [sys.executable, "-c", "import hpccomm; hpccomm.init()"],
@@ -168,11 +147,11 @@ def test_broken_launch_is_named(tmp_path):
     assert "its own 1-rank MPI world" in out.stderr
 
 
-@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the 'mpi' extra)")
-def test_jobs_mpiexec_local_script():
+@pytest.mark.usefixtures("mpiexec")  # skips without one
+def test_jobs_mpiexec_local_script(venv_bin, mpi_env):
     script = Path(__file__).resolve().parents[2] / "jobs" / "mpiexec-local.sh"
-    env = mpi_env()
-    env["PATH"] = f"{BIN}:{env['PATH']}"
+    env = mpi_env
+    env["PATH"] = f"{venv_bin}:{env['PATH']}"
     out = subprocess.run(
         [str(script), "2", "hpccomm", "info"], capture_output=True, text=True, timeout=120, env=env
     )
@@ -180,7 +159,7 @@ def test_jobs_mpiexec_local_script():
     assert [line.split()[0] for line in out.stdout.splitlines()[1:3]] == ["0", "1"]
 
 
-@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the 'mpi' extra)")
+@pytest.mark.usefixtures("mpiexec")  # skips without one
 @pytest.mark.parametrize(
     ("visible", "gpu_arg", "expect"),
     [
@@ -189,12 +168,12 @@ def test_jobs_mpiexec_local_script():
         ("", "True", "gpu=True but no GPU is visible"),
     ],
 )
-def test_gpu_binding_without_cupy(visible, gpu_arg, expect):
+def test_gpu_binding_without_cupy(mpi_env, visible, gpu_arg, expect):
     import importlib.util
 
     if importlib.util.find_spec("cupy") is not None:
         pytest.skip("CuPy is installed: this checks the machine without it")
-    env = mpi_env()
+    env = mpi_env
     env["CUDA_VISIBLE_DEVICES"] = visible
     code = f"import hpccomm; c = hpccomm.init(gpu={gpu_arg}); print('gpu=None ok' if c.device.gpu is None else c.device.gpu)"
     out = subprocess.run(
@@ -203,16 +182,15 @@ def test_gpu_binding_without_cupy(visible, gpu_arg, expect):
     assert expect in out.stdout + out.stderr, out.stdout + out.stderr
 
 
-@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the 'mpi' extra)")
-def test_too_few_gpus_for_the_ranks_under_mpiexec():
-    env = mpi_env()
+def test_too_few_gpus_for_the_ranks_under_mpiexec(mpiexec, mpi_env):
+    env = mpi_env
     env["CUDA_VISIBLE_DEVICES"] = "0,1"
     code = "import hpccomm; c = hpccomm.init(gpu={}); print('cpu-only' if c.device.gpu is None else c.device.gpu)"
-    auto = subprocess.run([MPIEXEC, "--oversubscribe", "-n", "3", sys.executable, "-c", code.format("None")],
+    auto = subprocess.run([mpiexec, "--oversubscribe", "-n", "3", sys.executable, "-c", code.format("None")],
                           capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
     assert auto.returncode == 0 and auto.stdout.split() == ["cpu-only"] * 3, auto.stderr
     assert "staying CPU-only" in auto.stderr and "would share GPU" in auto.stderr
-    strict = subprocess.run([MPIEXEC, "--oversubscribe", "-n", "3", sys.executable, "-c", code.format("True")],
+    strict = subprocess.run([mpiexec, "--oversubscribe", "-n", "3", sys.executable, "-c", code.format("True")],
                             capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
     assert strict.returncode != 0
     assert "local ranks [0, 2] would share GPU 0" in strict.stderr

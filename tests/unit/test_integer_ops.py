@@ -46,7 +46,8 @@ def test_init_excludes_the_saturating_component():
         "hpccomm.init()\n"
         "from hpccomm.backends import mpi as m\n"
         "print('OMPI_MCA_op', os.environ['OMPI_MCA_op'])\n"
-        "print('REPLACED', m.probe_integer_ops.__name__, sorted(m._numpy_ops))\n" + CHECK
+        "print('REPLACED', m.probe_integer_ops.__name__,"
+        " sorted(k for k in m._numpy_ops if k[0].kind in 'iu'))\n" + CHECK
     )
     assert "OMPI_MCA_op ^avx" in out
     assert "REPLACED probe_integer_ops []" in out  # nothing left for the probe to fix

@@ -5,25 +5,25 @@ import subprocess
 import sys
 
 import pytest
-from test_dtypes_cli import MPIEXEC, mpi_env
 
-pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no MPI (install the 'mpi' extra)")
+pytestmark = pytest.mark.usefixtures("mpiexec")  # without mpiexec (no MPI installed) all skip
 
 CODE = "import hpccomm; c = hpccomm.init(); print(c.rank, c.size, c.launch.launcher)"
 
 
-def run_init(variables):
-    env = mpi_env()  # no launcher variables of our own; root allowed
+def run_init(mpi_env, variables):
+    env = dict(mpi_env)  # no launcher variables of our own; root allowed
     env.update(variables)
     return subprocess.run(
         [sys.executable, "-c", CODE], capture_output=True, text=True, timeout=120, env=env
     )
 
 
-def test_task_variables_outside_a_step_are_ignored_with_a_warning():
+def test_task_variables_outside_a_step_are_ignored_with_a_warning(mpi_env):
     # A shell inside an salloc allocation, or a container handed these: no SLURM_STEP_*.
     out = run_init(
-        {"SLURM_JOB_ID": "5", "SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1"}
+        mpi_env,
+        {"SLURM_JOB_ID": "5", "SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1"},
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["0", "1", "none"]
@@ -34,13 +34,14 @@ def test_task_variables_outside_a_step_are_ignored_with_a_warning():
     assert "LaunchMismatchError" not in out.stderr
 
 
-def test_step_variables_in_a_one_rank_world_name_both_causes():
+def test_step_variables_in_a_one_rank_world_name_both_causes(mpi_env):
     # What a task of `srun -n8` sees, in a process that MPI started alone: either srun ran
     # without an MPI plug-in, or python was started by hand inside the step.
     out = run_init(
+        mpi_env,
         {"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "8",
          "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "0", "SLURM_NTASKS": "8",
-         "SLURM_STEP_TASKS_PER_NODE": "8", "SLURM_STEP_NODELIST": "n1"}
+         "SLURM_STEP_TASKS_PER_NODE": "8", "SLURM_STEP_NODELIST": "n1"},
     )  # fmt: skip
     assert out.returncode != 0
     last = out.stderr.strip().splitlines()[-1]

@@ -43,7 +43,7 @@ def test_render_full():
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4", "#SBATCH --gpus-per-task=1",
                  "#SBATCH --cpus-per-task=8", "#SBATCH --time=1:00:00", "#SBATCH --partition=gpu", "#SBATCH --account=abc",
                  "#SBATCH --output=o-%j.out", "#SBATCH --exclusive", "export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}",
-                 "srun --mpi=pmix hpccomm doctor"):  # fmt: skip
+                 "srun --mpi=pmix --kill-on-bad-exit=1 hpccomm doctor"):  # fmt: skip
         assert line in text.splitlines() or any(l.startswith(line) for l in text.splitlines()), line  # noqa: E741
     assert text.startswith("#!/bin/bash\n")
 
@@ -75,7 +75,7 @@ def test_cli_writes_file(tmp_path, capsys):
     out = tmp_path / "job.sh"
     assert main(["sbatch", "-N", "2", "-o", str(out), "--", "hpccomm", "info"]) == 0
     assert capsys.readouterr().out == ""
-    assert "srun --mpi=pmix hpccomm info" in out.read_text()
+    assert "srun --mpi=pmix --kill-on-bad-exit=1 hpccomm info" in out.read_text()
 
 
 # --- errors are one line, typed, and never a traceback -------------------------------------
