@@ -63,6 +63,21 @@ class Dispatcher:
         timeout: seconds after which a blocking call raises CommTimeoutError (None: none).
     """
 
+    __slots__ = (
+        "group",
+        "backend",
+        "device_backend",
+        "cache",
+        "executor",
+        "closed",
+        "broken",
+        "notices",
+        "gid",
+        "members",
+        "_timeout",
+        "_slow",
+    )
+
     def __init__(
         self,
         group: Group,
@@ -95,7 +110,17 @@ class Dispatcher:
     @timeout.setter
     def timeout(self, value: float | None) -> None:
         self._timeout = value
-        self._slow = value is not None or self.broken is not None
+        self._update_slow()
+
+    def _update_slow(self) -> None:
+        """Plain calls may run inline only without a timeout, a broken group, or calls still
+        on the worker thread (rechecked by run(), which takes every call while this holds)."""
+        ex = self.executor
+        self._slow = (
+            self._timeout is not None
+            or self.broken is not None
+            or (ex is not None and ex.pending > 0)
+        )
 
     # -- the path ---------------------------------------------------------------------------
 
@@ -116,35 +141,35 @@ class Dispatcher:
         stream: Any = None,
     ) -> Any:
         """Run one operation; returns its result, or a Work when ``async_op``."""
-        if self.closed:
-            raise ClosedError(
-                f"{spec.name} (rank {self.group.rank} of {self.group.size}): "
-                f"communicator {self.group.name} already freed"
-            )
-        # resolve + validate, once per description of host arrays
-        key = None
-        if type(data) is _ndarray and stream is None and (out is None or type(out) is _ndarray):
-            extra = None
-            if sizes is not None or in_splits is not None or out_splits is not None:
-                sizes, in_splits, out_splits = (
-                    _frozen(sizes),
-                    _frozen(in_splits),
-                    _frozen(out_splits),
-                )
-                extra = (sizes, in_splits, out_splits)
-            key = (
+        # resolve + validate, once per description of host arrays (the key holds only what
+        # validation depends on; a freed communicator has an empty cache and is refused by
+        # prepare)
+        if type(data) is _ndarray and (out is None or type(out) is _ndarray):
+            key: tuple = (
                 spec,
                 data.dtype,
                 data.shape,
                 data.strides,
                 peer,
-                src,
                 tag,
                 redop,
-                extra,
+                src,
+                sizes,
+                in_splits,
+                out_splits,
+                stream,
                 None if out is None else (out.dtype, out.shape, out.strides),
             )
-            call = self.cache.get(key)
+            try:
+                call = self.cache.get(key)
+            except TypeError:  # sizes given as lists or arrays: freeze them for the key
+                sizes, in_splits, out_splits = (
+                    _frozen(sizes),
+                    _frozen(in_splits),
+                    _frozen(out_splits),
+                )
+                key = (*key[:8], sizes, in_splits, out_splits, *key[11:])
+                call = self.cache.get(key)
             if call is None:
                 try:
                     call, data, out = self.prepare(
@@ -157,6 +182,7 @@ class Dispatcher:
                     self.cache.clear()
                 self.cache[key] = call
         else:
+            key = ()  # not cached
             try:
                 call, data, out = self.prepare(
                     spec, data, out, peer, src, tag, redop, sizes, in_splits, out_splits
@@ -173,16 +199,14 @@ class Dispatcher:
             group.seq += 1
             seq = group.seq
         # run: plain calls here (blocking collectives inline, point-to-point started and
-        # waited for), everything else through run()
+        # waited for), everything else through run(). _slow covers a timeout, a broken
+        # group and a worker thread that may still hold earlier calls.
         if async_op or self._slow or _listeners:
             return self.run(call, seq, data, out, async_op, stream, key)
+        if call.out_shape is not None and out is None:
+            out = allocate(call.out_shape, call.dtype(), call.device)
         mode = call.mode
         if mode == "blocking":
-            ex = self.executor
-            if ex is not None and ex.pending:
-                return self.run(call, seq, data, out, async_op, stream, key)
-            if out is None and call.out_shape is not None:
-                out = allocate(call.out_shape, call.dtype(), call.device)
             try:
                 return call.body(call, data, out, stream)
             except HpccommError as exc:
@@ -194,8 +218,6 @@ class Dispatcher:
                 raise err from exc
         if mode != "requests":
             return self.run(call, seq, data, out, async_op, stream, key)
-        if out is None and call.out_shape is not None:
-            out = allocate(call.out_shape, call.dtype(), call.device)
         try:
             pending = call.body(call, data, out, stream)
             pending.seq = seq
@@ -222,6 +244,11 @@ class Dispatcher:
         """Resolve and validate one call and let its backend prepare it; returns the Call and
         the data and output as the backend takes them (NumPy or CuPy arrays for DLPack and
         CUDA-array-interface objects)."""
+        if self.closed:
+            raise ClosedError(
+                f"{spec.name} (rank {self.group.rank} of {self.group.size}): "
+                f"communicator {self.group.name} already freed"
+            )
         call = Call(
             spec,
             self.group,
@@ -256,12 +283,14 @@ class Dispatcher:
         out: Any,
         async_op: bool,
         stream: Any,
-        key: tuple | None = None,
+        key: tuple = (),
     ) -> Any:
         """The run step when the call is not a plain inline one: listeners, a Work, a time
         bound, point-to-point requests, a device stream, or earlier calls still queued."""
         if self.broken is not None:
             raise ClosedError(f"{call.where(seq)}: {self.broken}")
+        if self._slow and not async_op:
+            self._update_slow()  # the worker may have drained since the last call
         rec = None
         if _listeners:
             rec = Record(call, seq, async_op)
@@ -286,6 +315,7 @@ class Dispatcher:
                     pending = self.worker().submit(
                         call.where(seq), _run_job, call, seq, data, out, stream
                     )
+                    self._slow = True  # later plain calls queue behind it until it is done
             elif mode == "requests":
                 pending = call.body(call, data, out, stream)
                 pending.seq = seq  # names the call in its errors
@@ -328,7 +358,7 @@ class Dispatcher:
             work.disown()
             if isinstance(pending, Future):  # the worker stays inside MPI for good
                 self.broken = f"the group is unusable: {exc}"
-                self._slow = True
+                self._update_slow()
             raise
 
     def refused(self, spec: OpSpec, exc: BaseException) -> None:
@@ -361,14 +391,14 @@ class Dispatcher:
         call: Call,
         seq: int,
         exc: Exception,
-        key: tuple | None = None,
+        key: tuple = (),
         data: Any = None,
         out: Any = None,
     ) -> HpccommError:
         """A library error as a BackendError naming the call. When the call came from the
         cache, validation runs again on the actual arrays first, so an array that should have
         been refused (read-only, say) gets its precise error instead."""
-        if key is not None:
+        if key:
             self.cache.pop(key, None)
             spec = call.spec
             try:
@@ -425,6 +455,7 @@ class Dispatcher:
         if self._timeout is None and (ex is None or not ex.pending):
             return fn(*args)
         fut = self.worker().submit(name, fn, *args)
+        self._slow = True
         if self._timeout is None:
             fut.wait(None)
         else:
@@ -455,6 +486,7 @@ class Dispatcher:
         """Stop the worker thread; returns what is stuck in it, if anything."""
         self.closed = True
         self.cache.clear()
+        self._slow = True
         ex = self.executor
         if ex is not None and not ex.close():
             return ex.stuck
