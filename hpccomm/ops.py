@@ -191,6 +191,15 @@ class Call:
         self.how: Any = None
         self.mode = "blocking"
 
+    def piece(self, count: int) -> Call:
+        """A copy of this call for a part of its buffer of ``count`` elements (the MPI
+        backend splits counts beyond a C int)."""
+        new = Call.__new__(Call)
+        for name in Call.__slots__:
+            setattr(new, name, getattr(self, name))
+        new.count = count
+        return new
+
     def __str__(self) -> str:
         """The ``"op (rank r of n)"`` prefix of validation messages."""
         return where(self.spec.name, self.group.rank, self.group.size)

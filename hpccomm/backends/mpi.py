@@ -12,6 +12,7 @@ of band).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, cast
 
 import numpy as np
@@ -20,7 +21,7 @@ from mpi4py.util import pkl5
 
 from .. import ops as O
 from ..dtypes import SUPPORTED_DTYPES
-from ..errors import BackendError, HpccommError, MismatchError, PeerError
+from ..errors import BackendError, HpccommError, InvalidArgumentError, MismatchError, PeerError
 from ..ops import Call, P2POp
 from ..work import wait_bounded
 
@@ -165,6 +166,33 @@ def _mpi_op(call: Call) -> MPI.Op:
 
 
 IN_PLACE = MPI.IN_PLACE
+MAX_COUNT = 2**31 - 1  # elements in one MPI argument (a C int) without MPI-4 large counts
+
+
+def _too_many(call: Call) -> bool:
+    if call.count > MAX_COUNT:
+        return True
+    return any(c > MAX_COUNT for c in call.counts[0]) or any(
+        c > MAX_COUNT for c in call.send_counts[0]
+    )
+
+
+def _in_pieces(body: Callable[..., Any], call: Call, x: Any, out: Any, stream: Any) -> Any:
+    """Run a one-buffer body on consecutive pieces of at most MAX_COUNT elements (views of
+    the same memory); a point-to-point body's requests are gathered into one Requests."""
+    flat = x.reshape(-1)
+    pieces = [flat[i : i + MAX_COUNT] for i in range(0, flat.size, MAX_COUNT)]
+    results = [body(call.piece(piece.size), piece, None, stream) for piece in pieces]
+    if not call.spec.p2p:
+        return x
+    reqs = [p.req for p in results]
+    if call.spec is O.SEND:
+        return Requests(call, reqs, None, keep=x)
+    mt = call.how
+    checks = [(i, p.size, mt, f"piece {i} of the receive") for i, p in enumerate(pieces)]
+    return Requests(call, reqs, call.peer, checks=checks, keep=x)
+
+
 _PROC_FAILED = (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING, MPI.ERR_REVOKED)
 _ANY_SOURCE = MPI.ANY_SOURCE
 _ANY_TAG = MPI.ANY_TAG
@@ -400,6 +428,30 @@ class MPIBackend:
             call.how = (_mpi_types[call.info.dtype], _mpi_op(call), scale)
         else:
             call.how = _mpi_types[call.info.dtype]
+        if call.info is not None and _too_many(call):
+            self._large(call)
+
+    # -- counts beyond a C int ----------------------------------------------------------
+
+    def _large(self, call: Call) -> None:
+        """A call with more than MAX_COUNT elements in one MPI argument. The embedded Open
+        MPI 5.0 implements MPI 3.1, without MPI-4's large-count calls, and refuses such counts
+        (MPI_ERR_ARG). Operations on one buffer run in pieces of at most MAX_COUNT elements
+        (every rank cuts the same pieces, so they match); the others are refused."""
+        spec = call.spec
+        if spec in (O.ALL_REDUCE, O.REDUCE, O.BROADCAST, O.SEND) or (
+            spec is O.RECV and call.peer is not None
+        ):
+            call.body = partial(_in_pieces, self._bodies[spec])
+            return
+        counts = [call.count, *call.counts[0], *call.send_counts[0]]
+        raise InvalidArgumentError(
+            f"{call}: {max(counts):,} elements in one MPI argument, more than {MAX_COUNT:,} "
+            f"(a C int): this MPI ({MPI.Get_version()[0]}.{MPI.Get_version()[1]}) has no "
+            f"large-count calls, and hpccomm splits only all_reduce, reduce, broadcast, send "
+            f"and recv from a named source into pieces; split the array into parts of at most "
+            f"{MAX_COUNT:,} elements"
+        )
 
     def close(self) -> None:
         self._pkl5 = None
