@@ -16,14 +16,14 @@ MPIEXEC  := $(BIN)/mpiexec --oversubscribe
 MPI_TIMEOUT ?= 300
 BOUND    := timeout -k 10 $(MPI_TIMEOUT)
 
-.PHONY: install test test-unit test-mpi test-slurm slurm-up slurm-down run info lint types check coverage format bench clean
+.PHONY: install test test-unit test-faults test-mpi test-slurm slurm-up slurm-down run info lint types check coverage format bench clean
 
 install:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
 	$(BIN)/python -m pip install -e '.[mpi,test]'
 
-test: test-mpi test-slurm test-unit
+test: test-mpi test-faults test-slurm test-unit
 
 test-mpi:
 	@for n in 1 2 3 4; do \
@@ -34,6 +34,10 @@ test-mpi:
 
 test-unit:
 	$(BOUND) $(BIN)/python -m pytest -q -p no:cacheprovider --color=no tests/unit
+
+# Fault injection: each scenario starts its own MPI job (bounded inside the tests too).
+test-faults:
+	$(BOUND) $(BIN)/python -m pytest -q -p no:cacheprovider --color=no tests/faults
 
 # Needs the local two-node cluster (make slurm-up); without it the tests skip and say why.
 test-slurm:

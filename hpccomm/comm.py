@@ -814,7 +814,7 @@ class Communicator:
             return
         ex = self._dispatcher.executor
         if ex is not None and ex.pending:
-            running = ex.running.what if ex.running is not None else "a queued call"
+            running = ex.oldest() or "a queued call"
             raise InvalidArgumentError(
                 f"{where('free', self.rank, self.size)}: {ex.pending} operation(s) on "
                 f"{self.name} still running ({running}); wait() for them first"

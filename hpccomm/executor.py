@@ -59,6 +59,7 @@ class Executor:
     def __init__(self, name: str) -> None:
         self.name = name
         self.pending = 0
+        self._queued: list[Future] = []  # submitted and not finished, oldest first
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -70,6 +71,7 @@ class Executor:
         fut = Future(what)
         with self._lock:
             self.pending += 1
+            self._queued.append(fut)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._loop, name=f"hpccomm-{self.name}", daemon=True
@@ -93,7 +95,13 @@ class Executor:
                 self.running = None
                 with self._lock:
                     self.pending -= 1
+                    self._queued.remove(fut)
                 fut.done.set()
+
+    def oldest(self) -> str | None:
+        """What the oldest unfinished job is ("all_reduce #3 on world"), if any."""
+        with self._lock:
+            return self._queued[0].what if self._queued else None
 
     def close(self, timeout: float = 5.0) -> bool:
         """Stop the thread after the queued jobs; True when it has stopped (False: a job is

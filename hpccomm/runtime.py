@@ -296,6 +296,7 @@ def init(
     device_backend: str = "auto",
     cuda_aware_mpi: bool | None = None,
     nccl: bool = False,
+    init_timeout: float | None = None,
 ) -> Communicator:
     """Initialize MPI (once), verify the launch and return the world Communicator.
 
@@ -313,6 +314,10 @@ def init(
             ``HPCCOMM_CUDA_AWARE_MPI`` and then the library (see :mod:`hpccomm.cuda_aware`).
         nccl: create the world's NCCL communicator now instead of on the first device
             collective.
+        init_timeout: seconds MPI_Init may take before this process gives up and ends
+            itself (a rank that never starts would otherwise hang the others in MPI_Init);
+            default: with a ``timeout``, the larger of it and 60 s; without one, no bound.
+            Applies only when hpccomm starts MPI (mpi4py.MPI not imported before).
 
     Returns:
         The world Communicator (a duplicate of COMM_WORLD, so hpccomm's traffic never mixes
@@ -326,6 +331,9 @@ def init(
     """
     global _world, _init_args
     timeout_s = check_timeout(timeout, "init")
+    init_bound = check_timeout(init_timeout, "init (init_timeout)")
+    if init_bound is None and timeout_s is not None:
+        init_bound = max(timeout_s, 60.0)
     args: dict[str, object] = {
         "timeout": timeout_s,
         "gpu": gpu,
@@ -350,18 +358,18 @@ def init(
     for note in info.warnings:
         warnings.warn(f"hpccomm: {note}", RuntimeWarning, stacklevel=2)
     _exclude_saturating_ops()
-    if timeout_s is not None and "mpi4py.MPI" not in sys.modules:
-        _start_mpi_bounded(info, timeout_s)
+    if init_bound is not None and "mpi4py.MPI" not in sys.modules:
+        _start_mpi_bounded(info, init_bound)
     from mpi4py import MPI
-
-    from .backends.mpi import MPIBackend
-    from .backends.mpi_device import DeviceBackends
 
     if MPI.Is_finalized():
         raise HpccommError(
             "init: MPI was already finalized in this process, and MPI can be initialized "
             "only once per process; start a new process"
         )
+    from .backends.mpi import MPIBackend
+    from .backends.mpi_device import DeviceBackends
+
     if not MPI.Is_initialized():  # pragma: no cover - mpi4py initializes on import
         MPI.Init_thread()
     info, node, nodes = verify_launch(info, MPI.COMM_WORLD)

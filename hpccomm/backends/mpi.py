@@ -110,9 +110,9 @@ for _dt, _info in SUPPORTED_DTYPES.items():
     if _info.category == "float":
         # MPI's MIN/MAX keep whichever operand the comparison picks, so a NaN on one rank
         # may vanish (the result depends on which rank holds it); NumPy, torch.minimum and
-        # torch.maximum propagate NaN, and so does hpccomm: np.minimum / np.maximum.
-        _OPS[("MIN", _dt)] = _numpy_op(_dt, "MIN")
-        _OPS[("MAX", _dt)] = _numpy_op(_dt, "MAX")
+        # torch.maximum propagate NaN, and so does hpccomm: np.minimum / np.maximum, made
+        # on first use (by _mpi_op) like the float16/bfloat16 ops.
+        del _OPS[("MIN", _dt)], _OPS[("MAX", _dt)]
 _probed = False
 
 
@@ -385,6 +385,11 @@ class MPIBackend:
         self.mpi = cast(MPI.Intracomm, comm)
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
+        # pkl5's object transfers use a duplicate of the communicator that mpi4py makes on
+        # their first use, a collective that holds the GIL while it waits: made here, while
+        # every member is creating the group, a rank that never joins a later object
+        # transfer cannot freeze this process past its timeout.
+        MPI._commctx_intra(self.mpi)
         self._pkl5: pkl5.Intracomm | None = None
         self._bodies: dict[O.OpSpec, Callable[..., Any]] = {
             O.ALL_REDUCE: self._all_reduce,

@@ -53,7 +53,7 @@ def test_reductions_and_broadcast_in_pieces(small_limit, async_op, timeout):
 @pytest.mark.mpi(min_size=2)
 def test_send_recv_in_pieces(small_limit):
     comm = small_limit
-    n, r = comm.size, comm.rank
+    r = comm.rank
     count = 3 * LIMIT + 1
     if r == 0:
         comm.send(np.arange(count, dtype=np.int16), 1, tag=4)

@@ -1,0 +1,328 @@
+"""Scenarios that used to hang or crash: every one ends within its bound, with the error
+class expected on every rank that should see it, and a message naming the op, the group, the
+sequence number and, where known, the culprit rank. Each runs in its own MPI job."""
+
+import pytest
+
+pytestmark = pytest.mark.faults
+
+ERR = "HpccommError"
+
+
+def test_wrong_call_order_times_out_on_both_ranks(launch):
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=2)
+        if c.rank == 0:
+            outcome(c, "call", lambda: c.all_reduce(np.ones(4)))
+        else:
+            outcome(c, "call", lambda: c.barrier())
+        """,
+    )
+    for rank, op in ((0, "all_reduce"), (1, "barrier")):
+        got = job.of(rank, "call")
+        assert got["cls"] == "CommTimeoutError", got
+        assert got["msg"].startswith(f"{op} #1 on world (rank {rank} of 2): not complete after 2 s")
+        assert 1.5 < got["s"] < 10
+    # The stuck calls stay inside MPI: the job ends with an abort that names them.
+    assert job.rc != 0
+    assert "never completed; aborting the job" in job.stderr
+    assert not job.crashed()
+
+
+def test_async_and_bounded_calls_do_not_complete_a_wrong_order(launch):
+    # With every collective issued as the blocking MPI call, an all_reduce never matches a
+    # barrier, whatever each rank waits for: no partial data, a timeout on both.
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=2)
+        x = np.arange(4.0)
+        if c.rank == 0:
+            outcome(c, "call", lambda: c.all_reduce(x, async_op=True).wait())
+        else:
+            outcome(c, "call", lambda: c.barrier(async_op=True).wait())
+        report(c, "x", x=x.tolist())
+        """,
+    )
+    assert job.of(0, "call")["cls"] == "CommTimeoutError"
+    assert job.of(1, "call")["cls"] == "CommTimeoutError"
+    assert job.of(0, "x")["x"] == [0.0, 1.0, 2.0, 3.0]  # untouched
+    assert not job.crashed()
+
+
+def test_validation_failure_on_one_rank_names_it_to_the_others(launch):
+    job = launch(
+        3,
+        """
+        c = hpccomm.init(timeout=20)
+        if c.rank == 1:
+            outcome(c, "call", lambda: c.all_reduce(np.ones(4), op=ReduceOp.BAND))
+        else:
+            outcome(c, "call", lambda: c.all_reduce(np.ones(4)))
+        outcome(c, "next", lambda: c.barrier())
+        """,
+    )
+    culprit = job.of(1, "call")
+    assert (
+        culprit["cls"] == "DtypeError"
+        and "op BAND is not defined for dtype float64" in culprit["msg"]
+    )
+    for rank in (0, 2):
+        got = job.of(rank, "call")
+        assert got["cls"] == "PeerError" and ERR in got["mro"]
+        assert got["msg"].startswith(f"all_reduce #1 on world (rank {rank} of 3): rank 1 ")
+        assert "failed all_reduce #1 and will not join it: DtypeError" in got["msg"]
+        assert got["s"] < 5  # promptly, not at the 20 s timeout
+        nxt = job.of(rank, "next")
+        assert nxt["cls"] == "ClosedError" and "the group is unusable" in nxt["msg"]
+    assert job.rc != 0 and not job.crashed()
+
+
+def test_broadcast_object_whose_root_cannot_pickle(launch):
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=20)
+        obj = (lambda: 1) if c.rank == 0 else None
+        outcome(c, "call", lambda: c.broadcast_object(obj, src=0))
+        """,
+    )
+    root = job.of(0, "call")
+    assert (
+        root["cls"] == "BackendError"
+        and "broadcast_object #1 on world (rank 0 of 2)" in root["msg"]
+    )
+    assert "pickle" in root["msg"].lower()
+    other = job.of(1, "call")
+    assert (
+        other["cls"] == "PeerError"
+        and "rank 0 (world rank 0) failed broadcast_object #1" in other["msg"]
+    )
+    assert other["s"] < 5
+    assert not job.crashed()
+
+
+def test_scatter_object_with_the_wrong_count(launch):
+    job = launch(
+        3,
+        """
+        c = hpccomm.init(timeout=20)
+        objs = [1, 2] if c.rank == 0 else None
+        outcome(c, "call", lambda: c.scatter_object(objs, src=0))
+        """,
+    )
+    assert job.of(0, "call")["cls"] == "InvalidArgumentError"
+    assert "objects has 2 entries, expected 3" in job.of(0, "call")["msg"]
+    for rank in (1, 2):
+        got = job.of(rank, "call")
+        assert (
+            got["cls"] == "PeerError"
+            and "rank 0 (world rank 0) failed scatter_object #1" in got["msg"]
+        )
+    assert not job.crashed()
+
+
+def test_split_on_one_rank_only(launch):
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=2)
+        if c.rank == 0:
+            outcome(c, "call", lambda: c.split(0))
+        else:
+            outcome(c, "call", lambda: c.barrier())
+        """,
+    )
+    got = job.of(0, "call")
+    assert got["cls"] == "CommTimeoutError" and got["msg"].startswith(
+        "split #1 on world (rank 0 of 2)"
+    )
+    assert job.of(1, "call")["cls"] == "CommTimeoutError"
+    assert job.rc != 0 and not job.crashed()
+
+
+def test_dup_on_one_rank_split_on_the_other(launch):
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=3)
+        outcome(c, "call", (lambda: c.dup()) if c.rank == 0 else (lambda: c.split(1)))
+        """,
+    )
+    # Both are MPI communicator constructions: whatever MPI makes of the mismatch, neither
+    # rank hangs; each ends with an error or (if MPI matched them) a communicator.
+    for rank in (0, 1):
+        got = job.of(rank, "call")
+        assert got["cls"] in (None, "CommTimeoutError", "BackendError"), got
+    assert not job.crashed()
+
+
+def test_recv_object_without_a_sender(launch):
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=2)
+        if c.rank == 1:
+            outcome(c, "call", lambda: c.recv_object(0, tag=9))
+        c.timeout = 30
+        outcome(c, "after", lambda: c.barrier())
+        """,
+    )
+    got = job.of(1, "call")
+    assert got["cls"] == "CommTimeoutError"
+    assert got["msg"].startswith("recv_object #1 on world (rank 1 of 2): not complete after 2 s")
+    assert job.of(0, "after")["cls"] is None and job.of(1, "after")["cls"] is None
+    assert job.rc == 0 and not job.crashed()
+
+
+def test_irecv_without_a_sender_waits_with_the_communicators_timeout(launch):
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=2)
+        if c.rank == 1:
+            work = c.irecv(np.empty(3), 0, tag=9)
+            outcome(c, "call", lambda: work.wait())  # no argument: the communicator's 2 s
+        c.timeout = 30
+        outcome(c, "after", lambda: c.barrier())
+        """,
+    )
+    got = job.of(1, "call")
+    assert got["cls"] == "CommTimeoutError" and got["msg"].startswith(
+        "recv #1 on world (rank 1 of 2)"
+    )
+    assert 1.5 < got["s"] < 10
+    assert job.of(0, "after")["cls"] is None
+    assert not job.crashed()
+
+
+def test_exit_after_a_timeout_ends_the_job_cleanly(launch):
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=1)
+        if c.rank == 0:
+            outcome(c, "call", lambda: c.all_reduce(np.ones(2)))
+        else:
+            time.sleep(2)
+        """,
+    )
+    assert job.of(0, "call")["cls"] == "CommTimeoutError"
+    assert job.rc != 0
+    assert "hpccomm (rank 0 of 2): exiting while all_reduce #1 on world" in job.stderr
+    assert not job.crashed()
+
+
+def test_free_with_a_pending_work(launch):
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=2)
+        g = c.dup()
+        if c.rank == 0:
+            work = g.all_reduce(np.ones(2), async_op=True)  # rank 1 never joins
+            outcome(c, "free", lambda: g.free())
+        """,
+    )
+    got = job.of(0, "free")
+    assert got["cls"] == "InvalidArgumentError"
+    assert "1 operation(s) on world/dup still running (all_reduce #1 on world/dup" in got["msg"]
+    assert not job.crashed()
+
+
+def test_peer_killed_under_mpiexec_ends_the_job_naming_it(launch):
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=30)
+        if c.rank == 1:
+            os.kill(os.getpid(), 9)
+        outcome(c, "call", lambda: c.all_reduce(np.ones(2)))
+        """,
+    )
+    assert job.rc != 0
+    assert "rank 1" in job.stderr and "signal 9" in job.stderr
+    assert job.seconds < 25  # the launcher ends the job; nobody waits for the 30 s timeout
+
+
+def test_peer_killed_with_ulfm_is_a_peer_error_naming_it(launch):
+    job = launch(
+        3,
+        """
+        c = hpccomm.init(timeout=30)
+        if c.rank == 1:
+            time.sleep(0.5)
+            os.kill(os.getpid(), 9)
+        outcome(c, "call", lambda: c.all_reduce(np.ones(2)))
+        """,
+        args=("--with-ft", "ulfm"),
+    )
+    for rank in (0, 2):
+        got = job.of(rank, "call")
+        assert got["cls"] == "PeerError", got
+        assert got["msg"].startswith(f"all_reduce #1 on world (rank {rank} of 3)")
+        assert "rank(s) [1] of this group failed" in got["msg"]
+        assert got["s"] < 20
+
+
+def test_peer_that_exits_before_init(launch):
+    # A clean exit (status 0) before MPI_Init leaves the launcher waiting and rank 0 inside
+    # MPI_Init for good: the bounded init ends it. (A non-zero exit is the launcher's to
+    # handle: mpiexec ends the job itself.)
+    job = launch(
+        2,
+        """
+        if os.environ.get("OMPI_COMM_WORLD_RANK") == "1":
+            sys.exit(0)
+        c = hpccomm.init(timeout=2, init_timeout=3)
+        report(c, "inited")
+        """,
+    )
+    assert job.rc != 0
+    assert (0, "inited") not in job.reports
+    assert "hpccomm init (rank 0 of 2, openmpi launch): MPI_Init did not complete within 3 s" in (
+        job.stderr
+    )
+    assert job.seconds < 20
+
+
+def test_init_settings(launch):
+    job = launch(
+        1,
+        """
+        import math
+        class W: rank = 0
+        for i, bad in enumerate((math.nan, 0, -1, "5", math.inf, True)):
+            outcome(W, f"bad{i}", lambda: hpccomm.init(timeout=bad))
+        c = hpccomm.init(timeout=5)
+        outcome(c, "again", lambda: hpccomm.init(timeout=10))
+        outcome(c, "same", lambda: hpccomm.init(timeout=5) is c)
+        outcome(c, "plain", lambda: hpccomm.init() is c)
+        """,
+    )
+    for i, text in enumerate(("nan", "0", "-1", "'5'", "inf", "True")):
+        bad = job.of(0, f"bad{i}")
+        assert bad["cls"] == "InvalidArgumentError", bad
+        assert f"init: timeout is {text}, expected finite seconds > 0 or None" in bad["msg"]
+    again = job.of(0, "again")
+    assert again["cls"] == "InvalidArgumentError"
+    assert "timeout=10.0 (first init: 5.0)" in again["msg"]
+    assert job.of(0, "same")["value"] == "True" and job.of(0, "plain")["value"] == "True"
+
+
+def test_init_after_mpi_was_finalized(launch):
+    job = launch(
+        1,
+        """
+        from mpi4py import MPI
+        MPI.Finalize()
+        class W: rank = 0
+        outcome(W, "init", lambda: hpccomm.init())
+        """,
+    )
+    got = job.of(0, "init")
+    assert (
+        got["cls"] == "HpccommError" and "MPI was already finalized in this process" in got["msg"]
+    )
