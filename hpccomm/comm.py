@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .cuda_aware import CPU_ONLY, DeviceConfig
+from .debug import level_from
 from .dispatch import Dispatcher
 from .dtypes import ReduceOp
 from .errors import ClosedError, HpccommError, InvalidArgumentError, where
@@ -135,11 +136,14 @@ class Communicator:
         node: Any = None,
         notices: NoticeBoard | None = None,
         gid: str = "world",
+        debug: str = "off",
     ) -> None:
         self._backend = backend
         self._devices = devices
         self._group = Group(name, backend.rank, backend.size)
-        self._dispatcher = Dispatcher(self._group, backend, devices.backend_for, timeout=timeout)
+        self._dispatcher = Dispatcher(
+            self._group, backend, devices.backend_for, timeout=timeout, debug=debug
+        )
         self._dispatch = self._dispatcher.dispatch
         self._notices = notices
         self._dispatcher.notices = notices
@@ -202,6 +206,17 @@ class Communicator:
     @timeout.setter
     def timeout(self, value: float | None) -> None:
         self._dispatcher.timeout = check_timeout(value, where("timeout", self.rank, self.size))
+
+    @property
+    def debug(self) -> str:
+        """The debug level: "off", "check" (every collective compared across ranks before
+        MPI, headers on point-to-point messages) or "detail" (plus call sites). Set it to
+        the same level on every rank of the group."""
+        return self._dispatcher.debug
+
+    @debug.setter
+    def debug(self, value: str) -> None:
+        self._dispatcher.set_debug(level_from(value, where("debug", self.rank, self.size)))
 
     @property
     def local_rank(self) -> int:
@@ -613,6 +628,7 @@ class Communicator:
             notices=self._notices,
             # the same on every member: the parent's id and the creation's sequence number
             gid=gid or f"{self._dispatcher.gid}/{self._group.seq}",
+            debug=self.debug,
         )
         self._children.append(child)
         return child

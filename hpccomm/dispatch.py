@@ -29,12 +29,14 @@ from typing import Any
 import numpy as np
 
 from . import record
-from .backends.base import Backend
+from .backends.base import Backend, HostBackend
 from .buffers import allocate, resolve
+from .debug import call_site, crc, disagreement, fingerprint
 from .errors import (
     ClosedError,
     CommTimeoutError,
     HpccommError,
+    MismatchError,
     PeerError,
 )
 from .executor import Executor, Future
@@ -74,6 +76,7 @@ class Dispatcher:
         "notices",
         "gid",
         "members",
+        "debug",
         "_timeout",
         "_slow",
     )
@@ -81,10 +84,11 @@ class Dispatcher:
     def __init__(
         self,
         group: Group,
-        backend: Backend,
+        backend: HostBackend,
         device_backend: Callable[[Call], Backend],
         *,
         timeout: float | None = None,
+        debug: str = "off",
     ) -> None:
         self.group = group
         self.backend = backend
@@ -98,8 +102,9 @@ class Dispatcher:
         self.notices: NoticeBoard | None = None
         self.gid = group.name
         self.members: list[int] = []
+        self.debug = debug  # "off", "check" or "detail" (see debug.py)
         self._timeout = timeout
-        self._slow = timeout is not None
+        self._slow = timeout is not None or debug != "off"
 
     # -- settings ---------------------------------------------------------------------------
 
@@ -119,8 +124,13 @@ class Dispatcher:
         self._slow = (
             self._timeout is not None
             or self.broken is not None
+            or self.debug != "off"
             or (ex is not None and ex.pending > 0)
         )
+
+    def set_debug(self, level: str) -> None:
+        self.debug = level
+        self._update_slow()
 
     # -- the path ---------------------------------------------------------------------------
 
@@ -301,6 +311,8 @@ class Dispatcher:
             watch = notices.watch(self.gid, seq, partial(call.where, seq))
             on_failure = partial(self.report, call)
         pending: Any = None
+        checked = self.debug != "off" and not call.spec.p2p
+        site = call_site() if self.debug == "detail" else None
         try:
             if out is None and call.out_shape is not None:
                 out = allocate(call.out_shape, call.dtype(), call.device)
@@ -308,18 +320,27 @@ class Dispatcher:
             if mode == "blocking":
                 ex = self.executor
                 if not async_op and self._timeout is None and (ex is None or not ex.pending):
+                    if checked:
+                        self.verify(call, seq, site)
                     pending = Done(call.body(call, data, out, stream))
                 else:
                     if stream is None and call.device is not None:
                         stream = call.backend.stream_now()  # the caller's, not the worker's
+                    job = partial(self.verify, site=site) if checked else None
                     pending = self.worker().submit(
-                        call.where(seq), _run_job, call, seq, data, out, stream
+                        call.where(seq), _run_job, call, seq, data, out, stream, job
                     )
                     self._slow = True  # later plain calls queue behind it until it is done
             elif mode == "requests":
-                pending = call.body(call, data, out, stream)
+                headers = self.debug != "off" and not call.spec.objects
+                if headers and call.backend is self.backend:  # host arrays: checked headers
+                    pending = self.backend.start_checked(call, seq, data, out)
+                else:
+                    pending = call.body(call, data, out, stream)
                 pending.seq = seq  # names the call in its errors
             else:  # "stream": enqueued on a CUDA stream
+                if checked:
+                    self.bounded(call.where(seq), self.verify, call, seq, site)
                 result = call.body(call, data, out, stream)
                 if async_op:
                     return call.backend.device_work(call, seq, result, stream, rec)
@@ -368,8 +389,17 @@ class Dispatcher:
         if spec.p2p:
             return
         self.group.seq += 1
+        seq = self.group.seq
         if self.notices is not None:
-            self._post(spec.name, self.group.seq, exc)
+            self._post(spec.name, seq, exc)
+        if self.debug != "off":  # the others compare fingerprints: join with the reason
+            g = self.group
+            where_ = f"{spec.name} #{seq} on {g.name} (rank {g.rank} of {g.size})"
+            fp = {"op": spec.name, "seq": seq, "refused": f"{type(exc).__name__}: {exc}"}
+            try:
+                self.bounded(where_, self.agree, where_, fp)
+            except HpccommError:
+                pass  # this rank raises its own error
 
     def report(self, call: Call, seq: int, exc: BaseException) -> None:
         """A collective that failed on this rank: tell the group's other ranks (unless the
@@ -385,6 +415,58 @@ class Dispatcher:
             self.notices.post(self.gid, seq, op, self.group.rank, self.members, reason)
         except Exception:  # never hide the real error behind a failed notice
             pass
+
+    # -- debug checks ---------------------------------------------------------------
+
+    def verify(self, call: Call, seq: int, site: str | None = None) -> None:
+        """``check``: every rank of the group compares this call's fingerprint before MPI is
+        called; a difference raises the same MismatchError on every rank."""
+        where_ = call.where(seq)
+        self.agree(where_, fingerprint(call, call.spec.name, seq, site))
+        if call.spec.name == "all_to_all" and call.uneven:
+            self.check_splits(call, where_)
+
+    def agree(self, where_: str, fp: dict[str, Any]) -> None:
+        """One 8-byte allgather of the fingerprint's CRC; the full fingerprints only when
+        they differ (every rank sees the same CRCs, so all take the same path)."""
+        crcs = self.backend.allgather_int(crc(fp))
+        if len(set(crcs)) > 1:
+            fps = self.backend.allgather_object(fp)
+            raise MismatchError(f"{where_}: the ranks' calls differ: {disagreement(fps)}")
+
+    def check_splits(self, call: Call, where_: str) -> None:
+        """all_to_all_single: what rank i sends to j must be what j expects from i."""
+        sends, expects = call.send_counts[0], call.counts[0]  # elements per peer
+        arriving = self.backend.alltoall_ints(sends)
+        mine = [
+            (j, got, want)
+            for j, (got, want) in enumerate(zip(arriving, expects, strict=True))
+            if got != want
+        ]
+        everyone = self.backend.allgather_object(mine)
+        bad = [
+            f"rank {j} sends {got} elements to rank {i}, which expects {want}"
+            for i, lst in enumerate(everyone)
+            for j, got, want in lst
+        ]
+        if bad:
+            raise MismatchError(f"{where_}: the split sizes disagree: {'; '.join(bad)}")
+
+    def bounded(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a small exchange inline, or on the worker with the timeout (not a step of the
+        group's sequence: it belongs to the call it checks)."""
+        ex = self.executor
+        if self._timeout is None and (ex is None or not ex.pending):
+            return fn(*args)
+        fut = self.worker().submit(what, fn, *args)
+        self._slow = True
+        if self._timeout is not None and not fut.wait(self._timeout):
+            raise CommTimeoutError(
+                f"{what}: the debug check did not complete after {self._timeout:g} s; some rank "
+                f"of the group has not reached this call"
+            )
+        fut.wait(None)
+        return fut.outcome()
 
     def failed(
         self,
@@ -493,10 +575,19 @@ class Dispatcher:
         return None
 
 
-def _run_job(call: Call, seq: int, data: Any, out: Any, stream: Any) -> Any:
-    """A blocking body on the worker thread: library errors become HpccommErrors naming the
-    call (a PeerError when a peer process died)."""
+def _run_job(
+    call: Call,
+    seq: int,
+    data: Any,
+    out: Any,
+    stream: Any,
+    check: Callable[[Call, int], None] | None = None,
+) -> Any:
+    """A blocking body on the worker thread (after the debug check, if any): library errors
+    become HpccommErrors naming the call (a PeerError when a peer process died)."""
     try:
+        if check is not None:
+            check(call, seq)
         return call.body(call, data, out, stream)
     except HpccommError:
         raise

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from .comm import Communicator, NodeInfo, check_timeout
 from .cuda_aware import DeviceConfig, decide
+from .debug import level_from
 from .discovery import LaunchInfo, discover
 from .errors import GpuBindingError, HpccommError, InvalidArgumentError, LaunchMismatchError
 from .gpuselect import choose_gpu, sharing_allowed
@@ -297,6 +298,7 @@ def init(
     cuda_aware_mpi: bool | None = None,
     nccl: bool = False,
     init_timeout: float | None = None,
+    debug: str | None = None,
 ) -> Communicator:
     """Initialize MPI (once), verify the launch and return the world Communicator.
 
@@ -318,6 +320,8 @@ def init(
             itself (a rank that never starts would otherwise hang the others in MPI_Init);
             default: with a ``timeout``, the larger of it and 60 s; without one, no bound.
             Applies only when hpccomm starts MPI (mpi4py.MPI not imported before).
+        debug: "off", "check" or "detail" (see :mod:`hpccomm.debug`); None reads
+            ``HPCCOMM_DEBUG`` (default "off"). Every rank must use the same level.
 
     Returns:
         The world Communicator (a duplicate of COMM_WORLD, so hpccomm's traffic never mixes
@@ -331,6 +335,7 @@ def init(
     """
     global _world, _init_args
     timeout_s = check_timeout(timeout, "init")
+    level = level_from(debug, "init")
     init_bound = check_timeout(init_timeout, "init (init_timeout)")
     if init_bound is None and timeout_s is not None:
         init_bound = max(timeout_s, 60.0)
@@ -340,6 +345,7 @@ def init(
         "device_backend": device_backend,
         "cuda_aware_mpi": cuda_aware_mpi,
         "nccl": nccl,
+        "debug": level,
     }
     if _world is not None and not _world.freed:
         differ = [
@@ -388,6 +394,7 @@ def init(
         device=device,
         node=MPIBackend(node),
         notices=notices,
+        debug=level,
     )
     _init_args = args
     _register_exit()
@@ -396,8 +403,9 @@ def init(
     return _world
 
 
-_INIT_DEFAULTS = {
+_INIT_DEFAULTS: dict[str, object] = {
     "timeout": None,
+    "debug": "off",
     "gpu": None,
     "device_backend": "auto",
     "cuda_aware_mpi": None,

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from ..errors import HpccommError
 from ..ops import Call
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "HostBackend"]
 
 
 class Backend(Protocol):
@@ -44,6 +44,24 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class HostBackend(Backend, Protocol):
+    """The group's host backend (MPI) also exchanges small values among the group's ranks,
+    for the debug checks: collective over the group, in the group's call order."""
+
+    rank: int
+    size: int
+
+    def allgather_int(self, value: int) -> list[int]: ...
+
+    def allgather_object(self, obj: Any) -> list[Any]: ...
+
+    def alltoall_ints(self, values: list[int]) -> list[int]: ...
+
+    def start_checked(self, call: Call, seq: int, data: Any, out: Any) -> Any:
+        """Start a point-to-point call with debug headers; returns a Pending."""
+        ...
 
 
 Body = Any  # Callable[[Call, Any, Any, Any], Any]: (call, data, out, stream) -> result | Pending

@@ -20,6 +20,7 @@ from mpi4py import MPI
 from mpi4py.util import pkl5
 
 from .. import ops as O
+from ..debug import HEADER_WORDS, decode_header, encode_header
 from ..dtypes import SUPPORTED_DTYPES
 from ..errors import BackendError, HpccommError, InvalidArgumentError, MismatchError, PeerError
 from ..ops import Call, P2POp
@@ -323,6 +324,127 @@ class _Received:
         return st.Get_source()
 
 
+_CODES = {dt: i for i, dt in enumerate(SUPPORTED_DTYPES)}  # dtype <-> number in a header
+_DTYPES = list(SUPPORTED_DTYPES)
+
+
+class _CheckedRecv:
+    """A receive under the debug check: the sender's header (op sequence, dtype, shape) comes
+    first; the data is received only into a buffer that matches it, else into a scratch
+    buffer of the sender's description (so the message is consumed) and the receive fails
+    with a MismatchError naming the sender."""
+
+    __slots__ = (
+        "mpi",
+        "call",
+        "buf",
+        "what",
+        "tag",
+        "header",
+        "hreq",
+        "hstatus",
+        "dreq",
+        "dstatus",
+        "error",
+        "seq",
+        "result",
+    )
+
+    def __init__(self, mpi: MPI.Intracomm, call: Call, buf: np.ndarray, src: int, tag: int,
+                 what: str) -> None:  # fmt: skip
+        self.mpi, self.call, self.buf, self.what = mpi, call, buf, what
+        self.tag = tag
+        self.header = np.zeros(HEADER_WORDS, np.int64)
+        self.hstatus = MPI.Status()
+        self.hreq = mpi.Irecv([self.header, MPI.INT64_T], src, tag)
+        self.dreq: MPI.Request | None = None
+        self.dstatus = MPI.Status()
+        self.error: str | None = None
+        self.seq = 0
+        self.result: Any = None
+
+    def _start_data(self) -> None:
+        src = self.hstatus.Get_source()
+        self.result = src
+        head = decode_header(self.header)
+        buf = self.buf
+        if head is None:
+            self.error = (
+                f"{self.what} got a message from rank {src} without hpccomm's debug header: "
+                f"the sender does not run with debug checks (set the same level everywhere)"
+            )
+            self.dreq = self.mpi.Irecv([buf, _mpi_types[buf.dtype]], src, self.hstatus.Get_tag())
+            return
+        seq, code, count, shape = head
+        dtype = _DTYPES[code] if 0 <= code < len(_DTYPES) else None
+        if dtype != buf.dtype or count != buf.size:
+            sent = f"{dtype.name if dtype is not None else code} {shape}"
+            self.error = (
+                f"{self.what} expects {buf.dtype.name} {tuple(buf.shape)} ({buf.size} "
+                f"elements), but rank {src} sent {sent} ({count} elements) with its "
+                f"point-to-point call #{seq}; the buffer was not written"
+            )
+            scratch = np.empty(count, dtype if dtype is not None else np.uint8)
+            buf = scratch
+        self.dreq = self.mpi.Irecv([buf, _mpi_types[buf.dtype]], src, self.hstatus.Get_tag())
+
+    def test(self) -> bool:
+        if self.dreq is None:
+            if not self.hreq.Test(self.hstatus):
+                return False
+            self._start_data()
+        return bool(self.dreq.Test(self.dstatus)) if self.dreq is not None else False
+
+    def wait(self, timeout: float | None) -> bool:
+        if timeout is not None:
+            return wait_bounded(self.test, timeout)
+        if self.dreq is None:
+            self.hreq.Wait(self.hstatus)
+            self._start_data()
+        if self.dreq is not None:
+            self.dreq.Wait(self.dstatus)
+        return True
+
+    def outcome(self) -> Any:
+        if self.error is not None:
+            raise MismatchError(f"{self.call.where(self.seq)}: {self.error}")
+        return self.result
+
+
+class _All:
+    """Several pendings as one (a checked sendrecv or batch)."""
+
+    __slots__ = ("parts", "result", "_seq")
+
+    def __init__(self, parts: list[Any], result: Any) -> None:
+        self.parts, self.result, self._seq = parts, result, 0
+
+    @property
+    def seq(self) -> int:
+        return self._seq
+
+    @seq.setter
+    def seq(self, value: int) -> None:
+        self._seq = value
+        for p in self.parts:
+            p.seq = value
+
+    def test(self) -> bool:
+        return all([p.test() for p in self.parts])
+
+    def wait(self, timeout: float | None) -> bool:
+        if timeout is not None:
+            return wait_bounded(self.test, timeout)
+        for p in self.parts:
+            p.wait(None)
+        return True
+
+    def outcome(self) -> Any:
+        for p in self.parts:
+            p.outcome()
+        return self.result
+
+
 class _ObjectRecv:
     """A pending ``recv_object``: probes until a message matches, then receives it."""
 
@@ -466,6 +588,55 @@ class MPIBackend:
         if isinstance(exc, MPI.Exception) and exc.Get_error_class() in _PROC_FAILED:
             return PeerError(f"{where}: {self.failed_ranks()}; MPI reports {exc}")
         return BackendError(f"{where}: {self.name} failed: {exc}")
+
+    # -- point-to-point under the debug check (a header before every message) -----------
+
+    def start_checked(self, call: Call, seq: int, data: Any, out: Any) -> Any:
+        """Start a point-to-point call with headers (debug check): each send is preceded by
+        a header with this rank's sequence number, dtype and shape, which each receive
+        compares with its buffer before taking the data."""
+        spec = call.spec
+        if spec is O.SEND:
+            return self._send_checked(call, seq, data, call.peer, call.tag)
+        if spec is O.RECV:
+            src = _ANY_SOURCE if call.peer is None else call.peer
+            tag = _ANY_TAG if call.tag is None else call.tag
+            return _CheckedRecv(self.mpi, call, data, src, tag, "the receive")
+        if spec is O.SENDRECV:
+            src = _ANY_SOURCE if call.src is None else call.src
+            recv = _CheckedRecv(self.mpi, call, out, src, call.tag, "the receive")
+            return _All([recv, self._send_checked(call, seq, data, call.peer, call.tag)], out)
+        parts = []
+        for i, p in enumerate(data):  # batch_isend_irecv
+            b = p.buffer()
+            if p.op == "send":
+                parts.append(self._send_checked(call, seq, b.array, p.peer, p.tag))
+            else:
+                parts.append(_CheckedRecv(self.mpi, call, b.array, p.peer, p.tag, f"ops[{i}]"))
+        return _All(parts, None)
+
+    def _send_checked(self, call: Call, seq: int, x: np.ndarray, dst: int, tag: int) -> Any:
+        header = np.array(encode_header(seq, _CODES[x.dtype], x.size, x.shape), np.int64)
+        reqs = [
+            self.mpi.Isend([header, MPI.INT64_T], dst, tag),
+            self.mpi.Isend([x, _mpi_types[x.dtype]], dst, tag),
+        ]
+        return Requests(call, reqs, None, keep=(header, x))
+
+    # -- small exchanges for the debug checks -------------------------------------------
+
+    def allgather_int(self, value: int) -> list[int]:
+        got = np.empty(self.size, np.int64)
+        self.mpi.Allgather([np.array([value], np.int64), MPI.INT64_T], [got, MPI.INT64_T])
+        return got.tolist()
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        return self.mpi.allgather(obj)
+
+    def alltoall_ints(self, values: list[int]) -> list[int]:
+        got = np.empty(self.size, np.int64)
+        self.mpi.Alltoall([np.array(values, np.int64), MPI.INT64_T], [got, MPI.INT64_T])
+        return got.tolist()
 
     def failed_ranks(self) -> str:
         """Which ranks of this group MPI knows to have failed (ULFM's MPI_Comm_get_failed,
