@@ -20,6 +20,7 @@ from .errors import (
     PeerError,
     UnwaitedWorkWarning,
 )
+from .flight import dump
 from .layout import Layout
 from .ops import P2POp
 from .record import CallLog, add_listener, remove_listener
@@ -50,6 +51,7 @@ __all__ = [
     "__version__",
     "add_listener",
     "discover",
+    "dump",
     "init",
     "is_initialized",
     "remove_listener",

@@ -2,6 +2,9 @@
 
 hpccomm info [--json] [--no-mpi]     launch table of every rank (rank 0 prints)
 hpccomm doctor [--json] [--timeout S] launch table + PASS/FAIL per operation
+hpccomm layout ...                    TP/PP/DP/CP/EP groups of a layout
+hpccomm trace analyze DIR             who waits where, from the flight recorder's files
+hpccomm sbatch ...                    render, write or submit a Slurm batch script
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from . import flight
 from .diagnose import format_checks, format_launch_table, gather_launch, run_checks
 from .discovery import discover
 from .errors import HpccommError, InvalidArgumentError
@@ -117,6 +121,17 @@ def _submit_timeout(args: argparse.Namespace) -> float:
     return value
 
 
+def _cmd_trace_analyze(args: argparse.Namespace) -> int:
+    if not os.path.isdir(args.dir):
+        raise InvalidArgumentError(f"trace analyze: {args.dir} is not a directory")
+    docs, size = flight.load(args.dir)
+    if args.json:
+        print(json.dumps({"size": size, "ranks": docs}, indent=1, sort_keys=True))
+    else:
+        print(flight.analyze(docs, size))
+    return 0
+
+
 def _cmd_sbatch(args: argparse.Namespace) -> int:
     command = list(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
     opts = BatchOptions(
@@ -183,6 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=int, help="show one rank's coordinates and groups")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_layout)
+    p = sub.add_parser("trace", help="read the flight recorder's files (HPCCOMM_TRACE_DIR)")
+    tsub = p.add_subparsers(dest="trace_cmd", required=True)
+    t = tsub.add_parser("analyze", help="say from every rank's file who waits where")
+    t.add_argument("dir", help="the trace directory (one rank<N>.json per rank)")
+    t.add_argument("--json", action="store_true", help="print the merged entries as JSON")
+    t.set_defaults(func=_cmd_trace_analyze)
+
     p = sub.add_parser("sbatch", help="render (print, write or submit) a Slurm batch script")
     p.add_argument("--nodes", "-N", type=int, default=1)
     p.add_argument("--ntasks-per-node", type=int, default=1)

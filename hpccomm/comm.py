@@ -154,6 +154,7 @@ class Communicator:
             if world is None
             else [r for r in backend.translate(range(backend.size), world_backend) if r is not None]
         )
+        self._group.world_ranks = self._dispatcher.members
         self._created: dict[tuple, int] = {}  # create_group calls so far, per (ranks, tag)
         self._nodes = nodes
         self._node_key = node_key
@@ -483,6 +484,33 @@ class Communicator:
         """
         return self._dispatch(BARRIER, async_op=async_op)
 
+    def monitored_barrier(self, timeout: float | None = None) -> None:
+        """A barrier that names the ranks that did not arrive (as gloo's in torch).
+
+        All ranks of the group must call this, in the same order. Every rank reports to the
+        group's rank 0, which waits ``timeout`` seconds (default: the communicator's timeout,
+        else 60) for the others and then releases them.
+
+        Raises:
+            CommTimeoutError: on every rank that arrived, naming the ranks (of this group)
+                that did not, e.g. ``monitored_barrier #7 on world (rank 0 of 4): rank(s)
+                [3] of the group did not arrive within 5 s``.
+        """
+        self._check_open("monitored_barrier")
+        bound = check_timeout(
+            timeout if timeout is not None else (self.timeout or 60.0),
+            where("monitored_barrier", self.rank, self.size),
+        )
+        notices = self._notices
+        if notices is None:  # pragma: no cover - init always makes the board
+            raise HpccommError(f"{where('monitored_barrier', self.rank, self.size)}: no init()")
+        self._group.seq += 1
+        seq = self._group.seq
+        w = f"monitored_barrier #{seq} on {self.name} (rank {self.rank} of {self.size})"
+        notices.monitored_barrier(
+            self._dispatcher.gid, seq, self._dispatcher.members, self.rank, bound or 60.0, w
+        )
+
     # -- point-to-point -----------------------------------------------------------------
 
     def send(
@@ -591,7 +619,9 @@ class Communicator:
 
     # -- groups -------------------------------------------------------------------------
 
-    def _make(self, what: str, create: Any, *args: Any) -> tuple[Any, NodeInfo | None]:
+    def _make(
+        self, what: str, create: Any, *args: Any, agree: dict[str, Any] | None = None
+    ) -> tuple[Any, NodeInfo | None]:
         """Run a group creation as one bounded collective step: the new MPI backend (None
         on ranks outside it) and this rank's NodeInfo in it (one small allgather over the
         new group, so that local_rank & co never communicate later)."""
@@ -603,7 +633,7 @@ class Communicator:
             keys = backend.mpi.allgather(self._node_key)
             return backend, node_info(keys, backend.rank)
 
-        return self._dispatcher.collective(what, job)
+        return self._dispatcher.collective(what, job, agree=agree)
 
     def _adopt(
         self,
@@ -633,9 +663,14 @@ class Communicator:
         self._children.append(child)
         return child
 
-    def split(self, color: int | None, *, key: int | None = None) -> Communicator | None:
+    def split(
+        self, color: int | None, *, key: int | None = None, expect: Any = None
+    ) -> Communicator | None:
         """Split into groups by ``color`` (None: this rank joins no group and gets None),
         ordered by ``key`` (default: this rank). All ranks of the group must call this.
+        Under the debug check the ranks compare ``expect`` (any value every rank should
+        agree on, such as the layout and dimension the groups are for) and raise a
+        MismatchError naming those that differ.
 
         Example (4 ranks, ``color = rank % 2``): ranks 0, 2 form one group, 1, 3 another.
         """
@@ -656,7 +691,13 @@ class Communicator:
                     f"or None"
                 )
             key = value
-        made = self._make("split", self._backend.split, color, self.rank if key is None else key)
+        made = self._make(
+            "split",
+            self._backend.split,
+            color,
+            self.rank if key is None else key,
+            agree=None if expect is None else {"expect": expect},
+        )
         return self._adopt(made, f"{self.name}/split({color})")
 
     def _check_ranks(self, what: str, ranks: Sequence[int]) -> list[int]:
@@ -677,7 +718,7 @@ class Communicator:
         """
         self._check_open("new_group")
         ranks = self._check_ranks("new_group", ranks)
-        made = self._make("new_group", self._backend.create, ranks)
+        made = self._make("new_group", self._backend.create, ranks, agree={"ranks": ranks})
         return self._adopt(made, f"{self.name}/group{ranks}")
 
     def create_group(self, ranks: Sequence[int], *, tag: int = 0) -> Communicator:

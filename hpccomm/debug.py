@@ -112,7 +112,7 @@ def disagreement(fps: Sequence[dict[str, Any]]) -> str:
     refused = [(r, fp["refused"]) for r, fp in enumerate(fps) if "refused" in fp]
     parts = [f"rank {r} refused it: {why}" for r, why in refused]
     fields = ["op", "seq", "dtype", "device", "shape", "row shape", "src", "dst", "reduce op"]
-    fields += ["sizes"]
+    fields += ["sizes", "ranks", "expect"]
     for field in fields:
         values: dict[Any, list[int]] = {}
         for r, fp in enumerate(fps):

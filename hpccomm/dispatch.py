@@ -301,9 +301,10 @@ class Dispatcher:
             raise ClosedError(f"{call.where(seq)}: {self.broken}")
         if self._slow and not async_op:
             self._update_slow()  # the worker may have drained since the last call
+        site = call_site() if self.debug == "detail" else None
         rec = None
         if _listeners:
-            rec = Record(call, seq, async_op)
+            rec = Record(call, seq, async_op, self.gid, site)
             record.notify("start", rec)
         notices = self.notices
         watch = on_failure = None
@@ -312,7 +313,10 @@ class Dispatcher:
             on_failure = partial(self.report, call)
         pending: Any = None
         checked = self.debug != "off" and not call.spec.p2p
-        site = call_site() if self.debug == "detail" else None
+        guard = None
+        if async_op and self.debug != "off" and call.device is None and call.spec.arrays:
+            guard = ReadOnlyWhileRunning(data, out)  # a write before wait() raises at once
+            data, out = guard.data, guard.out
         try:
             if out is None and call.out_shape is not None:
                 out = allocate(call.out_shape, call.dtype(), call.device)
@@ -346,6 +350,8 @@ class Dispatcher:
                     return call.backend.device_work(call, seq, result, stream, rec)
                 pending = Done(result)
         except Exception as exc:
+            if guard is not None:
+                guard.release(None)
             err = (
                 exc
                 if isinstance(exc, HpccommError)
@@ -355,6 +361,8 @@ class Dispatcher:
                 rec.error = err
                 record.notify("end", rec)
             self.report(call, seq, err)
+            if record.error_hooks:
+                record.report_error(err)
             if err is exc:
                 raise
             raise err from exc
@@ -367,6 +375,7 @@ class Dispatcher:
             rec=rec,
             closed=self._is_closed,
             on_failure=on_failure,
+            after=None if guard is None else guard.release,
         )
         if async_op:
             return work
@@ -374,7 +383,10 @@ class Dispatcher:
             return work.wait(self._timeout)
         except CommTimeoutError as exc:
             work.disown()
-            raise self.timed_out(call, seq, pending, exc) from None
+            err = self.timed_out(call, seq, pending, exc)
+            if record.error_hooks:
+                record.report_error(err)
+            raise err from None
         except PeerError as exc:
             work.disown()
             if isinstance(pending, Future):  # the worker stays inside MPI for good
@@ -386,6 +398,8 @@ class Dispatcher:
         """A collective refused by validation on this rank takes its sequence number all the
         same (the other ranks may have entered it: their counters moved on too; or they
         refused it too), and the others are told, since they may be waiting in it."""
+        if record.error_hooks:
+            record.report_error(exc)
         if spec.p2p:
             return
         self.group.seq += 1
@@ -520,9 +534,13 @@ class Dispatcher:
             self.executor = Executor(self.group.name)
         return self.executor
 
-    def collective(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    def collective(
+        self, what: str, fn: Callable[..., Any], *args: Any, agree: dict[str, Any] | None = None
+    ) -> Any:
         """Run a collective that is not an array operation (split, dup, ...) as one step of
-        the group's sequence: inline, or bounded by the timeout on the worker thread."""
+        the group's sequence: inline, or bounded by the timeout on the worker thread. Under
+        the debug check the ranks first compare the op, its sequence number and ``agree``
+        (e.g. new_group's rank list)."""
         if self.closed:
             raise ClosedError(
                 f"{what} (rank {self.group.rank} of {self.group.size}): communicator "
@@ -533,6 +551,11 @@ class Dispatcher:
         name = f"{what} #{group.seq} on {group.name} (rank {group.rank} of {group.size})"
         if self.broken is not None:
             raise ClosedError(f"{name}: {self.broken}")
+        if self.debug != "off":
+            fp = {"op": what, "seq": group.seq, **(agree or {})}
+            if self.debug == "detail":
+                fp["site"] = call_site()
+            self.bounded(name, self.agree, name, fp)
         ex = self.executor
         if self._timeout is None and (ex is None or not ex.pending):
             return fn(*args)
@@ -573,6 +596,36 @@ class Dispatcher:
         if ex is not None and not ex.close():
             return ex.stuck
         return None
+
+
+class ReadOnlyWhileRunning:
+    """Debug check for async calls: while the operation runs, the caller's NumPy arrays are
+    read-only (MPI gets writable views of the same memory), so writing one before
+    ``wait()`` raises at the write instead of racing with MPI; ``release`` restores them
+    and maps the result back to the caller's arrays."""
+
+    __slots__ = ("data", "out", "_owned")
+
+    def __init__(self, data: Any, out: Any) -> None:
+        self._owned: list[tuple[Any, Any]] = []  # (caller's array, view handed to MPI)
+        self.data = self._take(data)
+        self.out = self._take(out)
+
+    def _take(self, array: Any) -> Any:
+        if type(array) is not _ndarray or not array.flags.writeable:
+            return array
+        view = array.view()
+        array.flags.writeable = False
+        self._owned.append((array, view))
+        return view
+
+    def release(self, result: Any) -> Any:
+        for array, view in self._owned:
+            array.flags.writeable = True
+            if result is view:
+                result = array
+        self._owned = []
+        return result
 
 
 def _run_job(

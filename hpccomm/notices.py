@@ -20,6 +20,7 @@ from .errors import PeerError
 __all__ = ["NoticeBoard", "NOTICE_TAG", "POLL_INTERVAL"]
 
 NOTICE_TAG = 7
+MONITOR_TAG = 8  # monitored_barrier's arrivals and releases
 POLL_INTERVAL = 0.02  # seconds between looks for notices while a rank waits
 
 
@@ -33,6 +34,7 @@ class NoticeBoard:
         self.any_source = any_source
         self.received: dict[str, list[tuple[int, str, int, int, str]]] = {}
         self._sent: list[Any] = []
+        self._monitor: dict[int, list[tuple]] = {}  # monitor messages that came early
         self._last = 0.0
 
     def post(
@@ -80,6 +82,64 @@ class NoticeBoard:
             self.check(gid, seq, where())
 
         return check
+
+    def monitored_barrier(
+        self, gid: str, seq: int, members: Sequence[int], group_rank: int, timeout: float,
+        where: str,
+    ) -> None:  # fmt: skip
+        """A barrier that names the ranks that did not arrive: every member reports to the
+        group's rank 0, which waits for them until ``timeout`` and then releases every rank
+        that came, with the list of those that did not; everyone raises CommTimeoutError
+        naming them (rank numbers of the group)."""
+        from .errors import CommTimeoutError  # the errors module is a leaf: no circle
+
+        root = members[0]
+        deadline = time.monotonic() + timeout
+        if group_rank != 0:
+            self._sent.append(self.comm.isend((gid, seq, "arrived"), dest=root, tag=MONITOR_TAG))
+            # rank 0 may spend the whole timeout waiting for others: give it that and more
+            msg = self._wait_for(root, (gid, seq, "release"), deadline + timeout + 1.0)
+            if msg is None:
+                raise CommTimeoutError(
+                    f"{where}: rank 0 of the group (world rank {root}) did not release it "
+                    f"within {2 * timeout + 1:g} s"
+                )
+            missing = msg[3]
+        else:
+            missing = []
+            for i, w in enumerate(members[1:], start=1):
+                if self._wait_for(w, (gid, seq, "arrived"), deadline) is None:
+                    missing.append(i)
+            came = [w for i, w in enumerate(members) if i > 0 and i not in missing]
+            for w in came:
+                self._sent.append(
+                    self.comm.isend((gid, seq, "release", missing), dest=w, tag=MONITOR_TAG)
+                )
+        if missing:
+            raise CommTimeoutError(
+                f"{where}: rank(s) {missing} of the group did not arrive within {timeout:g} s"
+            )
+
+    def _wait_for(self, source: int, key: tuple, deadline: float) -> tuple | None:
+        """The first monitor message from ``source`` whose first fields equal ``key``
+        (others are kept for later), or None at the deadline."""
+        kept = self._monitor.setdefault(source, [])
+        for msg in kept:
+            if msg[: len(key)] == key:
+                kept.remove(msg)
+                return msg
+        pause = 1e-4
+        while True:
+            if self.comm.iprobe(source=source, tag=MONITOR_TAG):
+                msg = self.comm.recv(source=source, tag=MONITOR_TAG)
+                if msg[: len(key)] == key:
+                    return msg
+                kept.append(msg)
+                continue
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
 
     def close(self) -> None:
         """Drop what is still unsent (at exit: the receivers may be gone)."""

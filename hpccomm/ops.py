@@ -49,7 +49,7 @@ class Group:
     """A communicator's identity in messages and records: its name, this rank, its size, and
     the sequence counters of its collectives and point-to-point calls."""
 
-    __slots__ = ("name", "rank", "size", "seq", "p2p_seq")
+    __slots__ = ("name", "rank", "size", "seq", "p2p_seq", "world_ranks")
 
     def __init__(self, name: str, rank: int, size: int) -> None:
         self.name = name
@@ -57,6 +57,7 @@ class Group:
         self.size = size
         self.seq = 0
         self.p2p_seq = 0
+        self.world_ranks: list[int] = []  # the members' world ranks (set with the group)
 
     def __repr__(self) -> str:
         return f"<Group {self.name} rank {self.rank} of {self.size}>"

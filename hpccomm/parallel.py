@@ -27,7 +27,7 @@ class Splittable(Protocol):
     @property
     def nccl(self) -> Any: ...
 
-    def split(self, color: int | None, *, key: int | None = None) -> Any: ...
+    def split(self, color: int | None, *, key: int | None = None, expect: Any = None) -> Any: ...
 
     def enable_nccl(self) -> None: ...
 
@@ -72,7 +72,11 @@ class ParallelGroups:
         group = self._groups.get(key)
         if group is None:
             members = self.members(key)
-            group = self.comm.split(members[0], key=self.comm.rank)
+            group = self.comm.split(
+                members[0],
+                key=self.comm.rank,
+                expect=f"layout group {'-'.join(key)} of {self.layout.to_json()}",
+            )
             group.name = f"{self.comm.name}/{'-'.join(key)}"
             if self.comm.nccl is not None:  # subgroups of an NCCL communicator get theirs too
                 group.enable_nccl()

@@ -14,25 +14,40 @@ from typing import Any
 
 from .ops import Call
 
-__all__ = ["Record", "CallLog", "add_listener", "remove_listener", "listeners", "notify"]
+__all__ = [
+    "Record",
+    "CallLog",
+    "add_listener",
+    "remove_listener",
+    "listeners",
+    "notify",
+    "error_hooks",
+    "report_error",
+]
 
 # Dispatch reads this list directly: an empty list means "no one listens".
 listeners: list[Callable[[str, Record], None]] = []
+# Called with every hpccomm error a call raises to its caller (the flight recorder's dump).
+error_hooks: list[Callable[[BaseException], None]] = []
 
 
 class Record:
     """One call as listeners see it: the validated call, its sequence number, whether it was
     asynchronous, its start and end times (``time.perf_counter``) and its error, if any."""
 
-    __slots__ = ("call", "seq", "async_op", "t_start", "t_end", "error")
+    __slots__ = ("call", "seq", "async_op", "t_start", "t_end", "error", "gid", "site")
 
-    def __init__(self, call: Call, seq: int, async_op: bool) -> None:
+    def __init__(
+        self, call: Call, seq: int, async_op: bool, gid: str = "", site: str | None = None
+    ) -> None:
         self.call = call
         self.seq = seq
         self.async_op = async_op
         self.t_start = 0.0
         self.t_end = 0.0
         self.error: BaseException | None = None
+        self.gid = gid or call.group.name  # the group's id, alike on every member
+        self.site = site  # the caller's file:line (debug "detail")
 
     def where(self) -> str:
         """``"op #seq on group (rank r of n)"``, the prefix of messages about this call."""
@@ -66,6 +81,15 @@ def remove_listener(fn: Callable[[str, Record], None]) -> None:
     """Unregister a listener added with :func:`add_listener` (no error if absent)."""
     if fn in listeners:
         listeners.remove(fn)
+
+
+def report_error(exc: BaseException) -> None:
+    """Tell the error hooks about an error about to reach the caller (never raises)."""
+    for fn in error_hooks:
+        try:
+            fn(exc)
+        except Exception:  # a hook must not replace the real error
+            pass
 
 
 def notify(event: str, record: Record) -> None:

@@ -12,6 +12,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from . import flight
 from .comm import Communicator, NodeInfo, check_timeout
 from .cuda_aware import DeviceConfig, decide
 from .debug import level_from
@@ -299,6 +300,7 @@ def init(
     nccl: bool = False,
     init_timeout: float | None = None,
     debug: str | None = None,
+    trace_dir: str | None = None,
 ) -> Communicator:
     """Initialize MPI (once), verify the launch and return the world Communicator.
 
@@ -322,6 +324,9 @@ def init(
             Applies only when hpccomm starts MPI (mpi4py.MPI not imported before).
         debug: "off", "check" or "detail" (see :mod:`hpccomm.debug`); None reads
             ``HPCCOMM_DEBUG`` (default "off"). Every rank must use the same level.
+        trace_dir: enable the flight recorder (:mod:`hpccomm.flight`), writing each rank's
+            last calls to this directory on errors, SIGTERM, SIGUSR1 and ``hpccomm.dump()``;
+            None reads ``HPCCOMM_TRACE_DIR`` (default: off).
 
     Returns:
         The world Communicator (a duplicate of COMM_WORLD, so hpccomm's traffic never mixes
@@ -398,6 +403,9 @@ def init(
     )
     _init_args = args
     _register_exit()
+    trace = trace_dir if trace_dir is not None else os.environ.get(flight.ENV)
+    if trace:
+        flight.start(trace, _world.rank, _world.size)
     if nccl:
         _world.enable_nccl()
     return _world

@@ -83,6 +83,7 @@ class Work:
         "_result",
         "_closed",
         "_on_failure",
+        "_after",
         "__weakref__",
     )
 
@@ -97,6 +98,7 @@ class Work:
         rec: record.Record | None = None,
         closed: Callable[[], bool] | None = None,
         on_failure: Callable[[int, BaseException], None] | None = None,
+        after: Callable[[Any], Any] | None = None,
     ) -> None:
         self._call = call
         self._seq = seq
@@ -106,6 +108,7 @@ class Work:
         self._record = rec
         self._closed = closed
         self._on_failure = on_failure  # tells the group's other ranks (failure notices)
+        self._after = after  # maps the result back once done (debug buffer guard)
         self._done = False
         self._exc: BaseException | None = None
         self._result: Any = None
@@ -131,13 +134,18 @@ class Work:
                 self._exc = BackendError(f"{self._where()}: failed while completing: {exc}")
             self._exc.__cause__ = exc
         self._pending = _Finished
-        if self._exc is not None and self._on_failure is not None:
-            self._on_failure(self._seq, self._exc)
+        if self._after is not None:
+            self._result = self._after(self._result)
         rec = self._record
         if rec is not None:
             rec.error = self._exc
             if record.listeners:
                 record.notify("end", rec)
+        if self._exc is not None:
+            if self._on_failure is not None:
+                self._on_failure(self._seq, self._exc)
+            if record.error_hooks:
+                record.report_error(self._exc)
 
     def is_completed(self) -> bool:
         """True when the operation has finished, successfully or not (never blocks)."""
@@ -187,10 +195,13 @@ class Work:
         return self._result
 
     def _timed_out(self, timeout: float) -> CommTimeoutError:
-        return CommTimeoutError(
+        err = CommTimeoutError(
             f"{self._where()}: not complete after {timeout:g} s; some rank of the group has "
             f"not joined it (MPI cannot cancel it: abort the job)"
         )
+        if record.error_hooks and self._closed is not _always:
+            record.report_error(err)
+        return err
 
     def disown(self) -> None:
         """Stop reporting this handle when it is dropped unfinished (the dispatch's own

@@ -1,0 +1,276 @@
+"""The flight recorder: every rank keeps its last calls, writes them out when something goes
+wrong, and ``hpccomm trace analyze DIR`` says from all ranks' files who waits where.
+
+Enabled by ``hpccomm.init(trace_dir=...)`` or ``HPCCOMM_TRACE_DIR``; it is a listener of
+the record step (so calls take the observed path while it runs). Each entry is a call's
+record: op, group, sequence number, peer, dtype, shape, state (started / completed /
+failed), times, error, and in ``detail`` mode the call site. A rank writes
+``DIR/rank<N>.json`` on a CommTimeoutError or another hpccomm error of a call, on SIGTERM
+(what Slurm sends at a time limit; the rank then ends) and SIGUSR1 (what a person sends a
+hung job; the rank goes on), and on request (:func:`dump`). Signals are taken by a watcher
+thread through ``signal.set_wakeup_fd``, so a rank stuck inside an MPI call still writes.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from .record import Record
+
+__all__ = ["FlightRecorder", "dump", "analyze", "load", "ENV", "recorder"]
+
+ENV = "HPCCOMM_TRACE_DIR"
+recorder: FlightRecorder | None = None  # the process's recorder, when enabled
+
+
+class FlightRecorder:
+    """A ring buffer of this process's last ``size`` calls (a listener: register it with
+    ``record.add_listener``)."""
+
+    def __init__(self, directory: str | os.PathLike[str], rank: int, size: int,
+                 capacity: int = 2000) -> None:  # fmt: skip
+        self.directory = Path(directory)
+        self.rank = rank
+        self.size = size
+        self.entries: collections.deque[Record] = collections.deque(maxlen=capacity)
+        self.dumps = 0
+        self._lock = threading.Lock()
+        self._offset = time.time() - time.perf_counter()  # records use perf_counter
+
+    def __call__(self, event: str, rec: Record) -> None:
+        if event == "start":
+            self.entries.append(rec)  # completed in place by the record step
+
+    def groups(self) -> dict[str, dict[str, Any]]:
+        """The groups of the recorded calls: id -> name and members (world ranks)."""
+        out: dict[str, dict[str, Any]] = {}
+        for rec in list(self.entries):
+            g = rec.call.group
+            out[rec.gid] = {"name": g.name, "members": list(g.world_ranks)}
+        return out
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        out = []
+        for rec in list(self.entries):
+            d = rec.describe()
+            d["gid"] = getattr(rec, "gid", d["group"])
+            d["state"] = (
+                "failed" if rec.error is not None else "completed" if rec.t_end else "started"
+            )
+            d["t_start"] = rec.t_start + self._offset
+            d["t_end"] = rec.t_end + self._offset if rec.t_end else None
+            d["site"] = rec.site
+            d["shape"] = list(d["shape"]) if d["shape"] is not None else None
+            out.append(d)
+        return out
+
+    def dump(self, reason: str) -> Path:
+        """Write ``DIR/rank<N>.json`` (replacing an earlier dump of this rank)."""
+        with self._lock:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            doc = {
+                "rank": self.rank,
+                "size": self.size,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "reason": reason,
+                "time": time.time(),
+                "groups": self.groups(),
+                "entries": self.snapshot(),
+            }
+            path = self.directory / f"rank{self.rank:05d}.json"
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(doc, indent=1, default=str))
+            os.replace(tmp, path)
+            self.dumps += 1
+            return path
+
+    def note_error(self, exc: BaseException) -> None:
+        """An hpccomm error reached the caller: write the trace."""
+        try:
+            self.dump(f"{type(exc).__name__}: {exc}")
+        except OSError:  # never hide the real error behind a failed dump
+            pass
+
+
+def dump(reason: str = "requested") -> Path | None:
+    """Write this rank's flight recorder now; returns the file (None when not enabled)."""
+    return None if recorder is None else recorder.dump(reason)
+
+
+def start(directory: str | os.PathLike[str], rank: int, size: int) -> FlightRecorder:
+    """Enable the recorder for this process and the signal watcher (main thread only)."""
+    from . import record
+
+    global recorder
+    if recorder is None:
+        recorder = FlightRecorder(directory, rank, size)
+        record.add_listener(recorder)
+        record.error_hooks.append(recorder.note_error)
+        _watch_signals(recorder)
+    return recorder
+
+
+def _watch_signals(rec: FlightRecorder) -> None:
+    """SIGTERM and SIGUSR1 reach a thread that writes the trace even when the main thread is
+    inside MPI: Python's signal handler writes the signal number to a pipe, the thread reads
+    it. SIGTERM then ends the process as SIGTERM would have."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # signals can only be set up from the main thread
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    try:
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    except ValueError:  # pragma: no cover - not the main thread of the main interpreter
+        return
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, _ignore)
+
+    def watch() -> None:
+        while True:
+            data = os.read(read_fd, 64)
+            for signum in data:
+                if signum == signal.SIGUSR1:
+                    rec.dump("SIGUSR1")
+                elif signum == signal.SIGTERM:
+                    try:
+                        rec.dump("SIGTERM")
+                    finally:
+                        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="hpccomm-signals", daemon=True).start()
+
+
+def _ignore(signum: int, frame: Any) -> None:
+    """The Python-level handler: the watcher thread does the work."""
+
+
+# -- analysis of every rank's dump --------------------------------------------------------
+
+
+def load(directory: str | os.PathLike[str]) -> tuple[dict[int, dict[str, Any]], int | None]:
+    """Every rank's dump in ``directory`` and the world size they report."""
+    docs = {}
+    for path in sorted(Path(directory).glob("rank*.json")):
+        doc = json.loads(path.read_text())
+        docs[int(doc["rank"])] = doc
+    sizes = {doc["size"] for doc in docs.values()}
+    return docs, (max(sizes) if sizes else None)
+
+
+def _ranks(ranks: Iterable[int]) -> str:
+    rs = sorted(ranks)
+    if not rs:
+        return "no rank"
+    runs: list[str] = []
+    start = prev = rs[0]
+    for r in [*rs[1:], -1]:  # -1 closes the last run
+        if r == prev + 1:
+            prev = r
+            continue
+        runs.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = r
+    return ("rank " if len(rs) == 1 else "ranks ") + ",".join(runs)
+
+
+def _short(text: str, limit: int = 100) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _desc(e: dict[str, Any]) -> str:
+    shape = tuple(e["shape"]) if e.get("shape") is not None else None
+    what = f"{e['op']} #{e['seq']} on {e['group']}"
+    if shape is not None:
+        what += f" {shape} {e['dtype']}"
+    if e.get("site"):
+        what += f" at {e['site']}"
+    return what
+
+
+_P2P = ("send", "recv", "sendrecv", "batch_isend_irecv", "send_object", "recv_object")
+
+
+def analyze(docs: dict[int, dict[str, Any]], size: int | None) -> str:
+    """One paragraph from every rank's dump (ranks are world ranks): for each collective call
+    some ranks wait in, which ranks entered it and which never did (with their last completed
+    call on that group and where they wait instead), the ranks that left no file, and the
+    failed calls when nobody waits."""
+    if not docs:
+        return "no trace files: nothing to analyze"
+    world = size or (max(docs) + 1)
+    lines = []
+    missing = [r for r in range(world) if r not in docs]
+    groups: dict[str, dict[str, Any]] = {}
+    for doc in docs.values():
+        groups.update(doc.get("groups", {}))
+    pending: dict[int, list[dict[str, Any]]] = {}
+    last: dict[int, dict[str, dict[str, Any]]] = {}
+    failed: dict[int, list[dict[str, Any]]] = {}
+    waits: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
+    for r, doc in docs.items():
+        for e in doc["entries"]:
+            gid = e.get("gid") or e["group"]
+            if e["state"] == "started":
+                pending.setdefault(r, []).append(e)
+                if e["op"] not in _P2P:
+                    waits.setdefault((gid, e["seq"]), {})[r] = e
+            elif e["state"] == "failed":
+                failed.setdefault(r, []).append(e)
+            elif e["op"] not in _P2P:
+                last.setdefault(r, {})[gid] = e
+    stuck = sorted(waits.items(), key=lambda kv: (-len(kv[1]), kv[0][1]))
+    for (gid, seq), by_rank in stuck[:3]:
+        sample = next(iter(by_rank.values()))
+        members = groups.get(gid, {}).get("members") or sorted(by_rank)
+        ops = sorted({e["op"] for e in by_rank.values()})
+        head = f"{sample['group']} #{seq}: {_ranks(by_rank)} entered "
+        if len(ops) > 1:
+            kinds = "; ".join(
+                f"{_ranks([r for r, e in by_rank.items() if e['op'] == op])} {op}" for op in ops
+            )
+            head += f"different calls ({kinds}) and wait"
+        else:
+            head += f"{_desc(sample)} and wait"
+        lines.append(head)
+        for r in [m for m in members if m not in by_rank]:
+            if r not in docs:
+                lines.append(f"rank {r} never did and left no trace file (killed hard?)")
+                continue
+            mine = last.get(r, {}).get(gid)
+            text = f"rank {r} never did" + (
+                f": its last completed call there was {_desc(mine)}"
+                if mine is not None
+                else ": it completed no call on that group"
+            )
+            elsewhere = [e for e in pending.get(r, []) if (e.get("gid") or e["group"]) != gid]
+            if elsewhere:
+                text += f", and it waits in {_desc(elsewhere[-1])}"
+            elif r in failed:
+                text += f", and its call {_desc(failed[r][-1])} failed: {_short(failed[r][-1]['error'])}"
+            else:
+                text += ", and it is in no hpccomm call (computing, or stuck elsewhere)"
+            lines.append(text)
+    if not waits:
+        if failed:
+            lines.extend(
+                f"rank {r}: {_desc(es[-1])} failed: {_short(es[-1]['error'])}"
+                for r, es in sorted(failed.items())
+            )
+        else:
+            lines.append("no rank waits in a collective call")
+    if missing:
+        lines.append(f"{_ranks(missing)} left no trace file (killed hard, or not tracing)")
+    reasons = sorted({_short(doc["reason"]) for doc in docs.values()})
+    more = f" and {len(reasons) - 3} more" if len(reasons) > 3 else ""
+    lines.append("(dumps written on: " + "; ".join(reasons[:3]) + more + ")")
+    return ". ".join(lines)

@@ -1,0 +1,113 @@
+"""The flight recorder in real jobs: each rank writes its last calls when it times out, on
+SIGUSR1 and SIGTERM (also while stuck inside MPI), and `hpccomm trace analyze` names the
+diverging rank and call, and the ranks that left no file."""
+
+import signal
+import subprocess
+import time
+
+import pytest
+
+from hpccomm.cli import main
+
+pytestmark = pytest.mark.faults
+
+
+def analyze(trace, capsys):
+    assert main(["trace", "analyze", str(trace)]) == 0
+    return capsys.readouterr().out
+
+
+def test_a_rank_skips_a_collective(launch, tmp_path, capsys):
+    trace = tmp_path / "trace"
+    job = launch(
+        4,
+        f"""
+        c = hpccomm.init(timeout=3, trace_dir={str(trace)!r})
+        tp = c.split(c.rank // 2)
+        for _ in range(3):
+            c.all_reduce(np.ones(4))
+        c.broadcast(np.ones(2), 0)
+        if c.rank != 3:
+            outcome(c, "call", lambda: c.all_reduce(np.ones(1024, np.float32)))
+        else:
+            outcome(c, "call", lambda: tp.barrier())
+        """,
+    )
+    assert job.of(0, "call")["cls"] == "CommTimeoutError"
+    assert sorted(p.name for p in trace.glob("rank*.json")) == [
+        f"rank{r:05d}.json" for r in range(4)
+    ]
+    verdict = analyze(trace, capsys)
+    assert verdict.startswith(
+        "world #6: ranks 0-2 entered all_reduce #6 on world (1024,) float32 and wait. "
+        "rank 3 never did: its last completed call there was broadcast #5 on world (2,) "
+        "float64, and it waits in barrier #1 on world/split(1)"
+    ), verdict
+    assert "rank 2 never did: it completed no call on that group" in verdict
+
+
+def test_sigusr1_and_sigterm_while_stuck_in_mpi(mpiexec, mpi_env, venv_bin, tmp_path, capsys):
+    # No timeout: every rank is stuck inside a blocking MPI call (rank 0 in a barrier, the
+    # others in an all_reduce); the signals still get the traces written.
+    trace = tmp_path / "trace"
+    script = tmp_path / "hang.py"
+    script.write_text(
+        "import numpy as np, hpccomm\n"
+        f"c = hpccomm.init(trace_dir={str(trace)!r})\n"
+        "c.all_reduce(np.ones(3))\n"
+        "print('ready', flush=True)\n"
+        "c.barrier() if c.rank == 0 else c.all_reduce(np.ones(8))\n"
+    )
+    proc = subprocess.Popen(
+        [mpiexec, "--oversubscribe", "-n", "3", str(venv_bin / "python"), str(script)],
+        env=mpi_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        ready = 0
+        while ready < 3 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            ready += line.startswith("ready")
+        time.sleep(1.0)  # into the mismatched calls
+        proc.send_signal(signal.SIGUSR1)  # mpiexec forwards it to every rank
+        for _ in range(100):
+            if len(list(trace.glob("rank*.json"))) == 3:
+                break
+            time.sleep(0.1)
+        verdict = analyze(trace, capsys)
+        assert (
+            "world #2: ranks 0-2 entered different calls (ranks 1-2 all_reduce; rank 0 "
+            "barrier) and wait" in verdict
+        ), verdict
+        assert "(dumps written on: SIGUSR1)" in verdict
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert "(dumps written on: SIGTERM)" in analyze(trace, capsys)
+
+
+def test_a_killed_rank_leaves_no_file(launch, tmp_path, capsys):
+    trace = tmp_path / "trace"
+    job = launch(
+        3,
+        f"""
+        c = hpccomm.init(timeout=5, trace_dir={str(trace)!r})
+        c.all_reduce(np.ones(2))
+        if c.rank == 2:
+            os.kill(os.getpid(), 9)
+        outcome(c, "call", lambda: c.all_reduce(np.ones(2)))
+        """,
+        args=("--with-ft", "ulfm"),
+    )
+    assert job.of(0, "call")["cls"] == "PeerError"
+    verdict = analyze(trace, capsys)
+    assert "rank 2 left no trace file (killed hard, or not tracing)" in verdict, verdict
+    assert "rank 0: all_reduce #2 on world (2,) float64 failed: all_reduce #2 on world" in verdict

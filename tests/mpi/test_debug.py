@@ -1,0 +1,179 @@
+"""The debug check: every silently-wrong case a new user hits (different shapes, dtypes, ops,
+roots, split sizes or groups on different ranks) raises the same MismatchError on every rank,
+naming the field and the ranks, before anything reaches MPI; the group stays usable after."""
+
+import numpy as np
+import pytest
+
+from hpccomm import MismatchError, ReduceOp
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+
+@pytest.fixture(params=["check", "detail"])
+def checked(world, request):
+    c = world.dup()
+    c.debug = request.param
+    c.timeout = 60
+    yield c
+    c.free()
+
+
+def mismatch(comm, fn, *texts):
+    """Every rank raises MismatchError with all ``texts``; the group still works after."""
+    with pytest.raises(MismatchError) as info:
+        fn()
+    msg = str(info.value)
+    for text in texts:
+        assert text in msg, msg
+    x = np.ones(2)
+    comm.all_reduce(x)
+    assert (x == comm.size).all()
+    return msg
+
+
+def test_all_reduce_shapes(checked):
+    r = checked.rank
+    msg = mismatch(
+        checked,
+        lambda: checked.all_reduce(np.ones(8 if r == 0 else 4)),
+        "the ranks' calls differ: shape is (8,) on rank 0 but (4,) on rank",
+    )
+    assert msg.startswith(f"all_reduce #1 on {checked.name} (rank {r} of {checked.size})")
+    if checked.debug == "detail":
+        assert "called at rank 0: " in msg and "test_debug.py" in msg
+
+
+def test_all_gather_shapes(checked):
+    r = checked.rank
+    mismatch(
+        checked,
+        lambda: checked.all_gather(np.ones(4 if r == 0 else 2)),
+        "shape is (4,) on rank 0 but (2,) on rank",
+    )
+
+
+def test_broadcast_into_a_larger_buffer(checked):
+    r = checked.rank
+    mismatch(
+        checked,
+        lambda: checked.broadcast(np.ones(3 if r == 0 else 5), 0),
+        "shape is (3,) on rank 0 but (5,) on rank",
+    )
+
+
+def test_same_bytes_other_dtype(checked):
+    r = checked.rank
+    arr = np.ones(8, np.float32) if r == 0 else np.ones(4, np.float64)
+    mismatch(
+        checked,
+        lambda: checked.all_reduce(arr),
+        "dtype is 'float32' on rank 0 but 'float64' on rank",
+        "shape is (8,) on rank 0 but (4,) on rank",
+    )
+
+
+def test_int32_and_float32(checked):
+    r = checked.rank
+    arr = np.ones(4, np.int32 if r == 0 else np.float32)
+    mismatch(checked, lambda: checked.all_reduce(arr), "dtype is 'int32' on rank 0 but 'float32'")
+
+
+def test_different_reduce_ops(checked):
+    r = checked.rank
+    op = ReduceOp.SUM if r == 0 else ReduceOp.MAX
+    mismatch(
+        checked,
+        lambda: checked.all_reduce(np.ones(4), op=op),
+        "reduce op is 'ReduceOp.SUM' on rank 0 but 'ReduceOp.MAX' on rank",
+    )
+
+
+def test_different_roots(checked):
+    r = checked.rank
+    mismatch(
+        checked,
+        lambda: checked.broadcast(np.ones(4), 0 if r == 0 else 1),
+        "src is 0 on rank 0 but 1 on rank",
+    )
+
+
+def test_different_ops_at_one_sequence_number(checked):
+    r = checked.rank
+    mismatch(
+        checked,
+        (lambda: checked.all_reduce(np.ones(2))) if r == 0 else (lambda: checked.barrier()),
+        "the call is 'all_reduce' on rank 0 but 'barrier' on rank",
+    )
+
+
+def test_all_to_all_single_receiver_expects_more(checked):
+    n, r = checked.size, checked.rank
+    send = [1] * n
+    recv = [2 if (r == 1 and j == 0) else 1 for j in range(n)]
+    mismatch(
+        checked,
+        lambda: checked.all_to_all_single(
+            np.ones(n), input_split_sizes=send, output_split_sizes=recv
+        ),
+        "the split sizes disagree: rank 0 sends 1 elements to rank 1, which expects 2",
+    )
+
+
+def test_a_rank_that_refuses_tells_the_others(checked):
+    r = checked.rank
+    op = ReduceOp.BAND if r == 1 else ReduceOp.SUM
+    with pytest.raises(Exception) as info:
+        checked.all_reduce(np.ones(2), op=op)
+    if r == 1:
+        assert "op BAND is not defined for dtype float64" in str(info.value)
+    else:
+        assert isinstance(info.value, MismatchError)
+        assert "rank 1 refused it: DtypeError" in str(info.value)
+    checked.barrier()
+
+
+def test_recv_into_a_larger_buffer_and_other_dtype(checked):
+    r = checked.rank
+    if r == 0:
+        checked.send(np.arange(3.0), 1, tag=1)
+        checked.send(np.arange(4.0), 1, tag=2)
+    elif r == 1:
+        big = np.full(5, -1.0)
+        with pytest.raises(
+            MismatchError,
+            match=r"expects float64 \(5,\) \(5 elements\), but rank 0 sent float64 \(3,\) "
+            r"\(3 elements\)",
+        ):
+            checked.recv(big, 0, tag=1)
+        assert (big == -1).all()  # not written
+        with pytest.raises(
+            MismatchError, match=r"expects int64 \(4,\).*rank 0 sent float64 \(4,\)"
+        ):
+            checked.recv(np.empty(4, np.int64), 0, tag=2)
+    checked.barrier()
+
+
+def test_new_group_members_in_another_order(checked):
+    n, r = checked.size, checked.rank
+    ranks = list(range(n)) if r == 0 else list(reversed(range(n)))
+    mismatch(checked, lambda: checked.new_group(ranks), "ranks is")
+
+
+def test_layout_groups_requested_in_another_order(checked):
+    n, r = checked.size, checked.rank
+    if n % 2:
+        pytest.skip("needs an even world size for tp=2")
+    groups = checked.layout(tp=2)
+    first = "tp" if r == 0 else "dp"
+    mismatch(checked, lambda: groups.group(first), "expect is", "layout group tp of", "dp of")
+    groups.free()
+
+
+def test_async_buffers_are_read_only_until_wait(checked):
+    x = np.ones(4)
+    work = checked.all_reduce(x, async_op=True)
+    with pytest.raises(ValueError, match="read-only"):
+        x[0] = 7.0
+    assert work.wait(timeout=60) is x
+    assert x.flags.writeable and (x == checked.size).all()
