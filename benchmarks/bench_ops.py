@@ -30,13 +30,14 @@ def parse_bytes(text: str) -> int:
     return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
 
 
-def cases(comm, bounded, raw, nbytes):
+def cases(comm, bounded, debugs, raw, nbytes):
     """(name, raw callable, hpccomm callable, bytes S for algbw) for one size.
 
     Plain names repeat the call on the same arrays (a training loop's buffers); "fresh" cases
     make a new array for every call on both sides (``comm.all_reduce(np.array([loss]))``);
     "timeout" runs on a communicator with a time bound (collectives then go through its worker
-    thread); "async" asks for a Work and waits for it at once."""
+    thread); "async" asks for a Work and waits for it at once; "check" and "detail" run with
+    those debug levels (a fingerprint exchange before every collective)."""
     n = comm.size
     count = max(1, nbytes // 8)
     x = np.ones(count)
@@ -65,6 +66,16 @@ def cases(comm, bounded, raw, nbytes):
         "all_reduce async": (
             lambda: raw.Allreduce(MPI.IN_PLACE, [x, dt], MPI.SUM),
             lambda: comm.all_reduce(y, async_op=True).wait(),
+            s1,
+        ),
+        "all_reduce check": (
+            lambda: raw.Allreduce(MPI.IN_PLACE, [x, dt], MPI.SUM),
+            lambda: debugs["check"].all_reduce(y),
+            s1,
+        ),
+        "all_reduce detail": (
+            lambda: raw.Allreduce(MPI.IN_PLACE, [x, dt], MPI.SUM),
+            lambda: debugs["detail"].all_reduce(y),
             s1,
         ),
         "all_gather fresh": (
@@ -125,8 +136,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
         "--ops",
-        default="all_reduce,all_reduce fresh,all_reduce timeout,all_reduce async,all_gather,"
-        "all_gather fresh,reduce_scatter,broadcast,all_to_all,send_recv",
+        default="all_reduce,all_reduce fresh,all_reduce timeout,all_reduce async,"
+        "all_reduce check,all_reduce detail,all_gather,all_gather fresh,reduce_scatter,"
+        "broadcast,all_to_all,send_recv",
     )
     p.add_argument("--min-bytes", default="8")
     p.add_argument("--max-bytes", default="16M")
@@ -137,6 +149,9 @@ def main(argv=None) -> int:
     comm = hpccomm.init()
     bounded = comm.dup()
     bounded.timeout = 600
+    debugs = {level: comm.dup() for level in ("check", "detail")}
+    for level, c in debugs.items():
+        c.debug = level
     raw = comm.mpi.Dup()  # raw mpi4py on its own communicator, same ranks
     sizes = []
     s = parse_bytes(args.min_bytes)
@@ -147,7 +162,7 @@ def main(argv=None) -> int:
     wanted = args.ops.split(",")
     for nbytes in sizes:
         iters = max(20, min(2000, (64 << 20) // max(nbytes * comm.size, 1)))
-        for name, (raw_fn, hp_fn, S) in cases(comm, bounded, raw, nbytes).items():
+        for name, (raw_fn, hp_fn, S) in cases(comm, bounded, debugs, raw, nbytes).items():
             if name not in wanted:
                 continue
             for fn in (raw_fn, hp_fn):
@@ -194,6 +209,8 @@ def main(argv=None) -> int:
                 json.dump(rows, f, indent=1)
     raw.Free()
     bounded.free()
+    for c in debugs.values():
+        c.free()
     return 0
 
 

@@ -143,3 +143,69 @@ def test_srun_without_pmix_is_named_not_hung(cluster):
     assert out.returncode != 0
     assert "size is 2 from SLURM_STEP_NUM_TASKS but 1 from MPI COMM_WORLD" in out.stderr, out.stderr
     assert "srun --mpi=pmix" in out.stderr
+
+
+def test_a_killed_task_ends_the_step_naming_it(cluster, tmp_path):
+    # srun's default lets the other tasks run on into a collective with the dead one;
+    # --kill-on-bad-exit=1 (in every template and hpccomm sbatch) ends the step.
+    script = tmp_path / "kill.py"
+    script.write_text(
+        "import os, numpy as np, hpccomm\n"
+        "c = hpccomm.init(timeout=60)\n"
+        "c.all_reduce(np.ones(2))\n"
+        "if c.rank == 3:\n"
+        "    os.kill(os.getpid(), 9)\n"
+        "c.all_reduce(np.ones(2))\n"
+    )
+    t0 = time.monotonic()
+    out = cluster.run(
+        ["srun", "-N2", "-n4", "--mpi=pmix", "--kill-on-bad-exit=1",
+         str(cluster.bin / "python"), str(script)],
+        timeout=120,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "task 3" in out.stderr and "Killed" in out.stderr, out.stderr
+    assert time.monotonic() - t0 < 50  # not the 60 s timeout: the step ended at once
+
+
+def test_flight_recorder_on_sigterm_across_nodes(cluster, tmp_path):
+    # What Slurm sends at a time limit (SIGTERM, via scancel here) reaches ranks stuck in
+    # mismatched collectives on both nodes; each writes its trace and the analysis names
+    # the call every rank is stuck in.
+    trace = tmp_path / "trace"
+    script = tmp_path / "hang.py"
+    script.write_text(
+        "import numpy as np, hpccomm\n"
+        f"c = hpccomm.init(trace_dir={str(trace)!r})\n"
+        "c.all_reduce(np.ones(3))\n"
+        "print('ready', flush=True)\n"
+        "c.barrier() if c.rank == 3 else c.all_reduce(np.ones(8))\n"
+    )
+    proc = subprocess.Popen(
+        ["srun", "-N2", "-n4", "--mpi=pmix", "--job-name=hpccomm-trace",
+         str(cluster.bin / "python"), str(script)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env(),
+    )  # fmt: skip
+    try:
+        ready, deadline = 0, time.monotonic() + 90
+        while ready < 4 and time.monotonic() < deadline:
+            ready += proc.stdout.readline().startswith("ready")
+        assert ready == 4, proc.stderr.read() if proc.poll() is not None else "not ready"
+        time.sleep(1.0)
+        jobs = cluster.run(["squeue", "-h", "-n", "hpccomm-trace", "-o", "%i"]).stdout.split()
+        assert jobs, "the job is not in the queue"
+        cluster.run(["scancel", "--signal=TERM", *jobs])
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            cluster.run(["scancel", "-n", "hpccomm-trace"])
+    files = sorted(p.name for p in trace.glob("rank*.json"))
+    assert files == [f"rank{r:05d}.json" for r in range(4)], files
+    out = cluster.run([str(cluster.bin / "hpccomm"), "trace", "analyze", str(trace)])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(
+        "world #2: ranks 0-3 entered different calls (ranks 0-2 all_reduce; rank 3 barrier)"
+    ), out.stdout
+    assert "(dumps written on: SIGTERM)" in out.stdout

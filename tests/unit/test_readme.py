@@ -26,3 +26,15 @@ def test_readme_example_runs(mpiexec, venv_bin, mpi_env, tmp_path, index):
         env=mpi_env,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_every_operation_is_in_the_operations_table():
+    # The operations table is checked against the op facts (hpccomm/ops.py SPECS) and the
+    # Communicator: every op the dispatch knows is documented and is a method.
+    from hpccomm.comm import Communicator
+    from hpccomm.ops import SPECS
+
+    table = README.read_text().split("Operations (all ranks of a group", 1)[1].split("\n\n", 2)[1]
+    for spec in SPECS:
+        assert f"`{spec.name}`" in table, spec.name
+        assert callable(getattr(Communicator, spec.name)), spec.name
