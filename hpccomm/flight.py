@@ -123,7 +123,8 @@ def start(directory: str | os.PathLike[str], rank: int, size: int) -> FlightReco
 def _watch_signals(rec: FlightRecorder) -> None:
     """SIGTERM and SIGUSR1 reach a thread that writes the trace even when the main thread is
     inside MPI: Python's signal handler writes the signal number to a pipe, the thread reads
-    it. SIGTERM then ends the process as SIGTERM would have."""
+    it. SIGTERM then ends the process at once (status 143, as SIGTERM's own default would:
+    MPI is not finalized, the launcher ends the job)."""
     if threading.current_thread() is not threading.main_thread():
         return  # signals can only be set up from the main thread
     read_fd, write_fd = os.pipe()
@@ -144,9 +145,8 @@ def _watch_signals(rec: FlightRecorder) -> None:
                 elif signum == signal.SIGTERM:
                     try:
                         rec.dump("SIGTERM")
-                    finally:
-                        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                        os.kill(os.getpid(), signal.SIGTERM)
+                    finally:  # end as SIGTERM would have (exit status 128 + 15)
+                        os._exit(128 + signal.SIGTERM)
 
     threading.Thread(target=watch, name="hpccomm-signals", daemon=True).start()
 
