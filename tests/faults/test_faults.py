@@ -282,9 +282,11 @@ def test_peer_that_exits_before_init(launch):
     )
     assert job.rc != 0
     assert (0, "inited") not in job.reports
-    assert "hpccomm init (rank 0 of 2, openmpi launch): MPI_Init did not complete within 3 s" in (
-        job.stderr
-    )
+    # Whoever notices first ends the job: hpccomm's bounded init, or (when rank 1 got far
+    # enough to register with it) the launcher itself; either way nobody waits for good.
+    ours = "hpccomm init (rank 0 of 2, openmpi launch): MPI_Init did not complete within 3 s"
+    launcher = "prterun has exited due to process rank 1"
+    assert ours in job.stderr or launcher in job.stderr, job.stderr
     assert job.seconds < 20
 
 
