@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from . import record
 from .record import Record
 
 __all__ = ["FlightRecorder", "dump", "analyze", "load", "ENV", "recorder"]
@@ -109,8 +110,6 @@ def dump(reason: str = "requested") -> Path | None:
 
 def start(directory: str | os.PathLike[str], rank: int, size: int) -> FlightRecorder:
     """Enable the recorder for this process and the signal watcher (main thread only)."""
-    from . import record
-
     global recorder
     if recorder is None:
         recorder = FlightRecorder(directory, rank, size)

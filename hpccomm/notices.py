@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .errors import PeerError
+from .errors import CommTimeoutError, PeerError
 
 __all__ = ["NoticeBoard", "NOTICE_TAG", "POLL_INTERVAL"]
 
@@ -91,8 +91,6 @@ class NoticeBoard:
         group's rank 0, which waits for them until ``timeout`` and then releases every rank
         that came, with the list of those that did not; everyone raises CommTimeoutError
         naming them (rank numbers of the group)."""
-        from .errors import CommTimeoutError  # the errors module is a leaf: no circle
-
         root = members[0]
         deadline = time.monotonic() + timeout
         if group_rank != 0:
