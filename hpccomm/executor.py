@@ -24,13 +24,21 @@ __all__ = ["Executor", "Future"]
 class Future:
     """The outcome of one job on an :class:`Executor`: ``done`` is set when it has run."""
 
-    __slots__ = ("done", "value", "error", "what")
+    __slots__ = ("done", "value", "error", "what", "callbacks")
 
     def __init__(self, what: str) -> None:
         self.done = threading.Event()
         self.value: Any = None
         self.error: BaseException | None = None
         self.what = what
+        self.callbacks: list[Callable[[], None]] = []
+
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` once the job has run (on the worker thread; at once if it has)."""
+        self.callbacks.append(fn)
+        if self.done.is_set() and fn in self.callbacks:
+            self.callbacks.remove(fn)
+            fn()
 
     def test(self) -> bool:
         return self.done.is_set()
@@ -97,6 +105,12 @@ class Executor:
                     self.pending -= 1
                     self._queued.remove(fut)
                 fut.done.set()
+                callbacks, fut.callbacks = fut.callbacks, []
+                for fn in callbacks:
+                    try:
+                        fn()
+                    except Exception:  # a callback must not stop the worker
+                        pass
 
     def oldest(self) -> str | None:
         """What the oldest unfinished job is ("all_reduce #3 on world"), if any."""

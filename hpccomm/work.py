@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from . import record
 from .errors import BackendError, CommTimeoutError, HpccommError, UnwaitedWorkWarning
+from .executor import Future
 from .ops import Call
 
 __all__ = ["Work", "Pending", "wait_bounded", "wait_watching"]
@@ -84,6 +85,7 @@ class Work:
         "_closed",
         "_on_failure",
         "_after",
+        "_callbacks",
         "__weakref__",
     )
 
@@ -109,6 +111,7 @@ class Work:
         self._closed = closed
         self._on_failure = on_failure  # tells the group's other ranks (failure notices)
         self._after = after  # maps the result back once done (debug buffer guard)
+        self._callbacks: list[Callable[[Work], None]] = []
         self._done = False
         self._exc: BaseException | None = None
         self._result: Any = None
@@ -146,6 +149,9 @@ class Work:
                 self._on_failure(self._seq, self._exc)
             if record.error_hooks:
                 record.report_error(self._exc)
+        callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn(self)
 
     def is_completed(self) -> bool:
         """True when the operation has finished, successfully or not (never blocks)."""
@@ -202,6 +208,19 @@ class Work:
         if record.error_hooks and self._closed is not _always:
             record.report_error(err)
         return err
+
+    def add_done_callback(self, fn: Callable[[Work], None]) -> None:
+        """Call ``fn(work)`` when the operation completes (successfully or not): from the
+        worker thread for collectives, at once when it already completed; for
+        point-to-point requests, when the caller next finds it complete (wait() or
+        is_completed()). The torch backend completes its Futures this way."""
+        source = self._pending
+        if isinstance(source, Future) and not self._done:
+            source.add_done_callback(lambda: fn(self))
+        elif self._done or source.test():
+            fn(self)
+        else:
+            self._callbacks.append(fn)
 
     def disown(self) -> None:
         """Stop reporting this handle when it is dropped unfinished (the dispatch's own

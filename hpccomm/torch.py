@@ -1,0 +1,555 @@
+"""hpccomm as a PyTorch distributed backend: ``torch.distributed`` over MPI from a plain
+``pip install``.
+
+PyTorch's wheels ship without their MPI backend. This module registers one named
+``"hpccomm"`` for CPU tensors; ``init_process_group()`` starts hpccomm under
+mpiexec/srun, sets up torch's store over MPI and calls torch's own init, so a torchrun-style
+script changes one line::
+
+    import hpccomm.torch
+    hpccomm.torch.init_process_group()          # instead of dist.init_process_group("gloo")
+    model = torch.nn.parallel.DistributedDataParallel(model)
+
+Every torch collective becomes the hpccomm operation of the same name on NumPy views of
+the tensors (zero-copy; bfloat16 through ml_dtypes), issued with ``async_op=True``: it runs on
+the group's ordered worker thread, so the caller (DDP's backward, say) keeps computing, and
+the returned Work's Future is completed from that thread (DDP chains on the Future and
+never calls ``wait()``). torch's timeout becomes the group's hpccomm timeout; an error
+reaches the Future and ``wait()`` as the hpccomm error naming op and rank.
+
+PyTorch 2.13's c10d ``Backend`` class cannot be subclassed from Python (no constructor is
+bound), so hpccomm registers a whole ``ProcessGroup``: a default group of ``"hpccomm"`` serves
+CPU tensors only, and a mixed ``"cpu:hpccomm,cuda:nccl"`` string is refused with that reason;
+for CUDA tensors make an NCCL group beside it (``dist.new_group(backend="nccl")``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+from .comm import Communicator
+from .dtypes import ReduceOp
+from .errors import CommTimeoutError, DtypeError, HpccommError, InvalidArgumentError
+from .ops import P2POp
+from .runtime import init as hpccomm_init
+from .work import Work as HWork
+
+__all__ = ["NAME", "register", "init_process_group", "HpccommProcessGroup", "as_numpy"]
+
+NAME = "hpccomm"
+_OPS = {
+    dist.ReduceOp.SUM: ReduceOp.SUM,
+    dist.ReduceOp.PRODUCT: ReduceOp.PRODUCT,
+    dist.ReduceOp.MIN: ReduceOp.MIN,
+    dist.ReduceOp.MAX: ReduceOp.MAX,
+    dist.ReduceOp.BAND: ReduceOp.BAND,
+    dist.ReduceOp.BOR: ReduceOp.BOR,
+    dist.ReduceOp.BXOR: ReduceOp.BXOR,
+    dist.ReduceOp.AVG: ReduceOp.AVG,
+}
+_registered = False
+
+
+def as_numpy(t: torch.Tensor, what: str = "tensor") -> np.ndarray:
+    """A NumPy view of a CPU tensor's memory (bfloat16 as ml_dtypes.bfloat16); refuses
+    device tensors and non-contiguous ones (hpccomm never copies behind your back)."""
+    if t.device.type != "cpu":
+        raise InvalidArgumentError(
+            f"hpccomm torch backend: {what} is on {t.device}, expected a CPU tensor (use an "
+            f"NCCL group for CUDA tensors: dist.new_group(backend='nccl'))"
+        )
+    if not t.is_contiguous():
+        raise InvalidArgumentError(
+            f"hpccomm torch backend: {what} is not contiguous (shape {tuple(t.shape)}, "
+            f"stride {t.stride()}); pass t.contiguous()"
+        )
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.dtype is torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def _redop(op: Any) -> ReduceOp:
+    if op == dist.ReduceOp.PREMUL_SUM:
+        factor = op.factor if hasattr(op, "factor") else None
+        if isinstance(factor, torch.Tensor):
+            factor = factor.item()
+        if factor is None:
+            raise DtypeError("hpccomm torch backend: PREMUL_SUM without a factor")
+        return ReduceOp.PREMUL_SUM(factor)
+    for torch_op, ours in _OPS.items():
+        if op == torch_op:
+            return ours
+    raise DtypeError(f"hpccomm torch backend: reduce op {op!r} is not supported")
+
+
+class _TorchWork(dist.Work):
+    """A torch Work over an hpccomm Work: its Future is completed when the hpccomm operation
+    completes (from the group's worker thread), after ``post`` copied results into torch's
+    output tensors; ``wait()`` raises the hpccomm error of a failed operation."""
+
+    def __init__(
+        self,
+        work: HWork | None,
+        result: Any,
+        post: Callable[[], None] | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        super().__init__()
+        self._work = work
+        self._result = result
+        self._post = post
+        self._timeout = timeout
+        self._future: Future = Future()
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._finished = threading.Event()  # set once results are in torch's tensors
+        self.source: HWork | None = None  # recv from any source: the hpccomm receive
+        if work is None:
+            self._complete(None)
+        else:
+            work.add_done_callback(self._complete)
+
+    def _complete(self, work: HWork | None) -> None:
+        """Copy results, then complete the Future; exactly once, from whichever thread sees
+        the operation done first (the worker's callback or a waiting caller)."""
+        with self._lock:
+            if self._finished.is_set():
+                return
+            error = None if work is None else work.exception()
+            if error is None and self._post is not None:
+                try:
+                    self._post()
+                except Exception as exc:  # a failed copy into torch's outputs
+                    error = exc
+            self._error = error
+            self._finished.set()
+        if error is not None:
+            self._future.set_exception(error)
+        else:
+            self._future.set_result(self._result)
+
+    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
+        seconds = timeout.total_seconds() if timeout else self._timeout
+        if self._work is not None:
+            try:
+                self._work.wait(seconds)
+            except CommTimeoutError:
+                raise
+            except HpccommError:
+                pass  # delivered below, once the completion ran
+            self._complete(self._work)
+        self._finished.wait()
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        if self._work is not None and self._work.is_completed():
+            self._complete(self._work)
+        return self._finished.is_set()
+
+    def is_success(self) -> bool:
+        return self._finished.is_set() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def get_future(self) -> Future:
+        return self._future
+
+    def _source_rank(self) -> int:
+        """The sender of a receive from any source."""
+        if self.source is None:
+            raise InvalidArgumentError("hpccomm torch backend: not a receive from any source")
+        return int(self.source.wait(self._timeout))
+
+    def result(self) -> Any:
+        self.wait()
+        return self._result
+
+
+class HpccommProcessGroup(dist.ProcessGroup):
+    """A torch ProcessGroup whose every call is an hpccomm operation on ``comm``."""
+
+    def __init__(self, comm: Communicator, timeout: float | None, group_name: str = "") -> None:
+        super().__init__(comm.rank, comm.size)  # type: ignore[call-arg]  # torch 2.13: no store
+        self.comm = comm
+        self.timeout = timeout
+        self._name = group_name
+        self._desc = ""
+
+    # -- identity -----------------------------------------------------------------------
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return NAME
+
+    # torch names groups after creating them (device meshes and FSDP2 look them up by name)
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._name = name
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._desc = desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._desc = desc
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._desc
+
+    def name(self) -> str:
+        return NAME
+
+    def _work(
+        self, work: HWork | None, result: Any, post: Callable[[], None] | None = None
+    ) -> _TorchWork:
+        return _TorchWork(work, result, post, self.timeout)
+
+    # -- collectives --------------------------------------------------------------------
+
+    def allreduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> _TorchWork:
+        op = _redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        works = [self.comm.all_reduce(as_numpy(t), op=op, async_op=True) for t in tensors]
+        return self._chain(works, list(tensors))
+
+    def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> _TorchWork:
+        return self.allreduce(tensors, opts)
+
+    def _chain(
+        self, works: list[HWork], result: Any, post: Callable[[], None] | None = None
+    ) -> _TorchWork:
+        """One torch Work for several hpccomm calls on this group: they run in order on the
+        worker thread, so the last one completing means all did; errors of any are raised."""
+        if not works:
+            return self._work(None, result, post)
+
+        def check() -> None:
+            for w in works[:-1]:
+                w.wait(self.timeout)
+            if post is not None:
+                post()
+
+        return self._work(works[-1], result, check)
+
+    def broadcast(self, tensors: Sequence[torch.Tensor], opts: Any) -> _TorchWork:
+        root = opts.rootRank
+        works = [self.comm.broadcast(as_numpy(t), root, async_op=True) for t in tensors]
+        return self._chain(works, list(tensors))
+
+    def reduce(self, tensors: Sequence[torch.Tensor], opts: Any) -> _TorchWork:
+        op = _redop(opts.reduceOp)
+        works = [
+            self.comm.reduce(as_numpy(t), opts.rootRank, op=op, async_op=True) for t in tensors
+        ]
+        return self._chain(works, list(tensors))
+
+    def allgather(
+        self,
+        output_lists: Sequence[Sequence[torch.Tensor]],
+        inputs: Sequence[torch.Tensor],
+        opts: Any = None,
+    ) -> _TorchWork:
+        works, posts = [], []
+        for outs, t in zip(output_lists, inputs, strict=True):
+            x = as_numpy(t)
+            gathered = np.empty((self.comm.size, *x.shape), x.dtype)
+            works.append(self.comm.all_gather(x.reshape(1, *x.shape), out=gathered, async_op=True))
+            posts.append((outs, gathered))
+
+        def post() -> None:
+            for outs, gathered in posts:
+                for i, o in enumerate(outs):
+                    as_numpy(o, "output")[...] = gathered[i].reshape(tuple(o.shape))
+
+        return self._chain(works, [list(o) for o in output_lists], post)
+
+    def _allgather_base(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> _TorchWork:  # noqa: A002
+        x = as_numpy(input, "input")
+        out = as_numpy(output, "output").reshape(self.comm.size * x.size)
+        work = self.comm.all_gather(x.reshape(-1), out=out, async_op=True)
+        return self._work(work, [output])
+
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> _TorchWork:  # noqa: A002
+        return self._allgather_base(output, input, opts)
+
+    def allgather_coalesced(
+        self,
+        output_lists: Sequence[Sequence[torch.Tensor]],
+        inputs: Sequence[torch.Tensor],
+        opts: Any = None,
+    ) -> _TorchWork:
+        return self.allgather(output_lists, inputs, opts)
+
+    def all_gather_single_coalesced(
+        self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], opts: Any = None
+    ) -> _TorchWork:
+        return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
+
+    def allgather_into_tensor_coalesced(
+        self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], opts: Any = None
+    ) -> _TorchWork:
+        works = []
+        for o, i in zip(outputs, inputs, strict=True):
+            x = as_numpy(i, "input")
+            out = as_numpy(o, "output").reshape(self.comm.size * x.size)
+            works.append(self.comm.all_gather(x.reshape(-1), out=out, async_op=True))
+        return self._chain(works, list(outputs))
+
+    def gather(
+        self,
+        output_lists: Sequence[Sequence[torch.Tensor]],
+        inputs: Sequence[torch.Tensor],
+        opts: Any,
+    ) -> _TorchWork:
+        root = opts.rootRank
+        x = as_numpy(inputs[0], "input")
+        is_root = self.comm.rank == root
+        gathered = np.empty((self.comm.size, *x.shape), x.dtype) if is_root else None
+        work = self.comm.gather(x.reshape(1, *x.shape), dst=root, out=gathered, async_op=True)
+
+        def post() -> None:
+            if is_root and gathered is not None:
+                for i, o in enumerate(output_lists[0]):
+                    as_numpy(o, "output")[...] = gathered[i]
+
+        return self._work(work, [list(o) for o in output_lists], post)
+
+    def scatter(
+        self,
+        outputs: Sequence[torch.Tensor],
+        input_lists: Sequence[Sequence[torch.Tensor]],
+        opts: Any,
+    ) -> _TorchWork:
+        root = opts.rootRank
+        out = as_numpy(outputs[0], "output")
+        full = None
+        if self.comm.rank == root:
+            full = np.stack([as_numpy(t, "input") for t in input_lists[0]])
+        work = self.comm.scatter(full, src=root, out=out.reshape(1, *out.shape), async_op=True)
+        return self._work(work, list(outputs))
+
+    def reduce_scatter(
+        self,
+        outputs: Sequence[torch.Tensor],
+        input_lists: Sequence[Sequence[torch.Tensor]],
+        opts: Any,
+    ) -> _TorchWork:
+        op = _redop(opts.reduceOp)
+        out = as_numpy(outputs[0], "output")
+        full = np.stack([as_numpy(t, "input") for t in input_lists[0]])
+        work = self.comm.reduce_scatter(full, op=op, out=out.reshape(1, *out.shape), async_op=True)
+        return self._work(work, list(outputs))
+
+    def _reduce_scatter_base(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any
+    ) -> _TorchWork:  # noqa: A002
+        op = _redop(opts.reduceOp)
+        out = as_numpy(output, "output").reshape(-1)
+        full = as_numpy(input, "input").reshape(-1)
+        work = self.comm.reduce_scatter(full, op=op, out=out, async_op=True)
+        return self._work(work, [output])
+
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any
+    ) -> _TorchWork:  # noqa: A002
+        return self._reduce_scatter_base(output, input, opts)
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], opts: Any
+    ) -> _TorchWork:
+        return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
+
+    def reduce_scatter_tensor_coalesced(
+        self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], opts: Any
+    ) -> _TorchWork:
+        op = _redop(opts.reduceOp)
+        works = [
+            self.comm.reduce_scatter(
+                as_numpy(i, "input").reshape(-1),
+                op=op,
+                out=as_numpy(o, "output").reshape(-1),
+                async_op=True,
+            )
+            for o, i in zip(outputs, inputs, strict=True)
+        ]
+        return self._chain(works, list(outputs))
+
+    def alltoall_base(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,  # noqa: A002
+        output_split_sizes: Sequence[int],
+        input_split_sizes: Sequence[int],
+        opts: Any = None,
+    ) -> _TorchWork:
+        x = as_numpy(input, "input")
+        out = as_numpy(output, "output")
+        splits: dict[str, Any] = {}
+        if input_split_sizes or output_split_sizes:
+            n = self.comm.size
+            splits = {
+                "input_split_sizes": list(input_split_sizes) or [x.shape[0] // n] * n,
+                "output_split_sizes": list(output_split_sizes) or [out.shape[0] // n] * n,
+            }
+        work = self.comm.all_to_all_single(x, out=out, async_op=True, **splits)
+        return self._work(work, [output])
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,  # noqa: A002
+        output_split_sizes: Sequence[int],
+        input_split_sizes: Sequence[int],
+        opts: Any = None,
+    ) -> _TorchWork:
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+
+    def alltoall(
+        self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], opts: Any = None
+    ) -> _TorchWork:
+        xs = [as_numpy(t, "input").reshape(-1) for t in inputs]
+        sends = [a.size for a in xs]
+        recvs = [as_numpy(o, "output").size for o in outputs]
+        dtype = xs[0].dtype if xs else np.float32
+        flat_in = np.concatenate(xs) if xs else np.empty(0, dtype)
+        flat_out = np.empty(sum(recvs), dtype)
+        work = self.comm.all_to_all_single(
+            flat_in, out=flat_out, input_split_sizes=sends, output_split_sizes=recvs, async_op=True
+        )
+
+        def post() -> None:
+            start = 0
+            for o, k in zip(outputs, recvs, strict=True):
+                as_numpy(o, "output").reshape(-1)[...] = flat_out[start : start + k]
+                start += k
+
+        return self._work(work, list(outputs), post)
+
+    def barrier(self, opts: Any = None) -> _TorchWork:
+        return self._work(self.comm.barrier(async_op=True), None)
+
+    # -- point-to-point -----------------------------------------------------------------
+
+    def send(self, tensors: Sequence[torch.Tensor], dst: int, tag: int) -> _TorchWork:
+        works = [self.comm.isend(as_numpy(t), dst, tag=tag) for t in tensors]
+        return self._chain(works, list(tensors))
+
+    def recv(self, tensors: Sequence[torch.Tensor], src: int, tag: int) -> _TorchWork:
+        works = [self.comm.irecv(as_numpy(t, "output"), src, tag=tag) for t in tensors]
+        return self._chain(works, list(tensors))
+
+    def recv_anysource(self, tensors: Sequence[torch.Tensor], tag: int) -> _TorchWork:
+        works = [self.comm.irecv(as_numpy(t, "output"), None, tag=tag) for t in tensors]
+        work = self._chain(works, list(tensors))
+        work.source = works[-1]  # torch asks the Work for the sender (_source_rank)
+        return work
+
+    def batch(self, ops: Sequence[P2POp]) -> HWork:
+        return self.comm.batch_isend_irecv(ops)
+
+
+def _creator(opts: Any, backend_options: Any = None) -> HpccommProcessGroup:
+    """torch's backend creator (extended API): the default group runs on a duplicate of
+    hpccomm's world; a subgroup on its members only (torch calls this on members only)."""
+    world = hpccomm_init()
+    timeout = opts.timeout.total_seconds() if opts.timeout else None
+    ranks = list(opts.global_ranks_in_group or [])
+    if not ranks or ranks == list(range(world.size)):
+        comm = world.dup()
+    else:
+        comm = world.create_group(ranks)
+    comm.timeout = timeout
+    return HpccommProcessGroup(comm, timeout, str(opts.group_id))
+
+
+def register() -> None:
+    """Register the "hpccomm" backend with torch.distributed (for CPU tensors); idempotent."""
+    global _registered
+    if not _registered:
+        dist.Backend.register_backend(NAME, _creator, extended_api=True, devices=["cpu"])
+        _registered = True
+
+
+def init_process_group(
+    *, timeout: datetime.timedelta | float | None = None, **kwargs: Any
+) -> Communicator:
+    """Start hpccomm under mpiexec/srun and initialize torch.distributed on it.
+
+    Sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` (from hpccomm's
+    verified launch), makes torch's TCPStore on rank 0's host (its address travels over
+    MPI), and calls ``dist.init_process_group(backend="hpccomm", ...)``. Extra keyword
+    arguments go to torch's init (``device_id``, ...).
+
+    Returns:
+        hpccomm's world Communicator.
+    """
+    world = hpccomm_init()
+    register()
+    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
+    delta = datetime.timedelta(seconds=seconds if seconds else 1800)
+    backend = kwargs.pop("backend", NAME)
+    if backend != NAME:
+        raise InvalidArgumentError(
+            f"hpccomm.torch.init_process_group: backend is {backend!r}, expected {NAME!r} (a "
+            f"mixed 'cpu:hpccomm,cuda:nccl' needs a c10d Backend subclass, which PyTorch "
+            f"{torch.__version__} does not allow from Python: make an NCCL group beside it)"
+        )
+    host = os.environ.get("MASTER_ADDR") or _address(world)
+    store = None
+    if world.rank == 0:
+        store = dist.TCPStore(
+            host, 0, world.size, is_master=True, timeout=delta, wait_for_workers=False
+        )
+        port = store.port
+    else:
+        port = 0
+    host, port = world.broadcast_object((host, port), src=0)
+    if world.rank != 0:
+        store = dist.TCPStore(host, port, world.size, is_master=False, timeout=delta)
+    for key, value in (
+        ("RANK", world.rank),
+        ("WORLD_SIZE", world.size),
+        ("LOCAL_RANK", world.local_rank),
+        ("LOCAL_WORLD_SIZE", world.local_size),
+        ("MASTER_ADDR", host),
+        ("MASTER_PORT", port),
+    ):
+        os.environ[key] = str(value)
+    dist.init_process_group(
+        backend=NAME, store=store, rank=world.rank, world_size=world.size, timeout=delta, **kwargs
+    )
+    return world
+
+
+def _address(world: Communicator) -> str:
+    """Rank 0's address as the others can reach it: loopback when every rank is on one node,
+    else the address its host name resolves to."""
+    if world.num_nodes == 1:
+        return "127.0.0.1"
+    name = socket.gethostname()
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        return name
