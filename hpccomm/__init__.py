@@ -23,6 +23,7 @@ from .errors import (
 from .flight import dump
 from .layout import Layout
 from .ops import P2POp
+from .profiler import Profiler, profile
 from .record import CallLog, add_listener, remove_listener
 from .runtime import init, is_initialized, world
 from .work import Work
@@ -46,6 +47,7 @@ __all__ = [
     "UnwaitedWorkWarning",
     "Layout",
     "P2POp",
+    "Profiler",
     "ReduceOp",
     "Work",
     "__version__",
@@ -54,6 +56,7 @@ __all__ = [
     "dump",
     "init",
     "is_initialized",
+    "profile",
     "remove_listener",
     "world",
 ]

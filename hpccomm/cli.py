@@ -4,6 +4,8 @@ hpccomm info [--json] [--no-mpi]     launch table of every rank (rank 0 prints)
 hpccomm doctor [--json] [--timeout S] launch table + PASS/FAIL per operation
 hpccomm layout ...                    TP/PP/DP/CP/EP groups of a layout
 hpccomm trace analyze DIR             who waits where, from the flight recorder's files
+hpccomm bench [-o OP] [-b 8] [-e 64M] collective bandwidth, nccl-tests style (under mpiexec)
+hpccomm profile report DIR            the profiler's summary again, from its files
 hpccomm sbatch ...                    render, write or submit a Slurm batch script
 """
 
@@ -16,7 +18,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from . import flight
+from . import bench, flight, profiler
 from .diagnose import format_checks, format_launch_table, gather_launch, run_checks
 from .discovery import discover
 from .errors import HpccommError, InvalidArgumentError
@@ -132,6 +134,48 @@ def _cmd_trace_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    opts = bench.BenchOptions(
+        ops=args.op or ["all_reduce"],
+        min_bytes=bench.parse_size(args.minbytes),
+        max_bytes=bench.parse_size(args.maxbytes),
+        factor=args.stepfactor,
+        dtype=args.datatype,
+        redop=args.redop,
+        root=args.root,
+        iters=args.iters,
+        warmup=args.warmup_iters,
+        check=bool(args.check),
+        average=args.average,
+        rounds=args.rounds,
+        group=args.group,
+        device=args.device,
+        peers=args.peer or [],
+        progress=None if args.quiet else sys.stderr,
+    ).normalized()  # a bad flag fails here, before MPI starts
+    if args.plot:
+        bench.check_plot_available()
+    comm = init()
+    if comm.rank != 0:
+        opts.progress = None
+    doc = bench.run(comm, opts)
+    if doc is None:
+        return 0
+    print(bench.format_table(doc), flush=True)
+    if args.json:
+        bench.write_json(doc, args.json)
+    if args.plot and not doc.get("skipped"):
+        bench.plot(doc, args.plot)
+    wrong = sum(r["wrong"] or 0 for g in doc.get("groups", []) for r in g["rows"])
+    return 1 if wrong else 0
+
+
+def _cmd_profile_report(args: argparse.Namespace) -> int:
+    doc = profiler.load(args.dir)
+    print(json.dumps(doc, indent=1) if args.json else profiler.format_summary(doc, top=args.top))
+    return 0
+
+
 def _cmd_sbatch(args: argparse.Namespace) -> int:
     command = list(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
     opts = BatchOptions(
@@ -204,6 +248,76 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("dir", help="the trace directory (one rank<N>.json per rank)")
     t.add_argument("--json", action="store_true", help="print the merged entries as JSON")
     t.set_defaults(func=_cmd_trace_analyze)
+
+    p = sub.add_parser(
+        "bench",
+        help="collective bandwidth in nccl-tests' conventions (run under mpiexec or srun)",
+        description="Time hpccomm's operations over a sweep of sizes, as nccl-tests does: "
+        "one row per size with time, algbw and busbw (nccl-tests' factors per op). Note: "
+        "-o is the operation and -r the reduce op here (nccl-tests: -o reduce op, -r root).",
+    )
+    p.add_argument(
+        "-o",
+        "--op",
+        action="append",
+        default=None,
+        help="operation(s), comma-separated or repeated: all_reduce (default), all_gather, "
+        "reduce_scatter, broadcast, reduce, all_to_all, send_recv (ping-pong), gather, "
+        "scatter, or all",
+    )
+    p.add_argument("-b", "--minbytes", default="8", help="smallest size (default 8; K/M/G)")
+    p.add_argument("-e", "--maxbytes", default="64M", help="largest size (default 64M)")
+    p.add_argument("-f", "--stepfactor", type=int, default=2, help="size factor (default 2)")
+    p.add_argument("-d", "--datatype", default="float32", help="dtype (default float32)")
+    p.add_argument("-r", "--redop", default="sum", help="sum (default), prod, min, max, avg")
+    p.add_argument("--root", type=int, default=0, help="root of rooted ops (default 0)")
+    p.add_argument(
+        "-n", "--iters", type=int, default=0, help="calls per timed block (default: auto)"
+    )
+    p.add_argument("-w", "--warmup_iters", type=int, default=5, help="warm-up calls (default 5)")
+    p.add_argument(
+        "-c",
+        "--check",
+        type=int,
+        choices=(0, 1),
+        default=1,
+        help="check the result of one call per size and count #wrong elements (default 1)",
+    )
+    p.add_argument(
+        "-a",
+        "--average",
+        type=int,
+        choices=(0, 1, 2, 3),
+        default=1,
+        help="time over the ranks: 0 rank 0, 1 average (default), 2 min, 3 max",
+    )
+    p.add_argument(
+        "--rounds", type=int, default=5, help="timed blocks per size and side (median; default 5)"
+    )
+    p.add_argument(
+        "--group",
+        metavar="SPEC",
+        help="run on every group of a layout dimension at once: tp=2, or tp=2,pp=2:pp",
+    )
+    p.add_argument("--device", action="store_true", help="CuPy arrays (NCCL or the MPI path)")
+    p.add_argument(
+        "--peer",
+        action="append",
+        metavar="NAME",
+        help="also measure mpi4py (raw, same buffers) and/or gloo (torch), alternating",
+    )
+    p.add_argument("--json", metavar="FILE", help="write the results as JSON (rank 0)")
+    p.add_argument("--plot", metavar="FILE.png", help="busbw and time vs size (matplotlib)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress line on stderr")
+    p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("profile", help="read the profiler's files (HPCCOMM_PROFILE)")
+    psub = p.add_subparsers(dest="profile_cmd", required=True)
+    t = psub.add_parser("report", help="print the summary of a profile directory")
+    t.add_argument("dir", help="the profile directory (profile.json, or rank<N>.json files)")
+    t.add_argument("--top", type=int, default=20, help="rows of the (group, op) table")
+    t.add_argument("--json", action="store_true", help="print the profile document as JSON")
+    t.set_defaults(func=_cmd_profile_report)
 
     p = sub.add_parser("sbatch", help="render (print, write or submit) a Slurm batch script")
     p.add_argument("--nodes", "-N", type=int, default=1)

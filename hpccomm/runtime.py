@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from . import flight
+from . import flight, profiler
 from .comm import Communicator, NodeInfo, check_timeout
 from .cuda_aware import DeviceConfig, decide
 from .debug import level_from
@@ -328,6 +328,9 @@ def init(
             last calls to this directory on errors, SIGTERM, SIGUSR1 and ``hpccomm.dump()``;
             None reads ``HPCCOMM_TRACE_DIR`` (default: off).
 
+    ``HPCCOMM_PROFILE=DIR`` starts the profiler (:mod:`hpccomm.profiler`) over the world
+    here and stops it at exit, rank 0 writing its files to DIR.
+
     Returns:
         The world Communicator (a duplicate of COMM_WORLD, so hpccomm's traffic never mixes
         with the application's own COMM_WORLD messages).
@@ -406,6 +409,7 @@ def init(
     trace = trace_dir if trace_dir is not None else os.environ.get(flight.ENV)
     if trace:
         flight.start(trace, _world.rank, _world.size)
+    profiler.start_from_env(_world)  # HPCCOMM_PROFILE=DIR: profile until exit
     if nccl:
         _world.enable_nccl()
     return _world

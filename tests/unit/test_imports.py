@@ -18,6 +18,7 @@ LAZY_OK = {
     "cupy",
     "cupyx",
     "torch",
+    "matplotlib",  # hpccomm bench --plot (the 'plot' extra)
     "hpccomm.backends.mpi",
     "hpccomm.backends.mpi_device",
 }

@@ -1,0 +1,683 @@
+"""The profiler: what a job spends on communication, per (group, op), per rank, and which
+ranks make the others wait.
+
+``hpccomm.profile(comm, "prof")`` (a context manager, or ``.start()`` / ``.stop()``) or
+``HPCCOMM_PROFILE=prof`` (started by :func:`hpccomm.init`, stopped at exit) registers a
+listener of the record step (:mod:`hpccomm.record`): while it runs, every call takes the
+observed path of the dispatch (a few microseconds a call); with no profiler the path is
+untouched. Each rank keeps
+
+- per (group, op): calls, bytes (the array this rank passed: its input; for ``recv`` and a
+  non-source ``scatter`` its output), time inside the call, and the bus bytes behind busbw
+  (nccl-tests' size S times its factor, as in :mod:`hpccomm.bench`);
+- the first :data:`EVENT_LIMIT` calls with their start and end times (the trace, and the
+  arrival skew of each collective: when each member entered it).
+
+Clocks: at start and at stop rank 0 exchanges a few 8-byte messages with every rank (the
+exchange with the smallest round trip wins) and estimates each rank's clock offset; event
+times are mapped onto rank 0's clock, interpolating linearly between the two estimates
+(drift). The error bound of an offset is half that round trip; the report states it and
+counts a collective's late arrival only when it exceeds that bound several times over.
+
+At stop the members of ``comm`` send their data to its rank 0, which writes to the
+directory ``summary.txt`` (the text summary), ``profile.json`` (everything, for
+:func:`load` and ``hpccomm profile report DIR``) and ``trace.json`` (Chrome trace format:
+a track per rank, a lane per group; open it in ui.perfetto.dev or chrome://tracing). When
+the ranks do not all reach the stop within :data:`STOP_TIMEOUT` seconds (exit with the
+environment variable after a failure), each rank writes its own ``rank<N>.json`` and
+``hpccomm profile report DIR`` merges them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import record
+from .bench import FACTORS
+from .errors import HpccommError, InvalidArgumentError
+from .record import Record
+
+__all__ = [
+    "ENV",
+    "SCHEMA",
+    "EVENT_LIMIT",
+    "STOP_TIMEOUT",
+    "Profiler",
+    "profile",
+    "start_from_env",
+    "analyze",
+    "chrome_trace",
+    "format_summary",
+    "load",
+    "bus_bytes",
+]
+
+ENV = "HPCCOMM_PROFILE"
+SCHEMA = "hpccomm.profile/1"
+EVENT_LIMIT = 200_000  # calls per rank kept with their times (the trace, the skew)
+STOP_TIMEOUT = 30.0  # seconds the exit-time stop waits for every rank
+_SYNC_ROUNDS = 16  # message exchanges per rank and clock estimate
+_TAG = 7301
+_P2P = {"send", "recv", "sendrecv", "batch_isend_irecv", "send_object", "recv_object"}
+_TOTAL_IN = {"all_gather", "gather"}  # nccl-tests' S is n times this rank's block
+
+
+def bus_bytes(op: str, nbytes: int, n: int, is_root: bool) -> float:
+    """nccl-tests' size S of one call times its bus factor: busbw = sum of this / time.
+
+    ``nbytes`` is what this rank passed (Call.nbytes): S is n times that for all_gather,
+    gather and a non-source scatter (each passes one block), else ``nbytes``."""
+    key = "send_recv" if op in _P2P else op
+    factor = FACTORS.get(key)
+    if factor is None:  # barrier, objects
+        return 0.0
+    s = nbytes * n if op in _TOTAL_IN or (op == "scatter" and not is_root) else nbytes
+    return s * factor(n)
+
+
+class Profiler:
+    """Profile every hpccomm call of this process between :meth:`start` and :meth:`stop`.
+
+    Args:
+        comm: the communicator whose ranks take part (start and stop are collective over
+            it; rank 0 of it writes the files), usually the world from ``hpccomm.init()``.
+            Calls on every communicator of this process are recorded.
+        directory: where rank 0 writes summary.txt, profile.json and trace.json (None: write
+            nothing, :meth:`stop` still returns the document on rank 0).
+        events: calls per rank kept with their times (default :data:`EVENT_LIMIT`).
+
+    Example::
+
+        with hpccomm.profile(comm, "prof") as prof:
+            train()
+        # rank 0: prof/summary.txt, prof/profile.json, prof/trace.json
+    """
+
+    def __init__(self, comm: Any, directory: str | os.PathLike[str] | None = None,
+                 *, events: int = EVENT_LIMIT) -> None:  # fmt: skip
+        self.comm = comm
+        self.directory = None if directory is None else Path(directory)
+        self.limit = events
+        self.doc: dict[str, Any] | None = None
+        self._mpi: Any = None
+        self._running = False
+        self._groups: dict[int, int] = {}  # id(Group) -> index in _group_list
+        self._group_list: list[tuple[str, str, list[int], int, int]] = []
+        self._stats: dict[tuple[int, str], list[float]] = {}
+        self._events: list[tuple] = []
+        self._dropped = 0
+        self._t_start = self._t_stop = 0.0
+        self._sync_start: list[tuple[float, float]] = []
+        self._sync_stop: list[tuple[float, float]] = []
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    # -- the listener ---------------------------------------------------------------------
+
+    def __call__(self, event: str, rec: Record) -> None:
+        if event != "end":
+            return
+        call = rec.call
+        g = call.group
+        gi = self._groups.get(id(g))
+        if gi is None:
+            gi = self._groups[id(g)] = len(self._group_list)
+            self._group_list.append((rec.gid, g.name, list(g.world_ranks), g.rank, g.size))
+        op = call.spec.name
+        nbytes = call.nbytes
+        dt = rec.t_end - rec.t_start
+        key = (gi, op)
+        s = self._stats.get(key)
+        if s is None:
+            s = self._stats[key] = [0, 0, 0.0, 0.0, 0]
+        s[0] += 1
+        s[1] += nbytes
+        s[2] += dt
+        s[3] += bus_bytes(op, nbytes, g.size, call.peer == g.rank)
+        if rec.error is not None:
+            s[4] += 1
+        if len(self._events) < self.limit:
+            self._events.append((gi, op, rec.seq, rec.t_start, rec.t_end, nbytes,
+                                 rec.async_op, rec.error is not None))  # fmt: skip
+        else:
+            self._dropped += 1
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> Profiler:
+        """Start recording (collective over ``comm``: the clock offsets are estimated now).
+
+        Raises:
+            InvalidArgumentError: already started.
+        """
+        if self._running:
+            raise InvalidArgumentError("profile.start: this profiler is already running")
+        self._mpi = self.comm.mpi.Dup()  # the profiler's own messages: never recorded
+        self._sync_start = _clock_offsets(self._mpi)
+        self._t_start = time.perf_counter()
+        self._running = True
+        record.add_listener(self)
+        return self
+
+    def stop(self, *, timeout: float | None = None) -> dict[str, Any] | None:
+        """Stop recording; rank 0 gathers every rank's data, writes the files (when a
+        directory was given) and returns the profile document; other ranks return None.
+        Collective over ``comm``; idempotent.
+
+        Args:
+            timeout: seconds to wait for every rank to reach the stop (None: as long as it
+                takes). Past it this rank writes its own ``rank<N>.json`` and returns None.
+        """
+        if not self._running:
+            return self.doc
+        record.remove_listener(self)
+        self._running = False
+        self._t_stop = time.perf_counter()
+        mpi = self._mpi
+        if timeout is not None and not _all_arrive(mpi, timeout):
+            self._write_alone("not every rank reached the profiler's stop in time")
+            return None
+        self._sync_stop = _clock_offsets(mpi)
+        mine = self._raw()
+        everyone = mpi.gather(mine, root=0)
+        mpi.Free()
+        self._mpi = None
+        if everyone is None:
+            return None
+        doc = analyze(everyone)
+        self.doc = doc
+        if self.directory is not None:
+            doc["files"] = write(doc, everyone, self.directory)
+        return doc
+
+    def __enter__(self) -> Profiler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- this rank's data -----------------------------------------------------------------
+
+    def _raw(self) -> dict[str, Any]:
+        """What this rank sends to rank 0: its groups, stats, events and clock estimates
+        (the estimates are rank 0's, sent along by every rank for simplicity)."""
+        return {
+            "rank": self.comm.world_rank(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "t_start": self._t_start,
+            "t_stop": self._t_stop,
+            "groups": [
+                {"gid": gid, "name": name, "members": members, "rank": r, "size": n}
+                for gid, name, members, r, n in self._group_list
+            ],
+            "stats": [[gi, op, *vals] for (gi, op), vals in self._stats.items()],
+            "events": self._events,
+            "dropped": self._dropped,
+            "clock": {
+                "start": self._sync_start[self.comm.rank] if self._sync_start else None,
+                "stop": self._sync_stop[self.comm.rank] if self._sync_stop else None,
+            },
+        }
+
+    def _write_alone(self, why: str) -> None:
+        raw = self._raw()
+        raw["alone"] = why
+        if self.directory is None:
+            return
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            path = self.directory / f"rank{raw['rank']:05d}.json"
+            path.write_text(json.dumps(raw))
+            sys.stderr.write(f"hpccomm profile (rank {raw['rank']}): {why}; wrote {path}\n")
+        except OSError as exc:
+            sys.stderr.write(f"hpccomm profile (rank {raw['rank']}): {why}; cannot write: {exc}\n")
+
+
+def profile(comm: Any, directory: str | os.PathLike[str] | None = None,
+            *, events: int = EVENT_LIMIT) -> Profiler:  # fmt: skip
+    """A :class:`Profiler` over ``comm`` writing to ``directory``; use it as a context
+    manager, or call ``start()`` and ``stop()`` on every rank of ``comm``.
+
+    Example::
+
+        comm = hpccomm.init()
+        with hpccomm.profile(comm, "prof"):
+            train(comm)
+        # rank 0 wrote prof/summary.txt, prof/profile.json and prof/trace.json
+    """
+    return Profiler(comm, directory, events=events)
+
+
+_from_env: Profiler | None = None
+
+
+def start_from_env(comm: Any) -> Profiler | None:
+    """``HPCCOMM_PROFILE=DIR``: start a profiler over ``comm`` (init's world) and stop it at
+    exit (bounded by :data:`STOP_TIMEOUT`). Called by :func:`hpccomm.init` on every rank."""
+    global _from_env
+    directory = os.environ.get(ENV, "").strip()
+    if not directory or _from_env is not None:
+        return _from_env
+    _from_env = Profiler(comm, directory).start()
+    atexit.register(_stop_at_exit)
+    return _from_env
+
+
+def _stop_at_exit() -> None:
+    prof = _from_env
+    if prof is None or not prof.running:
+        return
+    from mpi4py import MPI
+
+    if MPI.Is_finalized():  # pragma: no cover - the application finalized MPI itself
+        prof._write_alone("MPI was finalized before the profiler's exit-time stop")
+        return
+    try:
+        doc = prof.stop(timeout=STOP_TIMEOUT)
+    except Exception as exc:  # never turn a clean exit into a traceback
+        sys.stderr.write(f"hpccomm profile: stop at exit failed: {type(exc).__name__}: {exc}\n")
+        return
+    if doc is not None and prof.directory is not None:
+        sys.stderr.write(f"hpccomm profile: wrote {prof.directory}/summary.txt, profile.json, "
+                         f"trace.json\n")  # fmt: skip
+
+
+def _all_arrive(mpi: Any, timeout: float) -> bool:
+    """A barrier with a deadline (non-blocking barrier polled every millisecond)."""
+    req = mpi.Ibarrier()
+    deadline = time.monotonic() + timeout
+    while not req.Test():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def _clock_offsets(mpi: Any) -> list[tuple[float, float]]:
+    """Every rank's (offset, error bound) in seconds: its ``perf_counter`` minus rank 0's,
+    estimated from the exchange with the smallest round trip (the bound is half of it).
+    Collective; every rank gets the whole list."""
+    rank, n = mpi.Get_rank(), mpi.Get_size()
+    buf = np.zeros(1)
+    out: list[tuple[float, float]] = [(0.0, 0.0)]
+    pc = time.perf_counter
+    if rank == 0:
+        for k in range(1, n):
+            best = (float("inf"), 0.0)
+            for _ in range(_SYNC_ROUNDS):
+                t0 = pc()
+                mpi.Send(buf, k, _TAG)
+                mpi.Recv(buf, k, _TAG)
+                t1 = pc()
+                if t1 - t0 < best[0]:
+                    best = (t1 - t0, float(buf[0]) - (t0 + t1) / 2)
+            out.append((best[1], best[0] / 2))
+    else:
+        for _ in range(_SYNC_ROUNDS):
+            mpi.Recv(buf, 0, _TAG)
+            buf[0] = pc()
+            mpi.Send(buf, 0, _TAG)
+    return mpi.bcast(out, root=0)
+
+
+# -- analysis (pure: rank 0 at stop, and `hpccomm profile report` from rank files) ----------
+
+
+def _to_global(raw: dict[str, Any]) -> tuple[Any, float]:
+    """A function mapping this rank's perf_counter times onto rank 0's clock, and its error
+    bound (seconds)."""
+    a, b = raw["clock"].get("start"), raw["clock"].get("stop")
+    if a is None:  # an unsynchronized rank file: its own clock, bound unknown
+        return (lambda t: t), float("nan")
+    if b is None:
+        b = a
+    t0, t1 = raw["t_start"], raw["t_stop"]
+    o0, o1 = a[0], b[0]
+    slope = (o1 - o0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def conv(t: float) -> float:
+        return t - (o0 + slope * (t - t0))
+
+    return conv, max(a[1], b[1])
+
+
+def analyze(raws: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The profile document from every rank's raw data (see the module docstring)."""
+    ranks = sorted(raws, key=lambda r: r["rank"])
+    if not ranks:
+        raise HpccommError("profile: no rank data to analyze")
+    conv = {r["rank"]: _to_global(r) for r in ranks}
+    bounds = [b for _, b in conv.values() if b == b]
+    bound = max(bounds) if bounds else float("nan")
+    origin = min(conv[r["rank"]][0](r["t_start"]) for r in ranks)
+    walls = {r["rank"]: r["t_stop"] - r["t_start"] for r in ranks}
+    wall = statistics.fmean(walls.values())
+    # per (group name, op): sums over every rank
+    table: dict[tuple[str, str], dict[str, Any]] = {}
+    per_rank: dict[int, dict[str, Any]] = {}
+    for r in ranks:
+        comm_t = 0.0
+        for gi, op, calls, nbytes, t, bus, errors in r["stats"]:
+            g = r["groups"][gi]
+            row = table.setdefault(
+                (g["name"], op),
+                {
+                    "group": g["name"],
+                    "op": op,
+                    "ranks": set(),
+                    "calls": 0,
+                    "bytes": 0,
+                    "time": 0.0,
+                    "bus": 0.0,
+                    "errors": 0,
+                    "sizes": set(),
+                },  # fmt: skip
+            )
+            row["ranks"].add(r["rank"])
+            row["calls"] += calls
+            row["bytes"] += nbytes
+            row["time"] += t
+            row["bus"] += bus
+            row["errors"] += errors
+            row["sizes"].add(g["size"])
+            comm_t += t
+        per_rank[r["rank"]] = {"rank": r["rank"], "host": r["host"], "wall_s": walls[r["rank"]],
+                               "comm_s": comm_t, "waited_s": 0.0, "last": 0,
+                               "dropped": r["dropped"]}  # fmt: skip
+    rows = []
+    for row in table.values():
+        k = len(row["ranks"])
+        rows.append({
+            "group": row["group"],
+            "op": row["op"],
+            "ranks": k,
+            "group_size": max(row["sizes"]),
+            "calls_per_rank": row["calls"] / k,
+            "bytes_per_rank": row["bytes"] / k,
+            "time_per_rank_s": row["time"] / k,
+            "mean_us": row["time"] / row["calls"] * 1e6 if row["calls"] else 0.0,
+            "busbw_gbs": row["bus"] / row["time"] / 1e9 if row["time"] > 0 else None,
+            "share": row["time"] / k / wall if wall > 0 else 0.0,
+            "errors": row["errors"],
+        })  # fmt: skip
+    rows.sort(key=lambda x: -x["time_per_rank_s"])
+    # arrival skew: every collective whose members all recorded it
+    arrivals: dict[tuple, dict[int, tuple[float, float]]] = {}
+    labels: dict[tuple, tuple[str, list[int], str]] = {}
+    for r in ranks:
+        c, groups = conv[r["rank"]][0], r["groups"]
+        for gi, op, seq, t0, t1, _nb, _async, _err in r["events"]:
+            if op in _P2P:
+                continue
+            g = groups[gi]
+            key = (g["gid"], tuple(g["members"]), seq)
+            arrivals.setdefault(key, {})[r["rank"]] = (c(t0), c(t1))
+            labels[key] = (g["name"], g["members"], op)
+    threshold = max(20e-6, 5 * bound) if bound == bound else 20e-6
+    insts: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
+    for key, by_rank in arrivals.items():
+        name, members, op = labels[key]
+        if len(by_rank) != len(members) or len(members) < 2:
+            continue
+        inst = insts.setdefault(
+            (key[0], key[1]),
+            {
+                "group": name,
+                "members": members,
+                "collectives": 0,
+                "skew_s": 0.0,
+                "max_skew_s": 0.0,
+                "last": {},
+                "caused_s": {},
+                "waited_s": {},
+                "ops": {},
+            },  # fmt: skip
+        )
+        inst["collectives"] += 1
+        starts = {rk: t[0] for rk, t in by_rank.items()}
+        late = max(starts, key=lambda rk: starts[rk])
+        t_last = starts[late]
+        spread = t_last - min(starts.values())
+        inst["skew_s"] += spread
+        inst["max_skew_s"] = max(inst["max_skew_s"], spread)
+        for rk, t in starts.items():
+            inst["waited_s"][rk] = inst["waited_s"].get(rk, 0.0) + (t_last - t)
+            per_rank[rk]["waited_s"] += t_last - t
+        if spread > threshold:
+            others = [t_last - t for rk, t in starts.items() if rk != late]
+            inst["last"][late] = inst["last"].get(late, 0) + 1
+            inst["caused_s"][late] = inst["caused_s"].get(late, 0.0) + statistics.fmean(others)
+            inst["ops"].setdefault(late, {}).setdefault(op, 0)
+            inst["ops"][late][op] += 1
+            per_rank[late]["last"] += 1
+    groups_out = []
+    for inst in sorted(insts.values(), key=lambda i: (i["group"], i["members"])):
+        stragglers = sorted(inst["last"], key=lambda rk: -inst["caused_s"][rk])
+        groups_out.append({
+            "group": inst["group"],
+            "members": inst["members"],
+            "collectives": inst["collectives"],
+            "mean_skew_us": inst["skew_s"] / inst["collectives"] * 1e6,
+            "max_skew_us": inst["max_skew_s"] * 1e6,
+            "stragglers": [
+                {"rank": rk, "last": inst["last"][rk],
+                 "others_waited_s": inst["caused_s"][rk],
+                 "mean_wait_us": inst["caused_s"][rk] / inst["last"][rk] * 1e6,
+                 "ops": inst["ops"][rk]}  # fmt: skip
+                for rk in stragglers
+            ],
+            "waited_s": {str(rk): v for rk, v in sorted(inst["waited_s"].items())},
+        })  # fmt: skip
+    hosts = sorted({r["host"] for r in ranks})
+    return {
+        "schema": SCHEMA,
+        "ranks": len(ranks),
+        "hosts": hosts,
+        "wall_s": wall,
+        "origin": origin,
+        "clock": {
+            "method": "offsets to rank 0 over MPI at start and stop (smallest of "
+            f"{_SYNC_ROUNDS} round trips), interpolated linearly",
+            "bound_us": bound * 1e6 if bound == bound else None,
+            "threshold_us": threshold * 1e6,
+        },
+        "table": rows,
+        "per_rank": [per_rank[k] for k in sorted(per_rank)],
+        "groups": groups_out,
+        "events_kept": sum(len(r["events"]) for r in ranks),
+        "events_dropped": sum(r["dropped"] for r in ranks),
+        "alone": sorted({r["alone"] for r in ranks if r.get("alone")}),
+    }
+
+
+def chrome_trace(doc: dict[str, Any], raws: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Chrome trace format (JSON object form): one process track per rank (pid = world
+    rank), one thread lane per group, a complete ("X") event per call with its sequence
+    number, bytes and the time it waited for the group's last arrival."""
+    events: list[dict[str, Any]] = []
+    origin = doc["origin"]
+    waits: dict[tuple, float] = {}
+    starts: dict[tuple, dict[int, float]] = {}
+    raws = sorted(raws, key=lambda r: r["rank"])
+    convs = {r["rank"]: _to_global(r)[0] for r in raws}
+    for r in raws:
+        c = convs[r["rank"]]
+        for gi, op, seq, t0, _t1, _nb, _a, _e in r["events"]:
+            if op not in _P2P:
+                g = r["groups"][gi]
+                starts.setdefault((g["gid"], tuple(g["members"]), seq), {})[r["rank"]] = c(t0)
+    for key, by_rank in starts.items():
+        last = max(by_rank.values())
+        for rk, t in by_rank.items():
+            waits[key + (rk,)] = last - t
+    for r in raws:
+        rk, c = r["rank"], convs[r["rank"]]
+        events.append({"ph": "M", "name": "process_name", "pid": rk, "tid": 0,
+                       "args": {"name": f"rank {rk} ({r['host']})"}})  # fmt: skip
+        events.append({"ph": "M", "name": "process_sort_index", "pid": rk, "tid": 0,
+                       "args": {"sort_index": rk}})  # fmt: skip
+        for gi, g in enumerate(r["groups"]):
+            events.append({"ph": "M", "name": "thread_name", "pid": rk, "tid": gi + 1,
+                           "args": {"name": f"{g['name']} {g['members']}"}})  # fmt: skip
+        for gi, op, seq, t0, t1, nbytes, is_async, failed in r["events"]:
+            g = r["groups"][gi]
+            args: dict[str, Any] = {"seq": seq, "bytes": nbytes, "group": g["name"],
+                                    "members": g["members"]}  # fmt: skip
+            w = waits.get((g["gid"], tuple(g["members"]), seq, rk))
+            if w is not None:
+                args["wait_us"] = round(w * 1e6, 3)
+            if is_async:
+                args["async"] = True
+            if failed:
+                args["failed"] = True
+            events.append({
+                "name": op, "cat": g["name"], "ph": "X", "pid": rk, "tid": gi + 1,
+                "ts": round((c(t0) - origin) * 1e6, 3),
+                "dur": round(max(t1 - t0, 0.0) * 1e6, 3), "args": args,
+            })  # fmt: skip
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"producer": "hpccomm profile", "clock_bound_us": doc["clock"]["bound_us"]},
+    }
+
+
+def write(doc: dict[str, Any], raws: list[dict[str, Any]], directory: str | os.PathLike[str]) -> list[str]:  # fmt: skip
+    """Write summary.txt, profile.json and trace.json; returns their names."""
+    d = Path(directory)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        names = ["summary.txt", "profile.json", "trace.json"]
+        doc = {**doc, "files": names}
+        (d / "profile.json").write_text(json.dumps(doc, indent=1) + "\n")
+        (d / "trace.json").write_text(json.dumps(chrome_trace(doc, raws)))
+        (d / "summary.txt").write_text(format_summary(doc) + "\n")
+    except OSError as exc:
+        raise HpccommError(f"profile: cannot write {d}: {exc.strerror or exc}") from None
+    return names
+
+
+def load(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The profile document of a directory: its profile.json, or the analysis of the
+    ``rank<N>.json`` files the ranks wrote alone."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise InvalidArgumentError(f"profile report: {d} is not a directory")
+    path = d / "profile.json"
+    try:
+        if path.exists():
+            return json.loads(path.read_text())
+        raws = [json.loads(p.read_text()) for p in sorted(d.glob("rank*.json"))]
+    except (OSError, ValueError) as exc:
+        raise HpccommError(f"profile report: cannot read {d}: {exc}") from None
+    if not raws:
+        raise InvalidArgumentError(
+            f"profile report: {d} holds neither profile.json nor rank<N>.json files"
+        )
+    return analyze(raws)
+
+
+# -- the text summary -------------------------------------------------------------------------
+
+
+def _bytes(n: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _secs(s: float) -> str:
+    if s >= 1:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+def format_summary(doc: dict[str, Any], top: int = 20) -> str:
+    """The text summary: where the communication time goes, per (group, op) and per rank,
+    and the ranks that arrive last at collectives."""
+    wall = doc["wall_s"]
+    bound = doc["clock"]["bound_us"]
+    per = doc["per_rank"]
+    comm = statistics.fmean(p["comm_s"] for p in per) if per else 0.0
+    waited = statistics.fmean(p["waited_s"] for p in per) if per else 0.0
+    share = (lambda s: f"{100 * s / wall:.1f}%") if wall > 0 else (lambda s: "-")
+    lines = [
+        f"hpccomm profile: {doc['ranks']} ranks on {len(doc['hosts'])} host(s) "
+        f"({', '.join(doc['hosts'][:4])}{', ...' if len(doc['hosts']) > 4 else ''}), "
+        f"wall {_secs(wall)} (mean over ranks)",
+        "clocks: offsets to rank 0 estimated over MPI at start and stop, error bound "
+        + (f"+-{bound:.1f} us" if bound is not None else "unknown (ranks wrote alone)"),
+        f"communication: {_secs(comm)} per rank ({share(comm)} of wall); of it waiting for "
+        f"the last rank to arrive at collectives: {_secs(waited)} per rank ({share(waited)})",
+    ]
+    for why in doc.get("alone", []):
+        lines.append(f"note: {why}: the ranks wrote alone, clocks not synchronized at stop")
+    if doc.get("events_dropped"):
+        lines.append(
+            f"note: {doc['events_dropped']} calls past {EVENT_LIMIT} per rank are counted in the "
+            f"tables but not in the trace or the skew"
+        )
+    lines += ["", f"top (group, op) by time per rank (of {len(doc['table'])}):"]
+    head = f"{'group':<18} {'op':<16} {'calls':>8} {'bytes/rank':>11} {'time/rank':>10} {'mean/call':>10} {'busbw':>11} {'wall':>6}"
+    lines.append(head)
+    for row in doc["table"][:top]:
+        bw = row["busbw_gbs"]
+        lines.append(
+            f"{row['group']:<18} {row['op']:<16} {row['calls_per_rank']:>8.0f} "
+            f"{_bytes(row['bytes_per_rank']):>11} {_secs(row['time_per_rank_s']):>10} "
+            f"{_secs(row['mean_us'] / 1e6):>10} "
+            f"{('-' if not bw else f'{bw:.3f} GB/s'):>11} {100 * row['share']:>5.1f}%"
+            + (f"  ({row['errors']} failed)" if row["errors"] else "")
+        )
+    lines += ["", "stragglers (the rank that entered a collective last; the others waited):"]
+    any_late = False
+    for g in doc["groups"]:
+        where = f"{g['group']} {g['members']}"
+        if not g["stragglers"]:
+            lines.append(
+                f"{where}: no rank late by more than {doc['clock']['threshold_us']:.0f} us in "
+                f"{g['collectives']} collectives (mean skew {g['mean_skew_us']:.1f} us)"
+            )
+            continue
+        any_late = True
+        parts = []
+        for s in g["stragglers"][:3]:
+            ops = ", ".join(f"{op} {k}" for op, k in sorted(s["ops"].items(), key=lambda x: -x[1]))
+            parts.append(
+                f"rank {s['rank']} arrived last in {s['last']} of {g['collectives']} "
+                f"collectives ({ops}); the others waited {_secs(s['mean_wait_us'] / 1e6)} each "
+                f"time, {_secs(s['others_waited_s'])} in total"
+            )
+        lines.append(f"{where}: " + "; ".join(parts))
+    if not doc["groups"]:
+        lines.append("no collective recorded on every member of its group")
+    elif not any_late:
+        lines.append("(no straggler)")
+    lines += ["", f"{'rank':>4} {'host':<12} {'comm':>10} {'wall':>6} {'waited':>10} {'last':>5}"]
+    for p in per:
+        lines.append(
+            f"{p['rank']:>4} {p['host'][:12]:<12} {_secs(p['comm_s']):>10} "
+            f"{(100 * p['comm_s'] / p['wall_s'] if p['wall_s'] else 0):>5.1f}% "
+            f"{_secs(p['waited_s']):>10} {p['last']:>5}"
+        )
+    if doc.get("files"):
+        lines += ["", f"files: {', '.join(doc['files'])} (trace.json: open in ui.perfetto.dev "
+                      f"or chrome://tracing, a track per rank)"]  # fmt: skip
+    return "\n".join(lines)
