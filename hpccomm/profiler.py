@@ -120,6 +120,7 @@ class Profiler:
         self._t_start = self._t_stop = 0.0
         self._sync_start: list[tuple[float, float]] = []
         self._sync_stop: list[tuple[float, float]] = []
+        self._leftovers: list[Any] = []  # requests of a stop that gave up, kept alive
 
     @property
     def running(self) -> bool:
@@ -187,7 +188,7 @@ class Profiler:
         self._running = False
         self._t_stop = time.perf_counter()
         mpi = self._mpi
-        if timeout is not None and not _all_arrive(mpi, timeout):
+        if timeout is not None and not _all_arrive(mpi, timeout, self._leftovers):
             self._write_alone("not every rank reached the profiler's stop in time")
             return None
         self._sync_stop = _clock_offsets(mpi)
@@ -296,10 +297,33 @@ def _stop_at_exit() -> None:
                          f"trace.json\n")  # fmt: skip
 
 
-def _all_arrive(mpi: Any, timeout: float) -> bool:
-    """A barrier with a deadline (non-blocking barrier polled every millisecond)."""
-    req = mpi.Ibarrier()
-    deadline = time.monotonic() + timeout
+def _all_arrive(mpi: Any, timeout: float, keep: list[Any]) -> bool:
+    """Whether every rank reached the stop within ``timeout`` seconds, decided by rank 0
+    and told to every rank, so all take the same path: rank 0 polls a non-blocking barrier
+    until the deadline and sends its verdict; a rank that hears none in time (rank 0 never
+    came), or hears "no" (it came too late), writes alone. ``keep`` holds the verdict
+    messages still in flight."""
+    rank, n = mpi.Get_rank(), mpi.Get_size()
+    barrier = mpi.Ibarrier()
+    if rank == 0:
+        ok = _poll(barrier, time.monotonic() + timeout)
+        verdict = np.array([1 if ok else 0], dtype=np.int32)
+        sends = [mpi.Isend(verdict, k, _TAG + 1) for k in range(1, n)]
+        if ok:
+            for req in sends:
+                req.Wait()
+        else:
+            keep.extend([verdict, barrier, *sends])  # a late rank still receives "no"
+        return ok
+    box = np.zeros(1, dtype=np.int32)
+    recv = mpi.Irecv(box, 0, _TAG + 1)
+    if _poll(recv, time.monotonic() + 2 * timeout):
+        return bool(box[0])
+    keep.extend([box, barrier, recv])
+    return False
+
+
+def _poll(req: Any, deadline: float) -> bool:
     while not req.Test():
         if time.monotonic() > deadline:
             return False
@@ -643,7 +667,7 @@ def format_summary(doc: dict[str, Any], top: int = 20) -> str:
             f"{row['group']:<18} {row['op']:<16} {row['calls_per_rank']:>8.0f} "
             f"{_bytes(row['bytes_per_rank']):>11} {_secs(row['time_per_rank_s']):>10} "
             f"{_secs(row['mean_us'] / 1e6):>10} "
-            f"{('-' if not bw else f'{bw:.3f} GB/s'):>11} {100 * row['share']:>5.1f}%"
+            f"{('-' if not bw else f'{bw:.3g} GB/s'):>11} {100 * row['share']:>5.1f}%"
             + (f"  ({row['errors']} failed)" if row["errors"] else "")
         )
     lines += ["", "stragglers (the rank that entered a collective last; the others waited):"]

@@ -1,0 +1,113 @@
+"""hpccomm bench in a real job (any world size), in-process: every op checks clean, -c catches
+a corrupted result, the JSON document's schema, per-group rows with --group, and the raw
+mpi4py and gloo peers measured in the same rounds."""
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+
+from hpccomm import bench
+from hpccomm.cli import main
+
+
+def small(**kw):
+    base = dict(min_bytes=8, max_bytes=4096, factor=8, rounds=2, warmup=1, iters=3)
+    return bench.BenchOptions(**{**base, **kw})
+
+
+def rows(doc):
+    return [r for g in doc["groups"] for r in g["rows"]]
+
+
+def test_every_op_checks_clean(world):
+    doc = bench.run(world, small(ops=["all"], dtype="int32"))
+    doc = world.mpi.bcast(doc, root=0)
+    ops = {r["op"] for r in rows(doc)}
+    expect = set(bench.FACTORS) - ({"send_recv"} if world.size < 2 else set())
+    assert ops == expect
+    assert all(r["wrong"] == 0 for r in rows(doc)), [r for r in rows(doc) if r["wrong"]]
+    for r in rows(doc):
+        assert r["time_us"] > 0
+        algbw, busbw = bench.bandwidths(r["op"], r["bytes"], r["time_us"] / 1e6, world.size)
+        assert (r["algbw"], r["busbw"]) == pytest.approx((algbw, busbw))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_check_catches_a_corrupted_result(world, monkeypatch):
+    real = bench.HPCCOMM["all_reduce"]
+
+    def corrupting(c, k):
+        call = real(c, k)
+
+        def run():
+            call()
+            if c.rank == 1:
+                k.x[0] += 1  # one wrong element on rank 1
+
+        return run
+
+    monkeypatch.setitem(bench.HPCCOMM, "all_reduce", corrupting)
+    doc = world.mpi.bcast(bench.run(world, small(max_bytes=64)), root=0)
+    assert [r["wrong"] for r in rows(doc)] == [1, 1]
+    assert "Out of bounds values : 2 FAILED" in bench.format_table(doc)
+
+
+def test_json_schema_and_cli(world, tmp_path_factory, capsys):
+    path = world.mpi.bcast(
+        str(tmp_path_factory.mktemp("bench") / "b.json") if world.rank == 0 else None
+    )
+    argv = ["bench", "-b", "8", "-e", "1K", "-f", "4", "-n", "3", "-w", "1", "--rounds", "2"]
+    assert main([*argv, "--json", path, "-q"]) == 0
+    out = capsys.readouterr().out
+    if world.rank != 0:
+        assert out == ""
+        return
+    assert "# Avg bus bandwidth" in out
+    doc = json.load(open(path))
+    assert doc["schema"] == "hpccomm.bench/1" and doc["ranks"] == world.size
+    assert {"mpi", "options", "groups", "average", "notes", "hosts"} <= set(doc)
+    (g,) = doc["groups"]
+    assert g["members"] == list(range(world.size))
+    assert [r["bytes"] for r in g["rows"]] == [8, 32, 128, 512]
+    for r in g["rows"]:
+        assert {"op", "bytes", "count", "dtype", "redop", "root", "iters", "time_us", "algbw",
+                "busbw", "wrong", "rounds_us", "peers"} <= set(r)  # fmt: skip
+        assert len(r["rounds_us"]) == 2 and r["iters"] == 3
+
+
+@pytest.mark.mpi(min_size=2)
+def test_group_runs_every_group_at_once(world):
+    if world.size % 2:
+        pytest.skip("--group tp=2 needs an even world size")
+    doc = world.mpi.bcast(bench.run(world, small(group="tp=2", max_bytes=64)), root=0)
+    assert [g["members"] for g in doc["groups"]] == [[i, i + 1] for i in range(0, world.size, 2)]
+    assert [g["name"] for g in doc["groups"]][0] == "tp [0, 1]"
+    for g in doc["groups"]:
+        assert [r["wrong"] for r in g["rows"]] == [0, 0]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_peers_side_by_side(world):
+    peers = ["mpi4py"]
+    if importlib.util.find_spec("torch") is not None:
+        peers.append("gloo")
+    doc = bench.run(world, small(ops=["all_reduce,broadcast"], peers=peers))
+    doc = world.mpi.bcast(doc, root=0)
+    for r in rows(doc):
+        for p in peers:
+            q = r["peers"][p]
+            assert q["time_us"] > 0 and q["ratio"] == pytest.approx(q["time_us"] / r["time_us"])
+    table = bench.format_table(doc)
+    assert all(f"{p} time" in table for p in peers)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_peer_without_the_op_is_named_not_fatal(world):
+    # raw MPI has no bfloat16 reduction: the mpi4py column says so, hpccomm still runs
+    doc = world.mpi.bcast(bench.run(world, small(dtype="bfloat16", peers=["mpi4py"])), root=0)
+    r = rows(doc)[0]
+    assert r["peers"]["mpi4py"] == {"error": "HpccommError: raw MPI has no bfloat16 reduction"}
+    assert r["wrong"] == 0
+    assert np.isfinite(r["time_us"])

@@ -1,0 +1,134 @@
+"""The profiler in a real job (any world size): a rank that sleeps before a collective is
+named as the straggler with about the wait it caused, byte counts equal the arrays' sizes for
+every op, the Chrome trace has a track per rank, and layout subgroups are told apart."""
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+import hpccomm
+
+
+def _on_rank0(comm, doc):
+    """The profile document from rank 0, on every rank."""
+    return comm.mpi.bcast(doc, root=0)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_sleeping_rank_is_named_the_straggler(comm, tmp_path_factory):
+    out = comm.mpi.bcast(str(tmp_path_factory.mktemp("prof")) if comm.rank == 0 else None)
+    late, sleep, calls = comm.size - 1, 0.05, 6
+    x = np.ones(1024, np.float32)
+    comm.all_reduce(x)
+    with hpccomm.profile(comm, out) as prof:
+        for _ in range(calls):
+            if comm.rank == late:
+                time.sleep(sleep)
+            comm.all_reduce(x)
+    doc = _on_rank0(comm, prof.doc)
+    group = next(g for g in doc["groups"] if g["group"] == comm.name)
+    top = group["stragglers"][0]
+    assert top["rank"] == comm.world_rank(late), group
+    assert top["last"] >= calls - 1, group  # a first call may see other skew
+    # the others waited about the sleep each time (the clock bound is microseconds)
+    assert 0.6 * sleep * 1e6 < top["mean_wait_us"] < 3 * sleep * 1e6, top
+    assert doc["clock"]["bound_us"] < 5000
+    if comm.rank == 0:
+        summary = open(f"{out}/summary.txt").read()
+        assert f"rank {comm.world_rank(late)} arrived last in" in summary
+
+
+def test_byte_counts_equal_the_arrays(comm):
+    n, r = comm.size, comm.rank
+    c = comm.dup()
+    c.name = "bytes"
+    f8 = np.ones(10)  # 80 bytes
+    with hpccomm.profile(comm) as prof:
+        c.all_reduce(np.ones(10))
+        c.broadcast(np.ones(10), 0)
+        c.reduce(np.ones(10), 0)
+        c.all_gather(np.ones(10), out=np.empty(10 * n))
+        c.gather(np.ones(10), dst=0, out=np.empty(10 * n) if r == 0 else None)
+        c.reduce_scatter(np.ones(10 * n), out=np.empty(10))
+        c.all_to_all(np.ones(10 * n), out=np.empty(10 * n))
+        c.scatter(np.ones(10 * n) if r == 0 else None, src=0, out=np.empty(10))
+        if n >= 2 and r < 2:
+            if r == 0:
+                c.send(f8, 1)
+            else:
+                c.recv(np.empty(10), 0)
+    c.free()
+    doc = _on_rank0(comm, prof.doc)
+    got = {row["op"]: row["bytes_per_rank"] for row in doc["table"] if row["group"] == "bytes"}
+    expect = {
+        "all_reduce": 80,
+        "broadcast": 80,
+        "reduce": 80,
+        "all_gather": 80,  # each rank passes its block
+        "gather": 80,
+        "reduce_scatter": 80 * n,  # each rank passes the full input
+        "all_to_all": 80 * n,
+        "scatter": (80 * n + 80 * (n - 1)) / n,  # the source's input, the others' block
+    }
+    if n >= 2:
+        expect.update(send=80, recv=80)
+    assert got == pytest.approx(expect)
+    calls = {row["op"]: row["calls_per_rank"] for row in doc["table"] if row["group"] == "bytes"}
+    assert set(calls.values()) == {1}
+
+
+def test_trace_is_chrome_format_with_a_track_per_rank(comm, tmp_path_factory):
+    out = comm.mpi.bcast(str(tmp_path_factory.mktemp("trace")) if comm.rank == 0 else None)
+    with hpccomm.profile(comm, out):
+        for _ in range(3):
+            comm.all_reduce(np.ones(4))
+        comm.barrier()
+    if comm.rank == 0:
+        trace = json.load(open(f"{out}/trace.json"))
+        events = trace["traceEvents"]
+        calls = [e for e in events if e["ph"] == "X"]
+        assert {e["pid"] for e in calls} == set(range(comm.size))
+        tracks = {e["pid"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+        assert tracks == set(range(comm.size))
+        assert {e["name"] for e in calls} == {"all_reduce", "barrier"}
+        assert all(isinstance(e["ts"], (int, float)) and e["dur"] >= 0 for e in calls)
+        doc = json.load(open(f"{out}/profile.json"))
+        assert doc["schema"] == "hpccomm.profile/1" and doc["ranks"] == comm.size
+    comm.barrier()
+
+
+@pytest.mark.mpi(min_size=4)
+def test_layout_subgroups_are_reported_apart(world):
+    comm = world.dup()
+    groups = comm.layout(tp=2)
+    tp = groups.tp
+    with hpccomm.profile(comm) as prof:
+        for _ in range(4):
+            if tp.rank == 1 and comm.rank >= 2:  # late in the second tp group only
+                time.sleep(0.03)
+            tp.all_reduce(np.ones(8))
+    doc = _on_rank0(comm, prof.doc)
+    tps = {tuple(g["members"]): g for g in doc["groups"] if g["group"].endswith("/tp")}
+    assert set(tps) == {(2 * i, 2 * i + 1) for i in range(comm.size // 2)}
+    assert tps[(2, 3)]["stragglers"][0]["rank"] == 3
+    assert tps[(2, 3)]["stragglers"][0]["last"] >= 3
+    row = next(r for r in doc["table"] if r["group"].endswith("/tp"))
+    assert row["ranks"] == comm.size and row["group_size"] == 2
+    groups.free()
+    comm.free()
+
+
+def test_profiler_off_leaves_the_hot_path_alone(comm):
+    from hpccomm import record
+
+    assert not record.listeners
+    p = hpccomm.profile(comm).start()
+    assert record.listeners == [p]
+    p.stop()
+    assert not record.listeners
+    with pytest.raises(ValueError, match="already running"):
+        with hpccomm.profile(comm) as q:
+            q.start()
+    assert not record.listeners

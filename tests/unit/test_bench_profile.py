@@ -1,0 +1,269 @@
+"""hpccomm bench and the profiler without MPI: the busbw arithmetic against nccl-tests'
+formulas, sizes and options, the -c check's arithmetic, the table, JSON and plot of a result
+document, and the profiler's analysis, summary and Chrome trace of recorded rank data (the
+CLI in-process)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from hpccomm import bench, profiler
+from hpccomm.cli import main
+from hpccomm.dtypes import ReduceOp
+
+# nccl-tests doc/PERFORMANCE.md, written out again here: busbw = algbw * factor, algbw = S/t.
+NCCL_TESTS = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1,
+    "reduce": lambda n: 1,
+    "gather": lambda n: (n - 1) / n,  # src/gather.cu GatherGetBw
+    "scatter": lambda n: (n - 1) / n,  # src/scatter.cu ScatterGetBw
+    "send_recv": lambda n: 1,  # src/sendrecv.cu SendRecvGetBw
+}
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8, 64])
+@pytest.mark.parametrize("op", sorted(NCCL_TESTS))
+def test_busbw_matches_nccl_tests(op, n):
+    size, seconds = 64 << 20, 0.0125
+    algbw, busbw = bench.bandwidths(op, size, seconds, n)
+    assert algbw == pytest.approx(size / seconds / 1e9)
+    assert busbw == pytest.approx(size / seconds / 1e9 * NCCL_TESTS[op](n))
+    assert set(bench.FACTORS) == set(NCCL_TESTS)
+
+
+def test_all_reduce_busbw_example():
+    # 1 GB all_reduce in 0.1 s on 8 ranks: algbw 10 GB/s, busbw 10 * 2*7/8 = 17.5 GB/s
+    assert bench.bandwidths("all_reduce", 10**9, 0.1, 8) == pytest.approx((10.0, 17.5))
+
+
+@pytest.mark.parametrize(
+    "op, size, n, block, count",
+    [
+        ("all_reduce", 1024, 4, 256, 256),  # S = the buffer
+        ("all_gather", 1024, 4, 64, 256),  # S = the gathered output, blocks of S/n
+        ("reduce_scatter", 1024, 4, 64, 256),
+        ("all_to_all", 1024, 4, 64, 256),
+        ("scatter", 1024, 4, 64, 256),
+        ("gather", 1024, 4, 64, 256),
+        ("broadcast", 8, 4, 2, 2),
+        ("all_gather", 8, 4, 1, 4),  # at least one element per rank: S = 16 B
+    ],
+)
+def test_case_sizes_follow_nccl_tests(op, size, n, block, count):
+    k = bench.Case(op, size, np.dtype(np.float32), n, 0, 0, ReduceOp.SUM)
+    assert (k.block, k.count, k.nbytes) == (block, count, count * 4)
+
+
+def test_sizes_and_parsing():
+    assert bench.parse_size("64M") == 64 << 20
+    assert bench.parse_size("8") == 8
+    assert bench.parse_size("1G") == 1 << 30
+    assert bench.size_series(8, 64 << 20, 2)[-1] == 64 << 20
+    assert len(bench.size_series(8, 64 << 20, 2)) == 24
+    assert bench.size_series(8, 100, 4) == [8, 32]
+    with pytest.raises(ValueError, match="not a byte count"):
+        bench.parse_size("lots")
+    with pytest.raises(ValueError, match="expected an integer >= 2"):
+        bench.size_series(8, 64, 1)
+
+
+def test_group_spec():
+    layout, dim = bench.parse_group("tp=2", 8)
+    assert dim == "tp" and layout.groups("tp")[1] == [2, 3]
+    layout, dim = bench.parse_group("tp=2,pp=2:pp", 8)
+    assert dim == "pp" and layout.groups("pp")[0] == [0, 4]
+    with pytest.raises(ValueError, match="is not DIM=SIZE"):
+        bench.parse_group("tp", 8)
+    with pytest.raises(ValueError, match="world 6 is not divisible"):
+        bench.parse_group("tp=4", 6)
+
+
+def test_options_are_checked_with_aliases():
+    o = bench.BenchOptions(ops=["allreduce,sendrecv", "gather"], dtype="half", peers=["gloo"])
+    o = o.normalized()
+    assert (o.ops, o.dtype, o.peers) == (["all_reduce", "send_recv", "gather"], "float16", ["gloo"])
+    assert bench.BenchOptions(ops=["all"]).normalized().ops == list(bench.FACTORS)
+    with pytest.raises(ValueError, match="unknown operation 'allsum'"):
+        bench.BenchOptions(ops=["allsum"]).normalized()
+    with pytest.raises(ValueError, match="-d 'float128', expected one of"):
+        bench.BenchOptions(dtype="float128").normalized()
+    with pytest.raises(ValueError, match="--peer torch needs the hpccomm torch backend"):
+        bench.BenchOptions(peers=["torch"]).normalized()
+
+
+@pytest.mark.parametrize("op", sorted(NCCL_TESTS))
+@pytest.mark.parametrize("redop", ["SUM", "PRODUCT", "MAX"])
+def test_check_counts_wrong_elements(op, redop):
+    # The result each rank would get, written by hand from the check data: 0 wrong; one
+    # element changed: 1 wrong.
+    n, me = 4, 1
+    k = bench.Case(op, 256, np.dtype(np.int32), n, me, 0, ReduceOp(redop))
+    if op == "send_recv":
+        k.partner = 0
+    k.fill()
+    exp = k.expected()
+    if exp is None:
+        assert k.wrong() == 0
+        return
+    target, values = exp
+    target[...] = values
+    assert k.wrong() == 0
+    target[3] += 1
+    assert k.wrong() == 1
+
+
+def _doc(peers=("mpi4py", "gloo")):
+    rows = []
+    for i, size in enumerate([8, 1024, 1 << 20]):
+        t = 5.0 + size / 1e3
+        row = {"op": "all_reduce", "bytes": size, "count": size // 4, "dtype": "float32",
+               "redop": "sum", "root": None, "iters": 10, "wrong": 0, "time_us": t,
+               "algbw": size / t / 1e3, "busbw": size / t / 1e3, "rounds_us": [t] * 3,
+               "peers": {p: {"time_us": t * 2, "algbw": 1.0, "busbw": size / t / 2e3,
+                             "ratio": 2.0, "rounds_us": [t * 2] * 3} for p in peers}}  # fmt: skip
+        if i == 0 and "gloo" in peers:
+            row["peers"]["gloo"] = {"error": "RuntimeError: not supported"}
+        rows.append(row)
+    opts = {**vars(bench.BenchOptions(peers=list(peers)).normalized())}
+    opts.pop("progress")
+    return {"schema": bench.SCHEMA, "ranks": 2, "mpi": "Open MPI v5", "options": opts,
+            "average": "average", "hosts": ["vm"],
+            "groups": [{"name": "world", "members": [0, 1], "rows": rows,
+                        "avg_busbw": {"hpccomm": 1.0, "mpi4py": 0.5, "gloo": 0.25}}],
+            "notes": []}  # fmt: skip
+
+
+def test_table_has_nccl_tests_columns_and_peers():
+    text = bench.format_table(_doc())
+    assert "#wrong" in text and "busbw" in text and "mpi4py time" in text and "gloo time" in text
+    assert "# Avg bus bandwidth    : 1.000 GB/s (hpccomm); 0.500 GB/s (mpi4py)" in text
+    assert "# not measured: gloo: RuntimeError: not supported" in text
+    assert len([line for line in text.splitlines() if not line.startswith("#")]) == 3
+
+
+def test_json_round_trip(tmp_path):
+    path = tmp_path / "b.json"
+    bench.write_json(_doc(), path)
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == "hpccomm.bench/1"
+    assert doc["groups"][0]["rows"][2]["peers"]["mpi4py"]["ratio"] == 2.0
+
+
+def test_plot_file_opens(tmp_path):
+    pytest.importorskip("matplotlib", reason="the 'plot' extra (matplotlib) is not installed")
+    from PIL import Image
+
+    path = tmp_path / "b.png"
+    bench.plot(_doc(), path)
+    with Image.open(path) as img:
+        assert img.format == "PNG" and img.size[0] > 600
+
+
+def test_plot_without_matplotlib_says_how(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(bench.importlib.util, "find_spec", lambda name: None)
+    assert main(["bench", "--plot", str(tmp_path / "x.png")]) == 2
+    assert "pip install 'hpccomm[plot]'" in capsys.readouterr().err
+
+
+def test_bench_cli_refuses_bad_flags_before_mpi(capsys):
+    assert main(["bench", "-o", "allsum"]) == 2
+    assert "unknown operation 'allsum'" in capsys.readouterr().err
+    assert main(["bench", "--peer", "torch"]) == 2
+    assert "--peer gloo measures torch's gloo" in capsys.readouterr().err
+
+
+# -- the profiler's analysis of recorded rank data ---------------------------------------------
+
+
+def _raw(rank, offset, late_rank, n=3, calls=5, wait=0.01):
+    """What a rank sends at stop: its clock runs ``offset`` s ahead of rank 0's; at every
+    all_reduce ``late_rank`` enters ``wait`` s after the others."""
+    events = []
+    t = 100.0
+    for seq in range(1, calls + 1):
+        start = t + (wait if rank == late_rank else 0.0)
+        end = t + wait + 0.001
+        events.append([0, "all_reduce", seq, start + offset, end + offset, 4096, False, False])
+        t += 0.1
+    events.append([1, "all_gather", 1, t + offset, t + offset + 0.002, 80, False, False])
+    g = [{"gid": "world", "name": "world", "members": list(range(n)), "rank": rank, "size": n},
+         {"gid": "world/3", "name": "world/tp", "members": [0, 1] if rank < 2 else [2],
+          "rank": rank % 2, "size": 2 if rank < 2 else 1}]  # fmt: skip
+    return {
+        "rank": rank, "host": "node1" if rank < 2 else "node2", "pid": 1,
+        "t_start": 99.0 + offset, "t_stop": 101.0 + offset, "groups": g,
+        "stats": [[0, "all_reduce", calls, calls * 4096, calls * (wait + 0.001), 1.0, 0],
+                  [1, "all_gather", 1, 80, 0.002, 80.0, 0]],
+        "events": events, "dropped": 0,
+        "clock": {"start": [offset, 4e-6], "stop": [offset, 5e-6]},
+    }  # fmt: skip
+
+
+def test_analysis_names_the_straggler_across_clock_offsets():
+    raws = [_raw(r, off, late_rank=2) for r, off in enumerate([0.0, 3.5, -120.0])]
+    doc = profiler.analyze(raws)
+    world = next(g for g in doc["groups"] if g["group"] == "world")
+    top = world["stragglers"][0]
+    assert (top["rank"], top["last"], world["collectives"]) == (2, 5, 5)
+    assert top["mean_wait_us"] == pytest.approx(10_000, rel=1e-6)
+    assert doc["clock"]["bound_us"] == pytest.approx(5.0)
+    ar = next(r for r in doc["table"] if r["op"] == "all_reduce")
+    assert (ar["calls_per_rank"], ar["bytes_per_rank"]) == (5, 5 * 4096)
+    text = profiler.format_summary(doc)
+    assert "world [0, 1, 2]: rank 2 arrived last in 5 of 5 collectives (all_reduce 5)" in text
+    assert "the others waited 10.00 ms each time, 50.00 ms in total" in text
+    assert "error bound +-5.0 us" in text
+
+
+def test_chrome_trace_has_a_track_per_rank():
+    raws = [_raw(r, off, late_rank=1) for r, off in enumerate([0.0, 2.0, 7.0])]
+    doc = profiler.analyze(raws)
+    trace = json.loads(json.dumps(profiler.chrome_trace(doc, raws)))
+    events = trace["traceEvents"]
+    calls = [e for e in events if e["ph"] == "X"]
+    assert {e["pid"] for e in calls} == {0, 1, 2}
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert names == {0: "rank 0 (node1)", 1: "rank 1 (node1)", 2: "rank 2 (node2)"}
+    for e in calls:
+        assert {"name", "ph", "ts", "dur", "pid", "tid"} <= set(e) and e["dur"] >= 0
+    # on rank 0's clock the calls line up although the clocks differ by seconds
+    first = {
+        e["pid"]: e["ts"] for e in calls if e["args"]["seq"] == 1 and e["name"] == "all_reduce"
+    }
+    assert first[1] - first[0] == pytest.approx(10_000, abs=1)
+    waits = {e["pid"]: e["args"]["wait_us"] for e in calls if e["args"]["seq"] == 1 and e["name"] == "all_reduce"}  # fmt: skip
+    assert waits[1] == 0 and waits[0] == pytest.approx(10_000, abs=1)
+
+
+def test_report_reads_the_files_and_merges_rank_files(tmp_path, capsys):
+    raws = [_raw(r, 0.0, late_rank=0) for r in range(3)]
+    doc = profiler.analyze(raws)
+    profiler.write(doc, raws, tmp_path / "p")
+    assert main(["profile", "report", str(tmp_path / "p")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("hpccomm profile: 3 ranks on 2 host(s)")
+    assert "rank 0 arrived last in 5 of 5" in out
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    for r in raws:
+        r = {**r, "clock": {"start": None, "stop": None}, "alone": "not every rank came"}
+        (alone / f"rank{r['rank']:05d}.json").write_text(json.dumps(r))
+    assert main(["profile", "report", str(alone)]) == 0
+    out = capsys.readouterr().out
+    assert "error bound unknown" in out and "note: not every rank came" in out
+    assert main(["profile", "report", str(tmp_path / "none")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+
+
+def test_bus_bytes_of_a_call():
+    assert profiler.bus_bytes("all_reduce", 1000, 4, False) == 1500
+    assert profiler.bus_bytes("all_gather", 1000, 4, False) == 3000  # S = 4000
+    assert profiler.bus_bytes("scatter", 4000, 4, True) == 3000
+    assert profiler.bus_bytes("scatter", 1000, 4, False) == 3000
+    assert profiler.bus_bytes("send", 10, 2, False) == 10
+    assert profiler.bus_bytes("barrier", 0, 4, False) == 0
