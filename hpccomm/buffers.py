@@ -93,10 +93,17 @@ def resolve(x: Any, where: object, arg: str = "array") -> Buffer:
     )
 
 
-def allocate(shape: tuple[int, ...], dtype: np.dtype, device: int | None) -> Any:
-    """An uninitialized output: a NumPy array, or a CuPy array on GPU ``device``."""
+def allocate(
+    shape: tuple[int, ...], dtype: np.dtype, device: int | None, stream: Any = None
+) -> Any:
+    """An uninitialized output: a NumPy array, or a CuPy array on GPU ``device``, allocated
+    on ``stream`` (the call's stream; None: the current one), the stream that then writes it
+    (CuPy's pool hands out memory ordered on the allocating stream only)."""
     if device is None:
         return np.empty(shape, dtype)
     cp = _cupy()
     with cp.cuda.Device(device):
-        return cp.empty(shape, dtype)
+        if stream is None:
+            return cp.empty(shape, dtype)
+        with stream:
+            return cp.empty(shape, dtype)

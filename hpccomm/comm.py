@@ -145,6 +145,7 @@ class Communicator:
             self._group, backend, devices.backend_for, timeout=timeout, debug=debug
         )
         self._dispatch = self._dispatcher.dispatch
+        devices.attach(self._dispatcher)  # NCCL creation: a bounded step of the group
         self._notices = notices
         self._dispatcher.notices = notices
         self._dispatcher.gid = gid
@@ -771,7 +772,7 @@ class Communicator:
                     f"{where('dup', self.rank, self.size)}: device_backend is "
                     f"{device_backend!r}, expected 'nccl' or 'mpi'"
                 )
-            device = device._replace(mode=device_backend)
+            device = device._replace(mode=device_backend, auto=False)
         child = self._adopt(self._make("dup", self._backend.dup), f"{self.name}/dup", device)
         if child is None:  # pragma: no cover - a dup always includes this rank
             raise HpccommError(

@@ -49,20 +49,26 @@ class DevicePath(NamedTuple):
 
 class DeviceConfig(NamedTuple):
     """How a communicator handles device arrays: this rank's GPU (None: CPU-only), the
-    backend for device collectives ("nccl" or "mpi"), and the MPI device path."""
+    backend for device collectives ("nccl" or "mpi"), the MPI device path, whether "nccl"
+    was chosen by ``device_backend="auto"`` (then a group whose ranks share a GPU that NCCL
+    refuses falls back to the MPI device path instead of raising), and why a rank is CPU-only."""
 
     gpu: int | None
     mode: str
     path: DevicePath
+    auto: bool = False
+    note: str = ""
 
     def describe(self) -> str:
         if self.gpu is None:
-            return f"device arrays: no GPU bound on this rank; {self.path.describe()}"
-        backend = (
-            "NCCL (created on the first device collective or enable_nccl())"
-            if self.mode == "nccl"
-            else "MPI"
-        )
+            why = f" ({self.note})" if self.note else ""
+            return f"device arrays: no GPU bound on this rank{why}; {self.path.describe()}"
+        if self.mode == "nccl":
+            backend = "NCCL (created on the first device collective or enable_nccl())"
+            if self.auto:
+                backend += "; the MPI device path where NCCL refuses ranks sharing a GPU"
+        else:
+            backend = "MPI"
         return f"device arrays: GPU {self.gpu}, collectives via {backend}; {self.path.describe()}"
 
 

@@ -214,7 +214,7 @@ class Dispatcher:
         if async_op or self._slow or _listeners:
             return self.run(call, seq, data, out, async_op, stream, key)
         if call.out_shape is not None and out is None:
-            out = allocate(call.out_shape, call.dtype(), call.device)
+            out = allocate(call.out_shape, call.dtype(), call.device, stream)
         mode = call.mode
         if mode == "blocking":
             try:
@@ -319,7 +319,7 @@ class Dispatcher:
             data, out = guard.data, guard.out
         try:
             if out is None and call.out_shape is not None:
-                out = allocate(call.out_shape, call.dtype(), call.device)
+                out = allocate(call.out_shape, call.dtype(), call.device, stream)
             mode = call.mode
             if mode == "blocking":
                 ex = self.executor
@@ -343,12 +343,23 @@ class Dispatcher:
                     pending = call.body(call, data, out, stream)
                 pending.seq = seq  # names the call in its errors
             else:  # "stream": enqueued on a CUDA stream
-                if checked:
-                    self.bounded(call.where(seq), self.verify, call, seq, site)
-                result = call.body(call, data, out, stream)
-                if async_op:
-                    return call.backend.device_work(call, seq, result, stream, rec)
-                pending = Done(result)
+                ex = self.executor
+                if self._timeout is None and (ex is None or not ex.pending):
+                    if checked:
+                        self.verify(call, seq, site)
+                    result = call.body(call, data, out, stream)
+                    if async_op:
+                        return call.backend.device_work(call, seq, result, stream, rec)
+                    pending = Done(result)
+                else:  # bounded (or behind queued calls): enqueued on the worker thread,
+                    # which waits on the host for the GPU; a synchronous call past its
+                    # timeout aborts the NCCL communicator (see NcclBackend.bounded)
+                    job = partial(self.verify, site=site) if checked else None
+                    limit = None if async_op else self._timeout
+                    pending = call.backend.bounded(
+                        self.worker().submit, call, seq, data, out, stream, job, limit
+                    )
+                    self._slow = True
         except Exception as exc:
             if guard is not None:
                 guard.release(None)

@@ -1,12 +1,26 @@
-"""Choose this rank's GPU from the visible devices and its place on the node, without CUDA."""
+"""Choose this rank's GPU from the visible devices and its place on the node.
+
+:func:`choose_gpu` predicts from the environment alone (launch discovery: the count of
+``CUDA_VISIBLE_DEVICES`` and the local rank). :func:`choose_on_node` is what ``init`` binds
+with: every rank of the node reports the identities (UUIDs) of the devices it sees, so tasks
+that each see their own GPUs (``srun --gpus-per-task=N``, one container per GPU) are told
+apart from tasks that see the same ones, and two ranks are never put on one GPU silently.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from .errors import GpuBindingError
 
-__all__ = ["parse_visible_devices", "choose_gpu", "sharing_allowed", "ALLOW_SHARING_ENV"]
+__all__ = [
+    "parse_visible_devices",
+    "choose_gpu",
+    "choose_on_node",
+    "format_uuid",
+    "sharing_allowed",
+    "ALLOW_SHARING_ENV",
+]
 
 ALLOW_SHARING_ENV = "HPCCOMM_ALLOW_GPU_SHARING"
 _NO_DEVICE = {"", "-1", "NoDevFiles", "none"}
@@ -20,6 +34,19 @@ def parse_visible_devices(value: str | None) -> tuple[str, ...] | None:
     if value in _NO_DEVICE:
         return ()
     return tuple(item.strip() for item in value.split(",") if item.strip())
+
+
+def format_uuid(raw: object) -> str:
+    """A GPU UUID (the 16 bytes of ``cudaDeviceProp.uuid``) as nvidia-smi prints it,
+    ``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``; "" when missing or all zeros. A string is
+    returned as it is."""
+    if isinstance(raw, str):
+        return raw
+    data = bytes(raw) if isinstance(raw, (bytes, bytearray, memoryview)) else b""
+    if len(data) != 16 or not any(data):
+        return ""
+    h = data.hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def sharing_allowed(environ: Mapping[str, str]) -> bool:
@@ -59,3 +86,52 @@ def choose_gpu(
         f"--ntasks-per-node={visible}), or allow sharing explicitly with "
         f"{ALLOW_SHARING_ENV}=1 (NCCL also needs NCCL_MULTI_RANK_GPU_ENABLE=1)"
     )
+
+
+def choose_on_node(
+    views: Sequence[Sequence[str]], me: int, *, allow_sharing: bool = False
+) -> int | None:
+    """This rank's device index, from what every rank of its node sees.
+
+    Args:
+        views: for every rank of the node (in rank order), the identities of the devices it
+            sees, in its own device order (UUIDs; a device seen by two ranks has the same
+            identity in both views). An empty view: a rank without GPU.
+        me: this rank's position in ``views``.
+        allow_sharing: several ranks may use one GPU (``HPCCOMM_ALLOW_GPU_SHARING=1``).
+
+    Rules: ranks that see the same devices share them out in rank order (the k-th such rank
+    takes device k); a rank that sees devices no other rank sees takes its first one
+    (``--gpus-per-task=2``: each task sees its own two). Two ranks that would end on one
+    GPU raise GpuBindingError (on each of them), unless sharing is allowed, in which case
+    the k-th rank takes device k modulo their number.
+
+    Returns:
+        The device index (in this rank's own numbering), or None when it sees no device.
+
+    Raises:
+        GpuBindingError: naming the ranks that would share a GPU and how to fix the job.
+    """
+
+    def choice(r: int) -> int | None:
+        view = tuple(views[r])
+        if not view:
+            return None
+        same = [q for q, v in enumerate(views) if tuple(v) == view]
+        return same.index(r) % len(view)
+
+    mine = choice(me)
+    if mine is None or allow_sharing:
+        return mine
+    target = views[me][mine]
+    users = [r for r in range(len(views)) if (c := choice(r)) is not None and views[r][c] == target]
+    if len(users) > 1:
+        seeing = sum(1 for v in views if tuple(v) == tuple(views[me]))
+        raise GpuBindingError(
+            f"GPU choice (local rank {me} of {len(views)}): local ranks {users} would share GPU "
+            f"{target} ({len(views[me])} GPU(s) visible to {seeing} rank(s) of this node); give "
+            f"each task its own GPU (srun --gpus-per-task=1, or --ntasks-per-node=<GPUs per "
+            f"node>), or allow sharing explicitly with {ALLOW_SHARING_ENV}=1 (NCCL also needs "
+            f"NCCL_MULTI_RANK_GPU_ENABLE=1)"
+        )
+    return mine

@@ -10,7 +10,7 @@ import signal
 import sys
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import flight, profiler
 from .comm import Communicator, NodeInfo, check_timeout
@@ -18,7 +18,7 @@ from .cuda_aware import DeviceConfig, decide
 from .debug import level_from
 from .discovery import LaunchInfo, discover
 from .errors import GpuBindingError, HpccommError, InvalidArgumentError, LaunchMismatchError
-from .gpuselect import choose_gpu, sharing_allowed
+from .gpuselect import choose_on_node, format_uuid, sharing_allowed
 from .notices import NoticeBoard
 
 if TYPE_CHECKING:
@@ -208,58 +208,157 @@ def _exclude_saturating_ops() -> None:
 def _no_cupy(info: LaunchInfo) -> HpccommError:
     return HpccommError(
         f"init (rank {info.rank} of {info.size}): gpu=True but CuPy is not installed "
-        f"(pip install 'hpccomm[gpu]')"
+        f"(pip install 'hpccomm[gpu-cuda13]' or 'hpccomm[gpu-cuda12]', as the driver allows)"
     )
 
 
-def _bind_gpu(info: LaunchInfo, want_gpu: bool | None) -> LaunchInfo:
-    """Choose and select this rank's GPU before CUDA is used; CPU-only when none."""
-    if want_gpu is False:
-        return info.replace(gpu=None)
-    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    visible = info.visible_gpus
-    sources = dict(info.sources)
-    if visible is None:
+_CUDA_NO_DEVICE = 100  # cudaErrorNoDevice
+_CUDA_INSUFFICIENT_DRIVER = 35  # cudaErrorInsufficientDriver
+
+
+def _cuda_version(value: int) -> str:
+    return f"{value // 1000}.{value % 1000 // 10}" if value > 0 else "none"
+
+
+def _cuda_problem(cupy: Any, exc: BaseException) -> str:
+    """Why CUDA cannot be used, from the error a device query raised: the driver missing or
+    too old for this CuPy (naming both CUDA versions), no device, or the error itself."""
+    rt = cupy.cuda.runtime
+    status = getattr(exc, "status", None)
+    if status == _CUDA_NO_DEVICE:
+        return f"CUDA finds no device ({exc})"
+    if status == _CUDA_INSUFFICIENT_DRIVER:
         try:
-            import cupy
-        except ImportError:
-            if want_gpu:
-                raise _no_cupy(info) from None
-            return info
+            driver = int(rt.driverGetVersion())
+        except Exception:
+            driver = 0
         try:
-            count = cupy.cuda.runtime.getDeviceCount()
-        except cupy.cuda.runtime.CUDARuntimeError:
-            count = 0
-        visible = tuple(str(i) for i in range(count))
-        sources["visible_gpus"] = "CUDA device count"
-    try:
-        gpu = choose_gpu(
-            len(visible),
-            info.local_rank if info.local_rank is not None else 0,
-            info.local_size if info.local_size is not None else 1,
-            allow_sharing=sharing_allowed(os.environ),
-        )
-    except GpuBindingError as exc:
-        if want_gpu:
-            raise
-        # gpu=None asked for a GPU only if one fits: never share one silently, never fail a
-        # CPU job over it.
-        warnings.warn(f"hpccomm: staying CPU-only: {exc}", RuntimeWarning, stacklevel=3)
-        return info.replace(visible_gpus=visible, gpu=None, sources=sources)
-    if gpu is None:
-        if want_gpu:
-            raise HpccommError(
-                f"init (rank {info.rank} of {info.size}): gpu=True but no GPU is visible"
+            built = _cuda_version(int(rt.runtimeGetVersion()))
+        except Exception:
+            built = "?"
+        if driver <= 0:
+            return (
+                f"no usable NVIDIA driver (CuPy {cupy.__version__} runs CUDA {built}; the driver "
+                f"reports no CUDA version): {exc}"
             )
-        return info.replace(visible_gpus=visible, gpu=None, sources=sources)
+        return (
+            f"the NVIDIA driver supports CUDA {_cuda_version(driver)}, older than the CUDA "
+            f"{built} that CuPy {cupy.__version__} runs: install the CuPy for the driver's CUDA "
+            f"major (hpccomm[gpu-cuda12] or [gpu-cuda13]) or update the driver ({exc})"
+        )
+    return f"CUDA error: {exc}"
+
+
+def _local_gpus(info: LaunchInfo) -> tuple[Any, tuple[str, ...], str | None, bool]:
+    """What this rank could bind: (cupy, the identities of the devices it sees, why it can
+    use none, whether a GPU was expected here). Only device queries run (no context is
+    created). A device's identity is its UUID (the same in every rank that sees it)."""
+    env_visible = info.visible_gpus
+    expected = bool(env_visible) or os.path.exists("/dev/nvidiactl")
+    if env_visible == ():
+        return None, (), "CUDA_VISIBLE_DEVICES hides every GPU", False
     try:
         import cupy
-    except ImportError:
-        if want_gpu:
-            raise _no_cupy(info) from None
+    except ImportError:  # the launcher's list still tells whether ranks would share one
+        return None, env_visible or (), "CuPy is not installed", False
+    except Exception as exc:  # a CUDA library that fails to load
+        return None, (), f"CuPy failed to import: {type(exc).__name__}: {exc}", True
+    rt = cupy.cuda.runtime
+    try:
+        count = int(rt.getDeviceCount())
+        ids = []
+        for i in range(count):
+            uuid = format_uuid(rt.getDeviceProperties(i).get("uuid"))
+            ids.append(uuid or f"{info.hostname}:{rt.deviceGetPCIBusId(i)}")
+    except Exception as exc:  # CUDARuntimeError: no driver, driver too old, ...
+        return cupy, (), _cuda_problem(cupy, exc), expected
+    if not ids:
+        return cupy, (), "CUDA finds no device", expected
+    return cupy, tuple(ids), None, expected
+
+
+def _bind_gpu(
+    info: LaunchInfo,
+    want_gpu: bool | None,
+    allgather: Callable[[Any], list[Any]] | None = None,
+) -> LaunchInfo:
+    """Choose and select this rank's GPU before CUDA work starts (only device queries run
+    first); CPU-only when none, saying why.
+
+    Collective over COMM_WORLD (``allgather``; tests pass their own): every rank reports the
+    devices it sees, so tasks that each see their own GPUs are told apart from tasks that
+    share them (:func:`~hpccomm.gpuselect.choose_on_node`); and when a rank asked for a GPU
+    (``gpu=True``) and could not get one, every rank raises, naming it and why.
+
+    ``gpu=None`` never fails over a GPU: it stays CPU-only, with the reason in
+    ``info.sources["gpu"]`` (and ``comm.device.describe()``), and a RuntimeWarning when a GPU
+    was expected (``CUDA_VISIBLE_DEVICES`` names devices or an NVIDIA driver is present) or
+    the ranks would have to share one.
+    """
+    if allgather is None:
+        from mpi4py import MPI
+
+        allgather = MPI.COMM_WORLD.allgather
+    cupy: Any = None
+    ids: tuple[str, ...] = ()
+    expected = False
+    if want_gpu is False:
+        why: str | None = "gpu=False"
+    else:
+        os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        cupy, ids, why, expected = _local_gpus(info)
+    views = allgather((info.hostname, ids))
+    rank = info.rank if info.rank is not None else 0
+    node = [v for h, v in views if h == info.hostname]
+    me = sum(1 for h, _ in views[:rank] if h == info.hostname)
+    gpu: int | None = None
+    failure: HpccommError | None = None
+    if ids:
+        try:
+            gpu = choose_on_node(node, me, allow_sharing=sharing_allowed(os.environ))
+        except GpuBindingError as exc:
+            why, expected = str(exc), True
+            if want_gpu:
+                failure = exc
+    if why is None and gpu is not None:
+        try:
+            cupy.cuda.Device(gpu).use()
+        except Exception as exc:
+            why, expected, gpu = (
+                f"selecting GPU {gpu} failed: {_cuda_problem(cupy, exc)}",
+                True,
+                None,
+            )
+    if why is not None and want_gpu and failure is None:
+        failure = (
+            _no_cupy(info)
+            if why == "CuPy is not installed"
+            else HpccommError(
+                f"init (rank {info.rank} of {info.size}): gpu=True but no GPU is "
+                f"{'visible' if not ids else 'usable'}: {why}"
+            )
+        )
+    # Every rank learns whether a rank that required a GPU failed, so none walks on alone.
+    failed = allgather(None if failure is None else f"{type(failure).__name__}: {failure}")
+    if failure is not None:
+        raise failure
+    others = [(r, f) for r, f in enumerate(failed) if f is not None]
+    if others:
+        raise HpccommError(
+            f"init (rank {info.rank} of {info.size}): rank(s) {[r for r, _ in others]} "
+            f"required a GPU (gpu=True) and could not bind one: {others[0][1]}"
+        )
+    sources = dict(info.sources)
+    visible = info.visible_gpus
+    if visible is None and ids and cupy is not None:
+        visible = tuple(str(i) for i in range(len(ids)))
+        sources["visible_gpus"] = "CUDA device count"
+    if why is not None:
+        if want_gpu is None and expected:
+            warnings.warn(f"hpccomm: staying CPU-only: {why}", RuntimeWarning, stacklevel=3)
+        sources["gpu"] = f"CPU-only: {why}"
         return info.replace(visible_gpus=visible, gpu=None, sources=sources)
-    cupy.cuda.Device(gpu).use()
-    sources["gpu"] = "local rank and visible GPUs"
+    sources["gpu"] = "the node's ranks and the GPUs each sees (by UUID)"
     return info.replace(visible_gpus=visible, gpu=gpu, sources=sources)
 
 
@@ -274,7 +373,8 @@ def _device_config(
         )
     path = decide(cuda_aware_mpi)
     if info.gpu is None:
-        return DeviceConfig(None, "mpi", path)
+        note = info.sources.get("gpu", "")
+        return DeviceConfig(None, "mpi", path, note=note.removeprefix("CPU-only: "))
     mode = device_backend
     if mode != "mpi":
         try:
@@ -288,7 +388,7 @@ def _device_config(
                     f"init: device_backend='nccl' but NCCL is unavailable: {exc}"
                 ) from exc
             mode = "mpi"
-    return DeviceConfig(info.gpu, mode, path)
+    return DeviceConfig(info.gpu, mode, path, auto=device_backend == "auto")
 
 
 def init(

@@ -3,23 +3,37 @@
 On the MPI path device arrays are passed straight to a CUDA-aware MPI, or staged through
 pooled pinned host buffers when MPI is not CUDA-aware (or unsure). Either way the producing
 stream (``stream=`` or the current CuPy stream at the call) is synchronized before MPI touches
-the data: MPI knows nothing of CUDA streams. float16/bfloat16 reductions (and integer ops the
-MPI library gets wrong, see ``mpi.probe_integer_ops``) are always staged, since their MPI op
-is a host (NumPy) function. The staged body wraps the host backend's body for the same call:
-one implementation of every operation.
+the data: MPI knows nothing of CUDA streams. hpccomm's own kernels run on that stream too
+(made current around the body, also on the worker thread): PREMUL_SUM's scaled copy is made
+and synchronized before MPI reads it, AVG's division is ordered on the call's stream.
+float16/bfloat16 reductions (and integer ops the MPI library gets wrong, see
+``mpi.probe_integer_ops``) are always staged, since their MPI op is a host (NumPy) function.
+The staged body wraps the host backend's body for the same call: one implementation of every
+operation.
 
 :class:`DeviceBackends` picks NCCL or this path per call, and creates the group's NCCL
-communicator on first use (collective).
+communicator on first use (collective, as one step of the group's calls, bounded by its
+timeout). With ``device_backend="auto"`` a group whose ranks share a GPU that NCCL refuses
+takes this path instead (with a warning saying why).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from .. import ops as O
 from ..buffers import resolve
 from ..cuda_aware import DeviceConfig, DevicePath
-from ..errors import HpccommError, InvalidArgumentError
+from ..errors import (
+    BackendError,
+    CommTimeoutError,
+    GpuBindingError,
+    HpccommError,
+    InvalidArgumentError,
+)
 from ..ops import Call, P2POp
 from ..staging import StagingPool
 from .base import Backend
@@ -33,6 +47,16 @@ def _current_stream() -> Any:
     import cupy
 
     return cupy.cuda.get_current_stream()
+
+
+@contextmanager
+def _on(device: int | None, stream: Any) -> Iterator[None]:
+    """Make ``device`` and ``stream`` current in this thread (the worker thread too), so
+    hpccomm's own CuPy kernels run where the call's data lives, ordered on its stream."""
+    import cupy
+
+    with cupy.cuda.Device(device), stream:
+        yield
 
 
 class _StagedPending:
@@ -93,19 +117,51 @@ class DeviceMPIBackend:
         self.host.prepare(call)
         host_body = call.body
         call.backend = self
-        if self.direct(call):
-
-            def direct(call: Call, data: Any, out: Any, stream: Any) -> Any:
-                (stream or _current_stream()).synchronize()
-                return host_body(call, data, out, None)
-
-            call.body = direct
-        else:
+        if not self.direct(call):
 
             def staged(call: Call, data: Any, out: Any, stream: Any) -> Any:
-                return self._staged(host_body, call, data, out, stream or _current_stream())
+                s = stream or _current_stream()
+                with _on(call.device, s):
+                    return self._staged(host_body, call, data, out, s)
 
             call.body = staged
+        elif call.spec.reducing and call.redop.name == "PREMUL_SUM":
+            call.body = self._prescaled(call, host_body)
+        else:
+
+            def direct(call: Call, data: Any, out: Any, stream: Any) -> Any:
+                s = stream or _current_stream()
+                s.synchronize()  # the producer's work is done before MPI reads the data
+                with _on(call.device, s):  # AVG's division (a CuPy kernel) on the call's stream
+                    return host_body(call, data, out, None)
+
+            call.body = direct
+
+    def _prescaled(self, call: Call, host_body: Any) -> Any:
+        """The direct body of a PREMUL_SUM: the scaled copy is made on the call's stream and
+        synchronized before MPI reads it (the host body would make it after the stream was
+        synchronized, and MPI would read it unfinished), then summed by the host body; the
+        in-place result is copied back on the stream."""
+        mpi_type, mpi_op, _ = call.how
+        inner = call.piece(call.count)
+        inner.how = (mpi_type, mpi_op, None)  # a plain SUM of the scaled copy
+        factor = call.redop.factor
+        root = call.peer
+        rank = self.host.rank
+
+        def direct(call: Call, data: Any, out: Any, stream: Any) -> Any:
+            s = stream or _current_stream()
+            with _on(call.device, s):
+                scaled = (data * factor).astype(data.dtype, copy=False)
+                s.synchronize()  # producer and scaled copy done before MPI reads them
+                result = host_body(inner, scaled, out, None)
+                if result is not scaled:
+                    return result  # reduce_scatter: the result is in out
+                if call.spec is O.ALL_REDUCE or rank == root:
+                    data[...] = scaled  # ordered on s; scaled is freed to s's pool after
+                return data
+
+        return direct
 
     # -- staging --------------------------------------------------------------------------
 
@@ -174,26 +230,73 @@ class DeviceBackends:
         self.config = config
         self.nccl: NcclBackend | None = None
         self._mpi: DeviceMPIBackend | None = None
+        self.dispatcher: Any = None  # the communicator's Dispatcher (see attach)
+        self.refused: str | None = None  # why NCCL refused this group ("auto" fell back)
+        self.broken: str | None = None  # NCCL creation timed out: it can never complete
 
     @property
     def nccl_comm(self) -> Any:
         return None if self.nccl is None else self.nccl.comm
+
+    def attach(self, dispatcher: Any) -> None:
+        """Let the communicator's Dispatcher run the NCCL creation: as one collective step
+        of the group (ordered with its other calls) bounded by the group's timeout."""
+        self.dispatcher = dispatcher
 
     def child(self, host: MPIBackend, config: DeviceConfig) -> DeviceBackends:
         """The device backends of a group made from this one."""
         return DeviceBackends(host, config)
 
     def enable_nccl(self, where: str) -> None:
-        """Create the NCCL communicator (collective over the group)."""
+        """Create the NCCL communicator (collective over the group); GpuBindingError when its
+        ranks share a GPU NCCL refuses, whatever the device mode."""
+        self._create(where, fallback=False)
+
+    def _create(self, where: str, fallback: bool) -> None:
         if self.nccl is not None:
             return
+        if self.broken is not None:
+            raise BackendError(f"{where}: {self.broken}")
         if self.config.gpu is None:
             raise HpccommError(f"{where}: no GPU is bound on this rank (hpccomm.init(gpu=True))")
-        self.nccl = NcclBackend(self.host.mpi, self.config.gpu)
+        d = self.dispatcher
+        try:
+            made = self._make() if d is None else d.collective("enable_nccl", self._make)
+        except CommTimeoutError as exc:
+            self.broken = (
+                f"creating the group's NCCL communicator did not complete ({exc}); "
+                f"ncclCommInitRank cannot be aborted before it returns, so device calls on "
+                f"this group cannot run"
+            )
+            raise CommTimeoutError(f"{where}: {self.broken}") from exc
+        if isinstance(made, GpuBindingError):
+            if not fallback:
+                raise made
+            self.refused = str(made)
+            warnings.warn(
+                f"hpccomm: {where}: device collectives of this group take the MPI device path "
+                f"(device_backend='auto'), since NCCL refuses it: {made}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return
+        self.nccl = made
+
+    def _make(self) -> NcclBackend | GpuBindingError:
+        """Runs on every rank of the group at the same step. A refusal to share a GPU is
+        returned, not raised: every rank computes it from the same allgathered identities,
+        and "auto" falls back on all of them alike."""
+        gpu = self.config.gpu
+        if gpu is None:  # pragma: no cover - _create checks first
+            raise HpccommError("no GPU is bound on this rank")
+        try:
+            return NcclBackend(self.host.mpi, gpu)
+        except GpuBindingError as exc:
+            return exc
 
     def backend_for(self, call: Call) -> Backend:
         """The backend of a call with device arrays."""
-        if self.config.mode == "nccl" and call.spec.nccl:
+        if self.config.mode == "nccl" and call.spec.nccl and self.refused is None:
             if self.nccl is None:
                 if call.spec.p2p:
                     raise InvalidArgumentError(
@@ -201,7 +304,7 @@ class DeviceBackends:
                         f"point-to-point, but creating the NCCL communicator is collective; call "
                         f"comm.enable_nccl() on every rank first (or hpccomm.init(nccl=True))"
                     )
-                self.enable_nccl(str(call))
+                self._create(str(call), fallback=self.config.auto)
             nccl = self.nccl
             if nccl is not None and nccl.supports(call):
                 return nccl

@@ -1,11 +1,16 @@
 """The NCCL backend: device (CuPy) arrays through ``cupy.cuda.nccl``.
 
-The communicator is bootstrapped over MPI: rank 0 makes the unique id, it travels as a
-128-byte uint8 buffer with MPI Bcast, and every rank creates ``NcclCommunicator`` on its bound
-GPU. Before that, all ranks exchange (host, PCI bus id) and two ranks on one GPU are refused on
-every rank. Operations run on the caller's current CuPy stream (or ``stream=``); a synchronous
-call returns with the result ordered on that stream, as NCCL does; ``async_op=True`` returns a
-:class:`DeviceWork` holding a CUDA event.
+The communicator is bootstrapped over MPI: every rank contributes (host, GPU UUID, PCI bus
+id) and rank 0 the 128-byte unique id in one allgather; two ranks on one GPU (same UUID, as
+NCCL >= 2.30 compares them, so MIG instances of one GPU are distinct) are refused on every
+rank; then every rank creates ``NcclCommunicator`` on its bound GPU. Operations run on
+``stream=`` or the caller's current CuPy stream. Unbounded calls are enqueued inline: a
+synchronous call returns with its result ordered on that stream, as NCCL does, and
+``async_op=True`` returns a :class:`DeviceWork` holding a CUDA event. On a communicator with a
+timeout every call is enqueued on the communicator's worker thread, which then waits on the
+host for the GPU; the caller waits for that at most the timeout, and on expiry the NCCL
+communicator is aborted (NCCL would spin forever for a rank that never joins, and its lazy
+connect on the first call blocks the host).
 
 The tables and checks at the top of this module need no GPU (the CPU tests use them); CuPy is
 imported only when a backend is made.
@@ -14,8 +19,9 @@ imported only when a backend is made.
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -30,6 +36,7 @@ from ..errors import (
     HpccommError,
     InvalidArgumentError,
 )
+from ..gpuselect import format_uuid
 from ..ops import Call
 from ..work import Work
 
@@ -42,6 +49,10 @@ __all__ = [
     "pack_unique_id",
     "unpack_unique_id",
     "check_unique_gpus",
+    "check_tags",
+    "event_done",
+    "gpu_identity",
+    "GpuIdentity",
     "multi_rank_gpu_allowed",
     "UNIQUE_ID_BYTES",
 ]
@@ -158,31 +169,56 @@ def unpack_unique_id(buf: np.ndarray, as_bytes: bool) -> Any:
     return buf.tobytes() if as_bytes else tuple(int(v) for v in buf.view(np.int8))
 
 
-def multi_rank_gpu_allowed(nccl_version: int, environ: dict[str, str] | None = None) -> bool:
+def multi_rank_gpu_allowed(nccl_version: int, environ: Mapping[str, str] | None = None) -> bool:
     """True when NCCL_MULTI_RANK_GPU_ENABLE=1 and NCCL >= 2.30 lets ranks share a GPU."""
     env = os.environ if environ is None else environ
     return env.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1" and nccl_version >= MULTI_RANK_GPU_SINCE
 
 
+class GpuIdentity(NamedTuple):
+    """What the ranks compare before creating an NCCL communicator: the host, the GPU's UUID
+    (a MIG instance has its own) and its PCI bus id (for messages)."""
+
+    host: str
+    uuid: str
+    bus_id: str
+
+
+def gpu_identity(runtime: Any, device: int, host: str) -> GpuIdentity:
+    """This rank's GpuIdentity, from ``cupy.cuda.runtime`` (no context is created)."""
+    props = runtime.getDeviceProperties(device)
+    return GpuIdentity(host, format_uuid(props.get("uuid")), runtime.deviceGetPCIBusId(device))
+
+
 def check_unique_gpus(
-    identities: Sequence[tuple[str, str]], rank: int, *, allowed: bool = False
+    identities: Sequence[tuple[str, ...]], rank: int, *, allowed: bool = False
 ) -> None:
     """Raise GpuBindingError (on every rank that calls it) when two ranks share one GPU.
 
+    GPUs are compared by UUID, as NCCL >= 2.30 does (MIG instances of one GPU have distinct
+    UUIDs and are distinct GPUs to NCCL); where a UUID is unknown, by (host, PCI bus id).
+
     Args:
-        identities: (host, GPU PCI bus id or UUID) of every rank, in rank order.
+        identities: :class:`GpuIdentity` (host, UUID, PCI bus id) of every rank, in rank
+            order; (host, bus id) pairs are accepted too.
         rank: this rank.
         allowed: sharing is explicitly allowed (see :func:`multi_rank_gpu_allowed`).
     """
     if allowed:
         return
-    seen: dict[tuple[str, str], list[int]] = {}
+    seen: dict[tuple[str, ...], list[int]] = {}
     for r, ident in enumerate(identities):
-        host, gpu = ident
-        seen.setdefault((host, gpu), []).append(r)
-    shared = [(ident, ranks) for ident, ranks in seen.items() if len(ranks) > 1]
+        if len(ident) >= 3 and ident[1]:
+            key: tuple[str, ...] = ("uuid", ident[1])
+        else:
+            key = ("bus", ident[0], ident[-1])
+        seen.setdefault(key, []).append(r)
+    shared = [ranks for ranks in seen.values() if len(ranks) > 1]
     if shared:
-        (host, gpu), ranks = shared[0]
+        ranks = shared[0]
+        ident = identities[ranks[0]]
+        host = ident[0]
+        gpu = f"{ident[1]} (PCI {ident[2]})" if len(ident) >= 3 and ident[1] else ident[-1]
         more = f" (and {len(shared) - 1} more GPU(s) shared)" if len(shared) > 1 else ""
         raise GpuBindingError(
             f"NCCL init (rank {rank} of {len(identities)}): ranks {ranks} on host {host} would "
@@ -192,28 +228,102 @@ def check_unique_gpus(
         )
 
 
+CUDA_SUCCESS = 0
+CUDA_NOT_READY = 600  # cudaErrorNotReady: the event's work is still running
+
+
+def event_done(runtime: Any, event: Any, where: object) -> bool:
+    """Whether ``event`` has completed; raises BackendError naming the CUDA error when the
+    query reports one (a sticky error such as an illegal address: CuPy's ``Event.done`` then
+    stays False for ever, so polling it would spin or report a timeout instead)."""
+    status = runtime.eventQuery(event.ptr)
+    if status == CUDA_SUCCESS:
+        return True
+    if status == CUDA_NOT_READY:
+        return False
+    try:
+        runtime.check_status(status)
+    except Exception as exc:
+        raise BackendError(f"{where}: CUDA error on the GPU: {exc}") from exc
+    raise BackendError(f"{where}: CUDA error {status} on the GPU")  # pragma: no cover
+
+
+def check_tags(call: Call, tags: Sequence[Any]) -> None:
+    """NCCL has no tags: messages between two ranks match in the order they are posted. A
+    tag other than 0 (the default) or None (any tag) would be silently ignored, so refuse it."""
+    bad = [t for t in tags if t not in (0, None)]
+    if bad:
+        raise InvalidArgumentError(
+            f"{call}: tag is {bad[0]!r}, but NCCL has no tags (messages between two ranks "
+            f"match in the order they are posted); drop tag=, or send device arrays through "
+            f"MPI (comm.dup(device_backend='mpi'))"
+        )
+
+
 class _EventPending:
     """A device operation enqueued on a stream: done when its CUDA event is."""
 
-    __slots__ = ("event", "result", "backend", "keep")
+    __slots__ = ("event", "result", "backend", "keep", "where")
 
-    def __init__(self, event: Any, result: Any, backend: NcclBackend, keep: Any = None) -> None:
+    def __init__(
+        self, event: Any, result: Any, backend: NcclBackend, keep: Any, where: str
+    ) -> None:
         self.event = event
         self.result = result
         self.backend = backend
         self.keep = keep  # temporaries the GPU reads until the event (PREMUL_SUM's copy)
+        self.where = where
 
     def test(self) -> bool:
-        return bool(self.event.done)
+        return self.backend.event_done(self.event, self.where)
 
     def wait(self, timeout: float | None) -> bool:
-        import cupy
-
-        cupy.cuda.get_current_stream().wait_event(self.event)  # ordered, the host not blocked
+        self.backend.stream_now().wait_event(self.event)  # ordered, the host not blocked
         return True
 
     def outcome(self) -> Any:
         return self.result
+
+
+class _HostWait:
+    """A call of a bounded communicator: enqueued on the worker thread, which waits on the
+    host until the GPU has finished it. ``deadline`` (synchronous calls) is when the call
+    is given up: the NCCL communicator is aborted, so neither the GPU nor the worker thread
+    keep waiting for a rank that never comes, and CommTimeoutError is raised."""
+
+    __slots__ = ("future", "backend", "where", "timeout", "deadline")
+
+    def __init__(
+        self, future: Any, backend: NcclBackend, where: str, timeout: float | None
+    ) -> None:
+        self.future = future
+        self.backend = backend
+        self.where = where
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+
+    def test(self) -> bool:
+        return bool(self.future.test())
+
+    def wait(self, timeout: float | None) -> bool:
+        deadline = self.deadline
+        if deadline is not None:
+            left = max(0.0, deadline - time.monotonic())
+            timeout = left if timeout is None else min(timeout, left)
+        if self.future.wait(timeout):
+            return True
+        if deadline is not None and time.monotonic() >= deadline:
+            self.backend.abort(f"{self.where} did not complete in {self.timeout:g} s")
+            self.future.wait(1.0)  # the abort usually ends the worker's wait at once
+            raise CommTimeoutError(
+                f"{self.where}: not complete after {self.timeout:g} s on the GPU; some rank "
+                f"of the group has not joined it, so the NCCL communicator was aborted (later "
+                f"device calls on this group raise)"
+            )
+        return False
+
+    def outcome(self) -> Any:
+        return self.future.outcome()
 
 
 class DeviceWork(Work):
@@ -232,7 +342,8 @@ class DeviceWork(Work):
         rec: Any = None,
         keep: Any = None,
     ) -> None:
-        super().__init__(call, seq, _EventPending(event, result, backend, keep), rec=rec)
+        pending = _EventPending(event, result, backend, keep, call.where(seq))
+        super().__init__(call, seq, pending, rec=rec)
         self._event = event
         self._backend = backend
 
@@ -242,64 +353,88 @@ class DeviceWork(Work):
         :meth:`synchronize` for a host-side bound."""
         return super().wait(None)
 
-    def is_completed(self) -> bool:
-        """True when the GPU has finished the operation (never blocks)."""
-        return bool(self._event.done)
-
     def synchronize(self, timeout: float | None = None) -> Any:
         """Block the host until the operation completes; on timeout abort the communicator
-        (NCCL would spin forever) and raise CommTimeoutError."""
+        (NCCL would spin forever) and raise CommTimeoutError. A CUDA error the GPU reported
+        (an illegal address, say) is raised as BackendError, and NCCL's asynchronous errors
+        too (the communicator is aborted); the Work keeps that error."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._event.done:
+        pause = 1e-5
+        where = self._where()
+        try:
+            while not self._backend.event_done(self._event, where):
+                self._backend.check()
+                if deadline is not None and time.monotonic() > deadline:
+                    self._backend.abort(f"{where} did not complete in {timeout:g} s")
+                    raise CommTimeoutError(
+                        f"{where}: not complete after {timeout:g} s on the GPU; the NCCL "
+                        f"communicator was aborted (a rank never joined?)"
+                    )
+                time.sleep(pause)
+                pause = min(pause * 2, 1e-3)
             self._backend.check()
-            if deadline is not None and time.monotonic() > deadline:
-                self._backend.abort(f"{self._where()} did not complete in {timeout:g} s")
-                raise CommTimeoutError(
-                    f"{self._where()}: not complete after {timeout:g} s on the GPU; the NCCL "
-                    f"communicator was aborted (a rank never joined?)"
-                )
-            time.sleep(1e-4)
-        self._backend.check()
+        except HpccommError as exc:
+            if not self._done:
+                self._finish(exc)
+            raise
         return self.wait()
 
 
 class NcclBackend:
     """Runs device calls on one NCCL communicator over the ranks of an MPI communicator.
-    Making one is collective over that MPI communicator."""
+    Making one is collective over that MPI communicator.
+
+    Raises:
+        GpuBindingError: two ranks would share a GPU (on every rank).
+        BackendError: a rank could not describe its GPU or make the unique id (on every
+            rank, naming it), or NCCL failed to create the communicator.
+    """
 
     name = "nccl"
 
-    def __init__(self, mpi_comm: Any, device: int) -> None:
+    def __init__(self, mpi_comm: Any, device: int, *, host: str | None = None) -> None:
         import cupy
         from cupy.cuda import nccl
 
         self._cupy = cupy
         self._nccl_mod = nccl
+        self._runtime = cupy.cuda.runtime
+        self.comm: Any = None
         self.device = device
         self.rank = mpi_comm.Get_rank()
         self.size = mpi_comm.Get_size()
         self.version = int(nccl.get_version())
         self._aborted: str | None = None
-        self._temps: list[Any] = []  # the running call's temporaries (held by its DeviceWork)
-        host = os.uname().nodename
-        bus = cupy.cuda.runtime.deviceGetPCIBusId(device)
-        identities = mpi_comm.allgather((host, bus))
+        self._lock = threading.RLock()  # the communicator between abort() and its users
+        self._temps: list[Any] = []  # the running call's temporaries (held until completion)
+        where = f"NCCL init (rank {self.rank} of {self.size})"
+        mine: Any = None
+        uid: Any = None
+        try:  # every rank reaches the allgather, so a failure here strands no one
+            mine = tuple(gpu_identity(self._runtime, device, host or os.uname().nodename))
+            if self.rank == 0:
+                raw = nccl.get_unique_id()
+                uid = (pack_unique_id(raw).tobytes(), isinstance(raw, (bytes, bytearray)))
+        except Exception as exc:
+            mine = f"{type(exc).__name__}: {exc}"
+        everyone = mpi_comm.allgather((mine, uid))
+        failed = [(r, m) for r, (m, _) in enumerate(everyone) if isinstance(m, str)]
+        if everyone[0][1] is None and not failed:
+            failed = [(0, "no unique id")]  # pragma: no cover - rank 0 fails above instead
+        if failed:
+            raise BackendError(
+                f"{where}: "
+                + "; ".join(f"rank {r} could not describe GPU or unique id: {m}" for r, m in failed)
+            )
+        identities = [GpuIdentity(*m) for m, _ in everyone]
         check_unique_gpus(identities, self.rank, allowed=multi_rank_gpu_allowed(self.version))
-        buf = np.empty(UNIQUE_ID_BYTES, dtype=np.uint8)
-        as_bytes = None
-        if self.rank == 0:
-            uid = nccl.get_unique_id()
-            as_bytes = isinstance(uid, (bytes, bytearray))
-            buf[:] = pack_unique_id(uid)
-        mpi_comm.Bcast(buf, root=0)
-        as_bytes = mpi_comm.bcast(as_bytes, root=0)
+        raw_id, as_bytes = everyone[0][1]
+        commid = unpack_unique_id(np.frombuffer(raw_id, dtype=np.uint8), as_bytes)
         with cupy.cuda.Device(device):
             try:
-                self.comm = nccl.NcclCommunicator(
-                    self.size, unpack_unique_id(buf, as_bytes), self.rank
-                )
+                self.comm = nccl.NcclCommunicator(self.size, commid, self.rank)
             except nccl.NcclError as exc:
-                raise BackendError(f"NCCL init (rank {self.rank} of {self.size}): {exc}") from exc
+                raise BackendError(f"{where}: {exc}") from exc
         self._table: dict[O.OpSpec, Callable[..., Any]] = {
             O.ALL_REDUCE: self._all_reduce,
             O.REDUCE: self._reduce,
@@ -332,7 +467,13 @@ class NcclBackend:
                 f"{call}: array is on GPU {call.device}, expected GPU {self.device} (this "
                 f"rank's GPU)"
             )
-        if call.spec.reducing:
+        spec = call.spec
+        if spec.p2p and spec.arrays:
+            check_tags(call, [call.tag])
+            source = call.src if spec is O.SENDRECV else call.peer
+            if spec is not O.SEND and source is None:
+                raise InvalidArgumentError(f"{call}: NCCL cannot receive from any source; name src")
+        if spec.reducing:
             call.how = self._plan(call)  # raises the DtypeError NCCL's tables give
         call.backend = self
         call.body = self._run
@@ -341,18 +482,20 @@ class NcclBackend:
     def _run(self, call: Call, data: Any, out: Any, stream: Any) -> Any:
         """Enqueue the call on ``stream`` (the current stream when None); returns the result,
         ordered on that stream."""
+        return self._enqueue(call, data, out, stream if stream is not None else self.stream_now())
+
+    def _enqueue(self, call: Call, data: Any, out: Any, stream: Any) -> Any:
         if self._aborted:
             raise BackendError(
                 f"{call}: the NCCL communicator was aborted earlier ({self._aborted})"
             )
-        stream = stream if stream is not None else self._cupy.cuda.get_current_stream()
         try:
             # The stream is made current too, so hpccomm's own CuPy work (PREMUL_SUM's scaled
             # copy, local block copies, AVG's division) is ordered with the NCCL calls.
             with self._cupy.cuda.Device(self.device), stream:
                 self._temps = []
                 result, post = self._table[call.spec](call, data, out, stream.ptr)
-                self.comm.check_async_error()
+                self.check()
                 if post is not None:
                     post()
         except self._nccl_mod.NcclError as exc:
@@ -360,37 +503,100 @@ class NcclBackend:
             raise BackendError(f"{call}: NCCL error {exc} (communicator aborted)") from exc
         return result
 
+    def _record(self, stream: Any) -> Any:
+        with self._cupy.cuda.Device(self.device):
+            event = self._cupy.cuda.Event(disable_timing=True)
+            event.record(stream)
+        return event
+
     def device_work(self, call: Call, seq: int, result: Any, stream: Any, rec: Any) -> DeviceWork:
         """The Work of an async device call just enqueued on ``stream``."""
-        stream = stream if stream is not None else self._cupy.cuda.get_current_stream()
-        event = self._cupy.cuda.Event(disable_timing=True)
-        event.record(stream)
+        stream = stream if stream is not None else self.stream_now()
         temps, self._temps = self._temps, []
-        return DeviceWork(call, seq, event, self, result, rec, temps)
+        return DeviceWork(call, seq, self._record(stream), self, result, rec, temps)
+
+    def bounded(
+        self,
+        submit: Callable[..., Any],
+        call: Call,
+        seq: int,
+        data: Any,
+        out: Any,
+        stream: Any,
+        check: Callable[[Call, int], None] | None,
+        timeout: float | None,
+    ) -> _HostWait:
+        """Run the call on the communicator's worker thread (``submit``: its Executor's
+        submit): enqueue it (NCCL's lazy connect may block the host there), then wait on the
+        host until the GPU has finished it. The returned Pending gives up after ``timeout``
+        seconds (None: never), aborting the communicator."""
+        where = call.where(seq)
+        stream = stream if stream is not None else self.stream_now()
+
+        def job() -> Any:
+            if check is not None:
+                check(call, seq)  # the debug check, in the call's place in the order
+            result = self._enqueue(call, data, out, stream)
+            keep = self._temps  # alive until the GPU is done with them
+            self.host_wait(self._record(stream), where)
+            del keep
+            return result
+
+        return _HostWait(submit(where, job), self, where, timeout)
+
+    def event_done(self, event: Any, where: object) -> bool:
+        """Whether the event completed; a CUDA error the GPU reported raises BackendError."""
+        return event_done(self._runtime, event, where)
+
+    def host_wait(self, event: Any, where: str) -> None:
+        """Block this thread until ``event`` completes, watching NCCL's asynchronous errors
+        and an abort from another thread (which ends the wait with BackendError)."""
+        pause = 1e-5
+        while not self.event_done(event, where):
+            self.check()
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
+        self.check()
 
     def check(self) -> None:
-        """Raise the NCCL communicator's asynchronous error, if any, as a BackendError."""
-        try:
-            self.comm.check_async_error()
-        except self._nccl_mod.NcclError as exc:
-            self.abort(f"asynchronous error: {exc}")
-            raise BackendError(
-                f"NCCL (rank {self.rank} of {self.size}): asynchronous error {exc} (communicator aborted)"
-            ) from exc
+        """Raise the NCCL communicator's asynchronous error, if any, as a BackendError (the
+        communicator is aborted); raise if it was aborted."""
+        with self._lock:
+            if self._aborted is not None:
+                raise BackendError(
+                    f"NCCL (rank {self.rank} of {self.size}): the communicator was aborted "
+                    f"({self._aborted})"
+                )
+            try:
+                self.comm.check_async_error()
+            except self._nccl_mod.NcclError as exc:
+                self.abort(f"asynchronous error: {exc}")
+                raise BackendError(
+                    f"NCCL (rank {self.rank} of {self.size}): asynchronous error {exc} "
+                    f"(communicator aborted)"
+                ) from exc
+
+    @property
+    def aborted(self) -> str | None:
+        """Why the communicator was aborted (None: it was not)."""
+        return self._aborted
 
     def abort(self, why: str) -> None:
-        """Abort the communicator so no rank is left spinning; later calls raise."""
-        if self._aborted is None:
-            self._aborted = why
-            try:
-                self.comm.abort()
-            except Exception:  # already broken: nothing more to release
-                pass
+        """Abort the communicator so no rank is left spinning; later calls raise. Safe from
+        another thread than the one waiting on the communicator."""
+        with self._lock:
+            if self._aborted is None:
+                self._aborted = why
+                try:
+                    self.comm.abort()
+                except Exception:  # already broken: nothing more to release
+                    pass
 
     def close(self) -> None:
-        if self._aborted is None and getattr(self, "comm", None) is not None:
-            self.comm.destroy()
-            self._aborted = "closed"
+        with self._lock:
+            if self._aborted is None and self.comm is not None:
+                self.comm.destroy()
+                self._aborted = "closed"
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -451,16 +657,29 @@ class NcclBackend:
     ) -> None:
         """Post sends and receives as one NCCL group (NCCL's way to build all-to-all and
         friends); each entry is (flat array, peer, element offset, element count), and
-        zero-count entries are skipped."""
+        zero-count entries are skipped. Every pointer is computed before groupStart."""
+        posts = [
+            (self.comm.send, arr[off:].data.ptr, cnt * per, peer)
+            for arr, peer, off, cnt in sends
+            if cnt
+        ] + [
+            (self.comm.recv, arr[off:].data.ptr, cnt * per, peer)
+            for arr, peer, off, cnt in recvs
+            if cnt
+        ]
+        self._group(posts, dt, s)
+
+    def _group(
+        self, posts: list[tuple[Callable[..., Any], int, int, int]], dt: Any, s: int
+    ) -> None:
+        """One NCCL group of (send or recv, pointer, count, peer); ``dt`` is one NCCL type or
+        a list of one per post."""
         nccl = self._nccl_mod
+        types = dt if isinstance(dt, list) else [dt] * len(posts)
         nccl.groupStart()
         try:
-            for arr, peer, off, cnt in sends:
-                if cnt:
-                    self.comm.send(arr[off:].data.ptr, cnt * per, dt, peer, s)
-            for arr, peer, off, cnt in recvs:
-                if cnt:
-                    self.comm.recv(arr[off:].data.ptr, cnt * per, dt, peer, s)
+            for (fn, ptr, n, peer), t in zip(posts, types, strict=True):
+                fn(ptr, n, t, peer, s)
         finally:
             nccl.groupEnd()
 
@@ -516,21 +735,21 @@ class NcclBackend:
             return out, self._avg(plan, out)
         counts, displs = call.counts
         flat = self._rows(src)
+        reduces = [  # uneven blocks: one reduce per destination, grouped
+            (
+                flat[displs[j] :].data.ptr,
+                out.data.ptr if j == self.rank else flat[displs[j] :].data.ptr,
+                counts[j] * plan.per_element,
+                j,
+            )
+            for j in range(self.size)
+            if counts[j]
+        ]
         nccl = self._nccl_mod
-        nccl.groupStart()  # uneven blocks: one reduce per destination, grouped
+        nccl.groupStart()
         try:
-            for j in range(self.size):
-                if counts[j]:
-                    dst = out.data.ptr if j == self.rank else flat[displs[j] :].data.ptr
-                    self.comm.reduce(
-                        flat[displs[j] :].data.ptr,
-                        dst,
-                        counts[j] * plan.per_element,
-                        plan.dtype,
-                        plan.op,
-                        j,
-                        s,
-                    )
+            for send, recv, n, root in reduces:
+                self.comm.reduce(send, recv, n, plan.dtype, plan.op, root, s)
         finally:
             nccl.groupEnd()
         return out, self._avg(plan, out)
@@ -553,31 +772,35 @@ class NcclBackend:
         return None, None
 
     def _recv(self, call: Call, x: Any, out: Any, s: int) -> Step:
-        if call.peer is None:
-            raise InvalidArgumentError(f"{call}: NCCL cannot receive from any source; name src")
         dt, per = self._type(call)
         self.comm.recv(x.data.ptr, x.size * per, dt, call.peer, s)
         return call.peer, None
 
     def _sendrecv(self, call: Call, x: Any, out: Any, s: int) -> Step:
-        if call.src is None:
-            raise InvalidArgumentError(f"{call}: NCCL cannot receive from any source; name src")
         dt, per = self._type(call)
         x, flat = self._rows(x), self._rows(out)
         self._grouped([(x, call.peer, 0, x.size)], [(flat, call.src, 0, flat.size)], dt, per, s)
         return out, None
 
     def _batch(self, call: Call, items: Any, out: Any, s: int) -> Step:
-        types = [nccl_dtype(SUPPORTED_DTYPES[p.buf.dtype], call) for p in items]  # all first
-        nccl = self._nccl_mod
-        nccl.groupStart()
-        try:
-            for p, (dt, per) in zip(items, types, strict=True):
-                ptr, n = p.buf.array.data.ptr, p.buf.array.size * per
-                if p.op == "send":
-                    self.comm.send(ptr, n, dt, p.peer, s)
-                else:
-                    self.comm.recv(ptr, n, dt, p.peer, s)
-        finally:
-            nccl.groupEnd()
+        """batch_isend_irecv as one NCCL group. The whole batch is checked before groupStart
+        (an entry refused half-way would leave the others posted and the peers waiting for
+        ever): every array on this rank's GPU, with an NCCL type, and no tags (NCCL matches
+        the sends and receives between two ranks in the order they are posted)."""
+        posts: list[tuple[Callable[..., Any], int, int, int]] = []
+        types: list[int] = []
+        for i, p in enumerate(items):
+            b = p.buffer()
+            if b.device != self.device:
+                where = "a host array" if b.device is None else f"on GPU {b.device}"
+                raise InvalidArgumentError(
+                    f"{call}: ops[{i}].array is {where}, expected GPU {self.device} (this "
+                    f"rank's GPU): NCCL moves this GPU's arrays only; nothing was posted"
+                )
+            dt, per = nccl_dtype(SUPPORTED_DTYPES[b.dtype], f"{call}: ops[{i}]")
+            fn = self.comm.send if p.op == "send" else self.comm.recv
+            posts.append((fn, b.array.data.ptr, b.array.size * per, p.peer))
+            types.append(dt)
+        check_tags(call, [p.tag for p in items])
+        self._group(posts, types, s)
         return None, None

@@ -30,22 +30,25 @@ OPS = [
 
 
 def _cupy_bf16() -> bool:
-    try:
-        cp.zeros(1, dtype=ml_dtypes.bfloat16)
-        return True
-    except Exception:  # CuPy < 14 has no bfloat16
-        return False
+    """Whether CuPy makes bfloat16 arrays (CuPy >= 14 with ml_dtypes). Asked on first use,
+    after hpccomm.init bound this rank's GPU: a kernel at import would make a context on
+    device 0 in every rank."""
+    if not hasattr(_cupy_bf16, "answer"):
+        try:
+            cp.zeros(1, dtype=ml_dtypes.bfloat16)
+            _cupy_bf16.answer = True
+        except Exception:  # CuPy < 14 has no bfloat16
+            _cupy_bf16.answer = False
+    return _cupy_bf16.answer
 
 
-HAS_BF16 = _cupy_bf16()
-needs_bf16 = pytest.mark.skipif(
-    not HAS_BF16, reason=f"CuPy {cp.__version__} has no bfloat16 arrays (CuPy >= 14 with ml_dtypes)"
-)
+def no_bf16_reason() -> str:
+    return f"CuPy {cp.__version__} has no bfloat16 arrays (CuPy >= 14 with ml_dtypes)"
 
 
 def dev(x):
-    if np.dtype(x.dtype) == np.dtype(ml_dtypes.bfloat16) and not HAS_BF16:
-        pytest.skip(f"CuPy {cp.__version__} has no bfloat16 arrays (CuPy >= 14 with ml_dtypes)")
+    if np.dtype(x.dtype) == np.dtype(ml_dtypes.bfloat16) and not _cupy_bf16():
+        pytest.skip(no_bf16_reason())
     return cp.asarray(x)
 
 
@@ -169,14 +172,24 @@ def test_streams_and_async_work(gcomm):
     if hasattr(work, "synchronize"):
         work.synchronize(timeout=60)
     assert work.is_completed()
+    # y is made on the current (null) stream, the call runs on s (non-blocking: not ordered
+    # after the null stream by itself): order s after the producer, as a user must.
     y = cp.ones(16, dtype=cp.float64)
+    s.wait_event(cp.cuda.get_current_stream().record())
     gcomm.all_reduce(y, stream=s)
     s.synchronize()
     assert (cp.asnumpy(y) == n).all()
+    # an output hpccomm allocates for a call on s is allocated on s (and written there)
+    with s:
+        z = cp.arange(4, dtype=cp.float32) + gcomm.rank
+    got = gcomm.all_gather(z, stream=s)
+    s.synchronize()
+    assert cp.asnumpy(got).tolist() == [float(k + r) for r in range(n) for k in range(4)]
 
 
-@needs_bf16
 def test_bf16_native_sum_large(gcomm):
+    if not _cupy_bf16():
+        pytest.skip(no_bf16_reason())
     n = gcomm.size
     x = cp.asarray(np.ones(1 << 16, dtype=ml_dtypes.bfloat16))
     gcomm.all_reduce(x)

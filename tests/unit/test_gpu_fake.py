@@ -1,0 +1,860 @@
+"""The GPU path run on the CPU against a fake CuPy (arrays backed by NumPy memory, streams,
+events, a CUDA runtime and an NCCL communicator that record what is done on which stream).
+
+The fake reproduces what CuPy 14.2's source does where it matters here (``Event.done`` is
+``eventQuery(ptr) == 0``, so a sticky CUDA error leaves it False for ever; ``check_status``
+raises ``CUDARuntimeError``; NCCL calls take raw pointers; ``get_unique_id`` gives 128 bytes).
+A one-rank NCCL communicator really moves the bytes, so results are checked as well as order.
+These tests show the defects of issue 14 that can be shown without a GPU; tests/gpu runs the
+real thing on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import sys
+import threading
+import time
+import types
+import warnings
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from hpccomm import ops as O
+from hpccomm.backends.mpi_device import DeviceBackends, DeviceMPIBackend
+from hpccomm.backends.nccl import NcclBackend, check_unique_gpus
+from hpccomm.cuda_aware import DeviceConfig, DevicePath
+from hpccomm.discovery import discover
+from hpccomm.dispatch import Dispatcher
+from hpccomm.dtypes import ReduceOp, dtype_info
+from hpccomm.errors import (
+    BackendError,
+    CommTimeoutError,
+    DtypeError,
+    GpuBindingError,
+    HpccommError,
+    InvalidArgumentError,
+)
+from hpccomm.gpuselect import choose_on_node, format_uuid
+from hpccomm.ops import Group, P2POp
+from hpccomm.runtime import _bind_gpu, _device_config
+
+# -- the fake --------------------------------------------------------------------------------
+
+NOT_READY, ILLEGAL_ADDRESS, INSUFFICIENT_DRIVER, NO_DEVICE = 600, 700, 35, 100
+_NAMES = {
+    NOT_READY: "cudaErrorNotReady",
+    ILLEGAL_ADDRESS: "cudaErrorIllegalAddress: an illegal memory access was encountered",
+    INSUFFICIENT_DRIVER: "cudaErrorInsufficientDriver: CUDA driver version is insufficient",
+    NO_DEVICE: "cudaErrorNoDevice: no CUDA-capable device is detected",
+}
+
+
+class CUDARuntimeError(RuntimeError):
+    def __init__(self, status: int) -> None:
+        self.status = status
+        super().__init__(_NAMES.get(status, f"cudaError {status}"))
+
+
+class NcclError(RuntimeError):
+    def __init__(self, status: int) -> None:
+        self.status = status
+        super().__init__(f"NCCL_ERROR {status}")
+
+
+class Gpu:
+    """The fake machine: its devices, its driver, what happens to events, and the log of
+    everything done: ("kernel", name, stream), ("alloc", stream), ("sync", stream), ("nccl",
+    op, stream), ("group", "start"|"end"), ("event", stream), ("mpi", op)."""
+
+    def __init__(self, uuids=(bytes(range(1, 17)),), *, driver_error=None, driver=13020):
+        self.uuids = list(uuids)
+        self.driver_error = driver_error
+        self.driver = driver
+        self.log: list[tuple] = []
+        self.event_status = 0  # what eventQuery answers for events not yet released
+        self.comm_abort = threading.Event()
+        self.block_enqueue = False  # NCCL calls block the host (lazy connect, missing peer)
+        self.block_init = False  # NcclCommunicator() blocks (a rank never joins)
+        self.async_error = False
+        self.device_calls = 0  # device queries made (binding must make none when told not to)
+        self.ptrs = itertools.count(0x1000, 0x10)
+        self.local = threading.local()
+        self.null = Stream(self, ptr=0)
+
+    # thread-local current device and stream stack, as CuPy keeps them
+    def streams(self) -> list:
+        if not hasattr(self.local, "streams"):
+            self.local.streams = []
+        return self.local.streams
+
+    def current(self) -> Stream:
+        s = self.streams()
+        return s[-1] if s else self.null
+
+
+class Stream:
+    def __init__(self, gpu: Gpu, ptr: int | None = None, non_blocking: bool = False) -> None:
+        self.gpu = gpu
+        self.ptr = next(gpu.ptrs) if ptr is None else ptr
+
+    def __enter__(self) -> Stream:
+        self.gpu.streams().append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.gpu.streams().pop()
+
+    def synchronize(self) -> None:
+        self.gpu.log.append(("sync", self.ptr))
+
+    def wait_event(self, event) -> None:
+        self.gpu.log.append(("wait_event", self.ptr, event.ptr))
+
+    def record(self, event=None):
+        event = event or Event(self.gpu)
+        event.record(self)
+        return event
+
+
+class Event:
+    def __init__(self, gpu: Gpu, disable_timing: bool = True) -> None:
+        self.gpu = gpu
+        self.ptr = next(gpu.ptrs)
+
+    def record(self, stream=None) -> None:
+        self.gpu.log.append(("event", (stream or self.gpu.current()).ptr))
+
+    @property
+    def done(self) -> bool:  # CuPy 14.2: runtime.eventQuery(self.ptr) == 0
+        return self.gpu_runtime_query() == 0
+
+    def gpu_runtime_query(self) -> int:
+        return 0 if self.gpu.comm_abort.is_set() else self.gpu.event_status
+
+
+class Device:
+    def __init__(self, gpu: Gpu, device: int | None = 0) -> None:
+        self.gpu = gpu
+        self.id = 0 if device is None else device
+
+    def __enter__(self) -> Device:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def use(self) -> None:
+        self.gpu.device_calls += 1
+        if self.gpu.driver_error is not None:
+            raise CUDARuntimeError(self.gpu.driver_error)
+        self.gpu.log.append(("use", self.id))
+
+
+class Runtime(types.ModuleType):
+    def __init__(self, gpu: Gpu) -> None:
+        super().__init__("cupy.cuda.runtime")
+        self.gpu = gpu
+        self.CUDARuntimeError = CUDARuntimeError
+
+    def _device(self) -> None:
+        self.gpu.device_calls += 1
+        if self.gpu.driver_error is not None:
+            raise CUDARuntimeError(self.gpu.driver_error)
+
+    def getDeviceCount(self) -> int:
+        self._device()
+        return len(self.gpu.uuids)
+
+    def getDeviceProperties(self, i: int) -> dict:
+        self._device()
+        return {"uuid": self.gpu.uuids[i], "name": b"Fake GPU"}
+
+    def deviceGetPCIBusId(self, i: int) -> str:
+        self._device()
+        return f"0000:{i + 1:02x}:00.0"
+
+    def driverGetVersion(self) -> int:
+        return (
+            0
+            if self.gpu.driver_error == INSUFFICIENT_DRIVER and not self.gpu.driver
+            else (self.gpu.driver)
+        )
+
+    def runtimeGetVersion(self) -> int:
+        return 13020
+
+    def eventQuery(self, ptr: int) -> int:  # CuPy: returns the status, never raises
+        return 0 if self.gpu.comm_abort.is_set() else self.gpu.event_status
+
+    def check_status(self, status: int) -> None:
+        if status:
+            raise CUDARuntimeError(status)
+
+
+class _Data:
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+
+class _Flags:
+    def __init__(self, a: np.ndarray) -> None:
+        self.c_contiguous = a.flags.c_contiguous
+
+
+class ndarray:
+    """A CuPy array: NumPy memory, kernels logged on the current stream."""
+
+    __module__ = "cupy"
+
+    def __init__(self, gpu: Gpu, a: np.ndarray) -> None:
+        self.gpu = gpu
+        self.a = a
+
+    size = property(lambda self: self.a.size)
+    dtype = property(lambda self: self.a.dtype)
+    shape = property(lambda self: self.a.shape)
+    strides = property(lambda self: self.a.strides)
+    nbytes = property(lambda self: self.a.nbytes)
+    flags = property(lambda self: _Flags(self.a))
+    device = property(lambda self: Device(self.gpu, 0))
+    data = property(lambda self: _Data(self.a.ctypes.data))
+
+    def _kernel(self, name: str, result: np.ndarray) -> ndarray:
+        self.gpu.log.append(("kernel", name, self.gpu.current().ptr))
+        return ndarray(self.gpu, result)
+
+    def __mul__(self, factor):
+        return self._kernel("multiply", self.a * factor)
+
+    def astype(self, dtype, copy=True):
+        return self._kernel("astype", self.a.astype(dtype, copy=copy))
+
+    def reshape(self, *shape):
+        return ndarray(self.gpu, self.a.reshape(*shape))
+
+    def __getitem__(self, key):
+        return ndarray(self.gpu, self.a[key])
+
+    def __setitem__(self, key, value):
+        self.gpu.log.append(("kernel", "copy", self.gpu.current().ptr))
+        self.a[key] = value.a if isinstance(value, ndarray) else value
+
+    def get(self, out=None, stream=None):
+        self.gpu.log.append(("d2h", (stream or self.gpu.current()).ptr))
+        out[...] = self.a
+        return out
+
+    def set(self, host, stream=None):
+        self.gpu.log.append(("h2d", (stream or self.gpu.current()).ptr))
+        self.a[...] = host
+
+
+_NCCL_SIZES = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2}
+
+
+class NcclCommunicator:
+    """One rank's NCCL communicator; with one rank the collectives are copies, done."""
+
+    instances: list[NcclCommunicator] = []
+
+    def __init__(self, gpu: Gpu, ndev: int, commid, rank: int) -> None:
+        assert isinstance(commid, bytes) and len(commid) == 128
+        self.gpu = gpu
+        self.ndev, self.rank = ndev, rank
+        self.aborted = self.destroyed = False
+        gpu.log.append(("nccl_init", ndev, rank))
+        if gpu.block_init:
+            gpu.comm_abort.wait(30)  # no handle to abort: only the test's release ends it
+        NcclCommunicator.instances.append(self)
+
+    def _enqueue(self, op: str, stream: int) -> None:
+        self.gpu.log.append(("nccl", op, stream))
+        if self.gpu.block_enqueue:
+            self.gpu.comm_abort.wait(30)  # blocked on the host until the communicator aborts
+
+    def _copy(self, send: int, recv: int, count: int, dtype: int) -> None:
+        if self.ndev == 1 and send != recv:
+            ctypes.memmove(recv, send, count * _NCCL_SIZES[dtype])
+
+    def allReduce(self, send, recv, count, dtype, op, stream):
+        self._enqueue("allReduce", stream)
+        self._copy(send, recv, count, dtype)
+
+    def reduce(self, send, recv, count, dtype, op, root, stream):
+        self._enqueue("reduce", stream)
+        self._copy(send, recv, count, dtype)
+
+    def bcast(self, buf, count, dtype, root, stream):
+        self._enqueue("bcast", stream)
+
+    def allGather(self, send, recv, count, dtype, stream):
+        self._enqueue("allGather", stream)
+        self._copy(send, recv, count, dtype)
+
+    def reduceScatter(self, send, recv, count, dtype, op, stream):
+        self._enqueue("reduceScatter", stream)
+        self._copy(send, recv, count, dtype)
+
+    def send(self, buf, count, dtype, peer, stream):
+        self._enqueue("send", stream)
+
+    def recv(self, buf, count, dtype, peer, stream):
+        self._enqueue("recv", stream)
+
+    def check_async_error(self):
+        if self.gpu.async_error:
+            raise NcclError(6)
+
+    def abort(self):
+        self.aborted = True
+        self.gpu.log.append(("nccl_abort",))
+        self.gpu.comm_abort.set()
+
+    def destroy(self):
+        self.destroyed = True
+
+
+def make_cupy(gpu: Gpu) -> dict[str, types.ModuleType]:
+    """The modules of the fake CuPy, for sys.modules."""
+    cupy = types.ModuleType("cupy")
+    cuda = types.ModuleType("cupy.cuda")
+    nccl = types.ModuleType("cupy.cuda.nccl")
+    cupyx = types.ModuleType("cupyx")
+    runtime = Runtime(gpu)
+    cupy.__version__ = "14.2.0"
+    cupy.cuda = cuda
+    cupy.ndarray = ndarray
+    cupy.empty = lambda shape, dtype=np.float64: (
+        gpu.log.append(("alloc", gpu.current().ptr)) or ndarray(gpu, np.empty(shape, dtype))
+    )
+    cupy.asarray = lambda a: ndarray(gpu, np.array(a))
+
+    def zeros(shape, dtype=np.float64):
+        gpu.device_calls += 1
+        gpu.log.append(("kernel", "zeros", gpu.current().ptr))
+        return ndarray(gpu, np.zeros(shape, dtype))
+
+    cupy.zeros = zeros
+
+    def divide(x, n, out=None):
+        gpu.log.append(("kernel", "divide", gpu.current().ptr))
+        np.divide(x.a, n, out=out.a)
+        return out
+
+    cupy.divide = divide
+    cuda.runtime = runtime
+    cuda.nccl = nccl
+    cuda.Device = lambda device=0: Device(gpu, device)
+    cuda.Stream = lambda non_blocking=False: Stream(gpu, non_blocking=non_blocking)
+    cuda.Event = lambda disable_timing=True: Event(gpu, disable_timing)
+    cuda.get_current_stream = gpu.current
+    nccl.NcclError = NcclError
+    nccl.NcclCommunicator = lambda ndev, commid, rank: NcclCommunicator(gpu, ndev, commid, rank)
+    nccl.get_version = lambda: 23203
+    nccl.get_unique_id = lambda: bytes(range(128))
+    nccl.groupStart = lambda: gpu.log.append(("group", "start"))
+    nccl.groupEnd = lambda: gpu.log.append(("group", "end"))
+    cupyx.empty_pinned = lambda shape, dtype=np.uint8: np.empty(shape, dtype)
+    return {
+        "cupy": cupy,
+        "cupy.cuda": cuda,
+        "cupy.cuda.runtime": runtime,
+        "cupy.cuda.nccl": nccl,
+        "cupyx": cupyx,
+    }
+
+
+class FakeMPI:
+    """An mpi4py communicator of ``size`` ranks seen from rank ``rank``: allgather answers
+    with the other ranks' contributions given (``others``), or copies of this one's."""
+
+    def __init__(self, rank: int = 0, size: int = 1, others=None) -> None:
+        self.rank, self.size, self.others = rank, size, others
+
+    def Get_rank(self) -> int:
+        return self.rank
+
+    def Get_size(self) -> int:
+        return self.size
+
+    def allgather(self, x):
+        if self.others is None:
+            return [x] * self.size
+        return [x if r == self.rank else self.others[r] for r in range(self.size)]
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """A fake one-GPU machine installed as CuPy."""
+    g = Gpu()
+    for name, mod in make_cupy(g).items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    NcclCommunicator.instances.clear()
+    yield g
+    g.comm_abort.set()  # release anything still blocked
+
+
+def dev(gpu: Gpu, a) -> ndarray:
+    return ndarray(gpu, np.ascontiguousarray(a))
+
+
+class HostStub:
+    """The group's host backend as DeviceBackends and the dispatch see it."""
+
+    name = "mpi"
+
+    def __init__(self, mpi: FakeMPI) -> None:
+        self.mpi = mpi
+        self.rank, self.size = mpi.rank, mpi.size
+
+
+def nccl_dispatcher(gpu, *, timeout=None, auto=False, mpi=None):
+    mpi = mpi or FakeMPI()
+    host = HostStub(mpi)
+    devices = DeviceBackends(host, DeviceConfig(0, "nccl", DevicePath(False, "test"), auto=auto))
+    d = Dispatcher(Group("world", mpi.rank, mpi.size), host, devices.backend_for, timeout=timeout)
+    devices.attach(d)
+    return d, devices
+
+
+def in_thread(fn, limit: float):
+    """Run fn in a thread; (finished, its result or exception). A hang does not hang the test."""
+    box: list = []
+
+    def run():
+        try:
+            box.append(fn())
+        except BaseException as exc:
+            box.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(limit)
+    return (not t.is_alive()), (box[0] if box else None)
+
+
+# -- defect 9: duplicate GPUs compared by UUID -----------------------------------------------
+
+U1, U2 = bytes(range(1, 17)), bytes(range(2, 18))
+
+
+def test_mig_instances_of_one_gpu_are_distinct_gpus():
+    """Two MIG instances of one GPU share the PCI bus id but not the UUID: NCCL >= 2.30
+    accepts them, so must hpccomm (it compared bus ids and refused)."""
+    same_bus = [("n1", "MIG-aaaa", "0000:01:00.0"), ("n1", "MIG-bbbb", "0000:01:00.0")]
+    check_unique_gpus(same_bus, 0)
+    with pytest.raises(GpuBindingError, match=r"ranks \[0, 1\] on host n1 would share GPU MIG-aa"):
+        check_unique_gpus([same_bus[0], same_bus[0]], 1)
+
+
+def test_format_uuid_like_nvidia_smi():
+    assert format_uuid(bytes.fromhex("6f5e5d3c2b1a09080706050403020100")) == (
+        "GPU-6f5e5d3c-2b1a-0908-0706-050403020100"
+    )
+    assert format_uuid(bytes(16)) == "" and format_uuid(None) == ""
+
+
+def test_nccl_init_exchanges_uuids_and_refuses_a_shared_one(gpu):
+    other = ((("n2", format_uuid(U1), "0000:01:00.0"), None),)
+    with pytest.raises(GpuBindingError, match=rf"would share GPU {format_uuid(U1)} \(PCI"):
+        NcclBackend(FakeMPI(0, 2, [None, *other]), 0, host="n1")
+    distinct = ((("n2", format_uuid(U2), "0000:01:00.0"), None),)
+    b = NcclBackend(FakeMPI(0, 2, [None, *distinct]), 0, host="n1")
+    assert b.comm.ndev == 2 and b.comm.rank == 0
+
+
+def test_nccl_init_failure_on_one_rank_is_raised_on_every_rank(gpu):
+    """A rank that cannot describe its GPU still joins the exchange, so the others raise
+    too, naming it, instead of waiting in the allgather."""
+    failed = ("CUDARuntimeError: cudaErrorInsufficientDriver", None)
+    with pytest.raises(BackendError, match="rank 1 could not describe GPU.*InsufficientDriver"):
+        NcclBackend(FakeMPI(0, 2, [None, failed]), 0)
+
+
+# -- defect 5: "auto" falls back to the MPI device path where NCCL refuses -------------------
+
+
+def shared_gpu_mpi() -> FakeMPI:
+    return FakeMPI(0, 2, [None, (("n1", format_uuid(U1), "0000:01:00.0"), None)])
+
+
+def test_auto_falls_back_to_mpi_when_ranks_share_a_gpu(gpu, monkeypatch):
+    monkeypatch.delenv("NCCL_MULTI_RANK_GPU_ENABLE", raising=False)
+    d, devices = nccl_dispatcher(gpu, auto=True, mpi=shared_gpu_mpi())
+    call = O.Call(O.ALL_REDUCE, d.group, redop=ReduceOp.SUM)
+    call.device = 0
+    with pytest.warns(RuntimeWarning, match="take the MPI device path.*would share GPU"):
+        backend = devices.backend_for(call)
+    assert isinstance(backend, DeviceMPIBackend) and devices.nccl is None
+    assert isinstance(devices.backend_for(call), DeviceMPIBackend)  # no second attempt
+    assert [e for e in gpu.log if e[0] == "nccl_init"] == []
+
+
+def test_explicit_nccl_still_refuses_ranks_sharing_a_gpu(gpu, monkeypatch):
+    monkeypatch.delenv("NCCL_MULTI_RANK_GPU_ENABLE", raising=False)
+    d, devices = nccl_dispatcher(gpu, auto=False, mpi=shared_gpu_mpi())
+    call = O.Call(O.ALL_REDUCE, d.group, redop=ReduceOp.SUM)
+    call.device = 0
+    with pytest.raises(GpuBindingError, match="would share GPU"):
+        devices.backend_for(call)
+    d2, auto = nccl_dispatcher(gpu, auto=True, mpi=shared_gpu_mpi())
+    with pytest.raises(GpuBindingError):  # enable_nccl() is explicit even under "auto"
+        auto.enable_nccl("enable_nccl (rank 0 of 2)")
+
+
+def test_multi_rank_gpu_enable_lets_nccl_share(gpu, monkeypatch):
+    monkeypatch.setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1")
+    d, devices = nccl_dispatcher(gpu, auto=True, mpi=shared_gpu_mpi())
+    call = O.Call(O.ALL_REDUCE, d.group, redop=ReduceOp.SUM)
+    call.device = 0
+    assert isinstance(devices.backend_for(call), NcclBackend)
+
+
+def test_auto_mode_is_said_and_dup_to_nccl_is_explicit():
+    cfg = DeviceConfig(0, "nccl", DevicePath(False, "x"), auto=True)
+    assert "MPI device path where NCCL refuses" in cfg.describe()
+    assert cfg._replace(mode="nccl", auto=False).auto is False
+
+
+# -- defect 6: timeouts bound NCCL work --------------------------------------------------------
+
+
+def test_bounded_call_waits_for_the_gpu_and_aborts_on_timeout(gpu):
+    """With a timeout, a synchronous NCCL call must not return before the GPU is done (it
+    only enqueued a stream wait): a rank that never joins is a CommTimeoutError and the
+    communicator is aborted, not a hang in some later synchronize."""
+    d, devices = nccl_dispatcher(gpu, timeout=0.3)
+    x = dev(gpu, np.ones(8, np.float32))
+    gpu.event_status = NOT_READY  # the collective never completes on the GPU
+    t0 = time.monotonic()
+    finished, got = in_thread(lambda: d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM), 10)
+    assert finished and isinstance(got, CommTimeoutError), got
+    assert "NCCL communicator was aborted" in str(got)
+    assert str(got).startswith("all_reduce #2 on world (rank 0 of 1): not complete after 0.3 s")
+    assert time.monotonic() - t0 < 5
+    assert devices.nccl.comm.aborted
+    with pytest.raises(BackendError, match="aborted earlier"):
+        d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM)
+
+
+def test_bounded_call_whose_enqueue_blocks_the_host_lazy_connect(gpu):
+    """NCCL's lazy connect blocks the host inside the first collective until the peers
+    connect; a bounded call must still end at its timeout (it ran inline, unbounded)."""
+    d, devices = nccl_dispatcher(gpu, timeout=0.3)
+    devices.enable_nccl("enable_nccl (rank 0 of 1)")
+    gpu.block_enqueue = True
+    x = dev(gpu, np.ones(4, np.float32))
+    finished, got = in_thread(lambda: d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM), 10)
+    assert finished, "the bounded NCCL call hung on the host"
+    assert isinstance(got, CommTimeoutError) and "aborted" in str(got), got
+
+
+def test_bounded_call_completes_with_its_result(gpu):
+    d, devices = nccl_dispatcher(gpu, timeout=5)
+    x = dev(gpu, np.arange(6, dtype=np.float64))
+    assert d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.PREMUL_SUM(2.0)) is x
+    assert list(x.a) == [0, 2, 4, 6, 8, 10]
+    assert gpu.log.index(("nccl", "allReduce", 0)) < max(
+        i for i, e in enumerate(gpu.log) if e[0] == "event"
+    )  # an event recorded after the collective, waited on the host
+
+
+def test_nccl_creation_is_bounded_by_the_timeout(gpu):
+    """ncclCommInitRank waits for every rank: with a timeout the first device collective
+    ends with CommTimeoutError instead of hanging, and later device calls refuse."""
+    d, devices = nccl_dispatcher(gpu, timeout=0.3)
+    gpu.block_init = True
+    x = dev(gpu, np.ones(4, np.float32))
+    finished, got = in_thread(lambda: d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM), 10)
+    assert finished, "NCCL creation hung"
+    assert isinstance(got, CommTimeoutError), got
+    assert "creating the group's NCCL communicator did not complete" in str(got)
+    with pytest.raises(BackendError, match="cannot run"):
+        devices.enable_nccl("enable_nccl (rank 0 of 1)")
+
+
+def test_sticky_cuda_error_is_raised_not_a_timeout(gpu):
+    """After a sticky CUDA error CuPy's Event.done stays False for ever; synchronize() and
+    is_completed() must raise the CUDA error instead of spinning to a timeout."""
+    d, devices = nccl_dispatcher(gpu)
+    x = dev(gpu, np.ones(4, np.float32))
+    work = d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM, async_op=True)
+    gpu.event_status = ILLEGAL_ADDRESS
+    assert not Event(gpu).done  # what CuPy's own property says
+    t0 = time.monotonic()
+    with pytest.raises(BackendError, match="CUDA error on the GPU: cudaErrorIllegalAddress"):
+        work.synchronize(timeout=2)
+    assert time.monotonic() - t0 < 1
+    with pytest.raises(BackendError, match="cudaErrorIllegalAddress"):
+        work.wait()  # the Work keeps the error
+
+
+def test_async_error_aborts_and_raises(gpu):
+    d, devices = nccl_dispatcher(gpu)
+    x = dev(gpu, np.ones(4, np.float32))
+    work = d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM, async_op=True)
+    gpu.event_status = NOT_READY
+    gpu.async_error = True
+    with pytest.raises(BackendError, match="asynchronous error"):
+        work.synchronize(timeout=2)
+    assert devices.nccl.aborted
+
+
+# -- defect 7: streams ---------------------------------------------------------------------------
+
+
+class HostBodies:
+    """The host backend's bodies as the MPI device path wraps them: PREMUL_SUM scales a copy
+    (a CuPy kernel, on whatever stream is current) and AVG divides after MPI."""
+
+    name = "mpi"
+
+    def __init__(self, gpu: Gpu) -> None:
+        self.gpu, self.rank, self.size = gpu, 0, 2
+
+    def prepare(self, call) -> None:
+        scale = call.redop.factor if call.redop.name == "PREMUL_SUM" else None
+        if call.redop.name == "AVG":
+            scale = "avg"
+        call.how = ("MPI_FLOAT", "MPI_SUM", scale)
+        call.body = self.all_reduce
+        call.mode = "blocking"
+
+    def all_reduce(self, call, x, out, stream):
+        _, _, scale = call.how
+        send = x if scale in (None, "avg") else (x * scale).astype(x.dtype, copy=False)
+        self.gpu.log.append(("mpi", "Allreduce"))
+        x.a[...] = send.a * self.size  # what the other rank's equal data sums to
+        if scale == "avg":
+            self.gpu.log.append(("kernel", "divide", self.gpu.current().ptr))
+            x.a /= self.size
+        return x
+
+
+def direct_call(gpu, redop):
+    backend = DeviceMPIBackend(HostBodies(gpu), DevicePath(True, "test"))
+    call = O.Call(O.ALL_REDUCE, Group("world", 0, 2), redop=redop)
+    call.device = 0
+    call.count = 4
+    call.info = dtype_info(np.dtype(np.float32), "test")
+    backend.prepare(call)
+    return call
+
+
+def test_direct_premul_sum_scaled_copy_is_finished_before_mpi_reads_it(gpu):
+    call = direct_call(gpu, ReduceOp.PREMUL_SUM(0.5))
+    s = Stream(gpu)
+    x = dev(gpu, np.full(4, 3.0, np.float32))
+    assert call.body(call, x, None, s) is x
+    assert list(x.a) == [3.0] * 4  # 0.5 * 3 on both ranks
+    log = [e for e in gpu.log if e[0] in ("kernel", "sync", "mpi")]
+    mpi = log.index(("mpi", "Allreduce"))
+    scale = log.index(("kernel", "multiply", s.ptr))
+    assert scale < mpi and ("sync", s.ptr) in log[scale:mpi], log
+
+
+def test_direct_avg_division_runs_on_the_call_stream(gpu):
+    call = direct_call(gpu, ReduceOp.AVG)
+    s = Stream(gpu)
+    x = dev(gpu, np.full(4, 3.0, np.float32))
+    call.body(call, x, None, s)
+    assert list(x.a) == [3.0] * 4
+    assert ("kernel", "divide", s.ptr) in gpu.log, gpu.log
+
+
+def test_outputs_are_allocated_on_the_call_stream(gpu):
+    d, devices = nccl_dispatcher(gpu)
+    s = Stream(gpu)
+    x = dev(gpu, np.arange(4, dtype=np.float32))
+    out = d.dispatch(O.ALL_GATHER, x, stream=s)
+    assert list(out.a) == [0, 1, 2, 3]
+    assert ("alloc", s.ptr) in gpu.log and ("alloc", 0) not in gpu.log, gpu.log
+    assert ("nccl", "allGather", s.ptr) in gpu.log
+
+
+def test_nccl_premul_and_avg_kernels_on_the_call_stream(gpu):
+    d, devices = nccl_dispatcher(gpu)
+    s = Stream(gpu)
+    x = dev(gpu, np.full(3, 4.0))
+    d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.PREMUL_SUM(0.25), stream=s)
+    assert list(x.a) == [1.0] * 3
+    assert ("kernel", "multiply", s.ptr) in gpu.log and ("nccl", "allReduce", s.ptr) in gpu.log
+
+
+# -- defect 8: grouped calls -----------------------------------------------------------------
+
+
+def test_batch_is_checked_whole_before_group_start(gpu):
+    """A bad entry in the middle of a batch (here a host array) must be refused before
+    anything is posted: posted sends would leave the peers waiting for ever."""
+    d, devices = nccl_dispatcher(gpu)
+    devices.enable_nccl("enable_nccl")
+    items = [
+        P2POp("send", dev(gpu, np.ones(4, np.float32)), 0),
+        P2POp("recv", np.ones(4, np.float32), 0),
+    ]
+    with pytest.raises(
+        InvalidArgumentError, match=r"ops\[1\].array is a host array.*nothing was posted"
+    ):
+        d.dispatch(O.BATCH_P2P, items)
+    assert ("group", "start") not in gpu.log and not any(e[0] == "nccl" for e in gpu.log)
+
+
+def test_batch_dtype_error_before_group_start(gpu):
+    d, devices = nccl_dispatcher(gpu)
+    devices.enable_nccl("enable_nccl")
+    items = [
+        P2POp("send", dev(gpu, np.ones(4, np.float32)), 0),
+        P2POp("recv", dev(gpu, np.ones(4, np.int16)), 0),
+    ]
+    with pytest.raises(DtypeError, match=r"ops\[1\]: dtype int16 has no NCCL type"):
+        d.dispatch(O.BATCH_P2P, items)
+    assert ("group", "start") not in gpu.log
+
+
+def test_nccl_refuses_tags_it_cannot_honour(gpu):
+    d, devices = nccl_dispatcher(gpu)
+    devices.enable_nccl("enable_nccl")
+    with pytest.raises(InvalidArgumentError, match="tag is 5, but NCCL has no tags"):
+        d.dispatch(O.SEND, dev(gpu, np.ones(2)), peer=0, tag=5)
+    items = [P2POp("send", dev(gpu, np.ones(2)), 0, tag=3)]
+    with pytest.raises(InvalidArgumentError, match="tag is 3, but NCCL has no tags"):
+        d.dispatch(O.BATCH_P2P, items)
+    assert ("group", "start") not in gpu.log
+    d.dispatch(O.SEND, dev(gpu, np.ones(2)), peer=0, tag=0)  # the default is fine
+    assert ("nccl", "send", 0) in gpu.log
+
+
+# -- defects 3 and 4: binding --------------------------------------------------------------
+
+
+def info_for(env: dict, rank=0, size=1):
+    base = {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(size)}
+    base.update(OMPI_COMM_WORLD_LOCAL_RANK=str(rank), OMPI_COMM_WORLD_LOCAL_SIZE=str(size))
+    return discover({**base, **env}, hostname="n1")
+
+
+def gather_as(others_views, failures=None, rank=0):
+    """An allgather for _bind_gpu on ``rank``: first the views (this rank's inserted), then
+    the failures (None for the others unless given)."""
+    calls = iter([others_views, failures])
+
+    def allgather(x):
+        given = next(calls)
+        if given is None:
+            given = [None] * len(others_views)
+        return [x if r == rank else given[r] for r in range(len(given))]
+
+    return allgather
+
+
+def test_visible_devices_and_no_driver_gpu_none_stays_cpu_and_says_why(gpu):
+    """CUDA_VISIBLE_DEVICES set (Slurm, containers) and no usable driver: init(gpu=None)
+    died with a raw CUDARuntimeError; it must stay CPU-only and say why."""
+    gpu.driver_error, gpu.driver = INSUFFICIENT_DRIVER, 0
+    info = info_for({"CUDA_VISIBLE_DEVICES": "0"})
+    with pytest.warns(RuntimeWarning, match="staying CPU-only: no usable NVIDIA driver"):
+        bound = _bind_gpu(info, None, gather_as([None]))
+    assert bound.gpu is None
+    assert bound.sources["gpu"].startswith("CPU-only: no usable NVIDIA driver (CuPy 14.2.0")
+    cfg = _device_config(bound, "auto", False)
+    assert "no GPU bound on this rank (no usable NVIDIA driver" in cfg.describe()
+
+
+def test_no_visible_devices_variable_and_no_driver_is_not_swallowed(gpu):
+    gpu.driver_error, gpu.driver = INSUFFICIENT_DRIVER, 0
+    bound = _bind_gpu(info_for({}), None, gather_as([None]))
+    assert bound.gpu is None and "no usable NVIDIA driver" in bound.sources["gpu"]
+
+
+def test_gpu_true_names_an_old_driver(gpu):
+    gpu.driver_error, gpu.driver = INSUFFICIENT_DRIVER, 12040
+    with pytest.raises(HpccommError) as exc:
+        _bind_gpu(info_for({"CUDA_VISIBLE_DEVICES": "0"}), True, gather_as([None]))
+    msg = str(exc.value)
+    assert "the NVIDIA driver supports CUDA 12.4, older than the CUDA 13.2" in msg, msg
+    assert "no GPU is visible" not in msg or "driver" in msg
+
+
+def test_gpu_true_failure_on_one_rank_raises_on_every_rank(gpu):
+    other = "HpccommError: init (rank 1 of 2): gpu=True but no GPU is visible: x"
+    info = info_for({"CUDA_VISIBLE_DEVICES": "0"}, rank=0, size=2)
+    views = [None, ("n2", (format_uuid(U2),))]
+    with pytest.raises(HpccommError, match=r"rank\(s\) \[1\] required a GPU.*no GPU is visible"):
+        _bind_gpu(info, True, gather_as(views, [None, other]))
+
+
+def test_gpus_per_task_two_each_task_its_own(gpu, monkeypatch):
+    """srun --gpus-per-task=2: each of 4 tasks sees its own two GPUs (CUDA_VISIBLE_DEVICES
+    "0,1" in each, different UUIDs): binding raised GpuBindingError (2 visible for 4 local
+    ranks); each task takes its first."""
+    monkeypatch.delenv("HPCCOMM_ALLOW_GPU_SHARING", raising=False)
+    gpu.uuids = [bytes([1] * 16), bytes([2] * 16)]
+    views = [None] + [("n1", (f"GPU-{r}a", f"GPU-{r}b")) for r in range(1, 4)]
+    info = info_for({"CUDA_VISIBLE_DEVICES": "0,1"}, rank=0, size=4)
+    bound = _bind_gpu(info, True, gather_as(views))
+    assert bound.gpu == 0 and ("use", 0) in gpu.log
+
+
+def test_one_visible_gpu_shared_by_two_tasks_is_not_silent(gpu, monkeypatch):
+    """One visible GPU and two tasks that see the same one: every task silently got GPU 0."""
+    monkeypatch.delenv("HPCCOMM_ALLOW_GPU_SHARING", raising=False)
+    views = [None, ("n1", (format_uuid(U1),))]
+    info = info_for({"CUDA_VISIBLE_DEVICES": "0"}, rank=0, size=2)
+    with pytest.raises(GpuBindingError, match=r"local ranks \[0, 1\] would share GPU GPU-0102"):
+        _bind_gpu(info, True, gather_as(views))
+    with pytest.warns(RuntimeWarning, match="staying CPU-only: .*would share GPU"):
+        assert _bind_gpu(info, None, gather_as(views)).gpu is None
+    monkeypatch.setenv("HPCCOMM_ALLOW_GPU_SHARING", "1")
+    assert _bind_gpu(info, True, gather_as(views)).gpu == 0
+
+
+def test_one_gpu_per_container_is_fine(gpu):
+    """Each task in its own container sees "GPU 0", a different one each: not shared."""
+    views = [None, ("n1", (format_uuid(U2),))]
+    info = info_for({"CUDA_VISIBLE_DEVICES": "0"}, rank=0, size=2)
+    assert _bind_gpu(info, True, gather_as(views)).gpu == 0
+
+
+@pytest.mark.parametrize(
+    ("views", "me", "expect"),
+    [
+        ([("a", "b"), ("a", "b")], 1, 1),  # two ranks, two GPUs seen by both
+        ([("a",), ("b",)], 1, 0),  # one GPU each (per-task binding, containers)
+        ([("a", "b"), ("c", "d"), ("e", "f")], 2, 0),  # --gpus-per-task=2
+        ([(), ("a",)], 0, None),  # a rank without GPU
+    ],
+)
+def test_choose_on_node(views, me, expect):
+    assert choose_on_node(views, me) == expect
+
+
+def test_choose_on_node_overlapping_views_would_share():
+    with pytest.raises(GpuBindingError, match=r"local ranks \[0, 1\] would share GPU b"):
+        choose_on_node([("b", "c"), ("b",)], 0)
+    assert choose_on_node([("a", "a2"), ("a", "a2"), ("a", "a2")], 2, allow_sharing=True) == 0
+
+
+# -- defect 10: the GPU tests touch no CUDA before binding -------------------------------------
+
+
+def test_gpu_test_module_touches_no_device_at_import(gpu):
+    """tests/gpu/test_gpu_ops.py ran a CuPy kernel at import (its bfloat16 probe), before
+    hpccomm.init bound the rank's GPU: every rank then made a context on device 0."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "gpu" / "test_gpu_ops.py"
+    spec = importlib.util.spec_from_file_location("gpu_ops_import_check", path)
+    module = importlib.util.module_from_spec(spec)
+    gpu.log.clear()
+    calls_before = gpu.device_calls
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spec.loader.exec_module(module)
+    assert gpu.log == [] and gpu.device_calls == calls_before
+    assert module.ml_dtypes is ml_dtypes
