@@ -79,10 +79,20 @@ format:
 	$(BIN)/ruff format hpccomm tests benchmarks
 	$(BIN)/ruff check --fix hpccomm tests benchmarks
 
+# hpccomm bench (nccl-tests conventions, README "Measure"): all_reduce 8 B-64 MiB at 2 ranks
+# against raw mpi4py and torch's gloo (when torch is installed), with a plot; every op at 2 and
+# 4 ranks against raw mpi4py; then what the profiler costs per call. Results go to build/.
+BENCH_GLOO = $(shell $(BIN)/python -c "import importlib.util as u; print(',gloo' if u.find_spec('torch') else '')")
+BENCH_PLOT = $(shell $(BIN)/python -c "import importlib.util as u; print('--plot build/bench-all_reduce.png' if u.find_spec('matplotlib') else '')")
 bench:
+	@mkdir -p build
+	$(BOUND) $(MPIEXEC) -n 2 $(BIN)/hpccomm bench -o all_reduce -b 8 -e 64M \
+	  --peer mpi4py$(BENCH_GLOO) --json build/bench-all_reduce.json $(BENCH_PLOT)
 	@for n in 2 4; do \
-	  $(BOUND) $(MPIEXEC) -n $$n $(BIN)/python benchmarks/bench_ops.py || exit 1; \
+	  $(BOUND) $(MPIEXEC) -n $$n $(BIN)/hpccomm bench -o all -b 8 -e 16M -f 8 --peer mpi4py \
+	    --json build/bench-all-$$n.json || exit 1; \
 	done
+	$(BOUND) $(MPIEXEC) -n 2 $(BIN)/python benchmarks/profile_cost.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache

@@ -114,7 +114,7 @@ class Profiler:
         self._running = False
         self._groups: dict[int, int] = {}  # id(Group) -> index in _group_list
         self._group_list: list[tuple[str, str, list[int], int, int]] = []
-        self._stats: dict[tuple[int, str], list[float]] = {}
+        self._stats: dict[tuple[Any, Any, bool], list[Any]] = {}
         self._events: list[tuple] = []
         self._dropped = 0
         self._t_start = self._t_stop = 0.0
@@ -133,28 +133,31 @@ class Profiler:
             return
         call = rec.call
         g = call.group
+        # the key holds the Group itself (hashed by identity), so its id is never reused
+        key = (g, call.spec, call.peer == g.rank)
+        s = self._stats.get(key)
+        if s is None:
+            s = self._stats[key] = self._entry(rec, key[2])
+        nbytes = call.nbytes
+        s[1] += 1
+        s[2] += nbytes
+        s[3] += rec.t_end - rec.t_start
+        if rec.error is not None:
+            s[5] += 1
+        if len(self._events) < self.limit:
+            self._events.append((s[0], call.spec.name, rec.seq, rec.t_start, rec.t_end, nbytes,
+                                 rec.async_op, rec.error is not None))  # fmt: skip
+        else:
+            self._dropped += 1
+
+    def _entry(self, rec: Record, is_root: bool) -> list[Any]:
+        """[group index, calls, bytes, seconds, bus bytes per byte, failed] of a new key."""
+        g = rec.call.group
         gi = self._groups.get(id(g))
         if gi is None:
             gi = self._groups[id(g)] = len(self._group_list)
             self._group_list.append((rec.gid, g.name, list(g.world_ranks), g.rank, g.size))
-        op = call.spec.name
-        nbytes = call.nbytes
-        dt = rec.t_end - rec.t_start
-        key = (gi, op)
-        s = self._stats.get(key)
-        if s is None:
-            s = self._stats[key] = [0, 0, 0.0, 0.0, 0]
-        s[0] += 1
-        s[1] += nbytes
-        s[2] += dt
-        s[3] += bus_bytes(op, nbytes, g.size, call.peer == g.rank)
-        if rec.error is not None:
-            s[4] += 1
-        if len(self._events) < self.limit:
-            self._events.append((gi, op, rec.seq, rec.t_start, rec.t_end, nbytes,
-                                 rec.async_op, rec.error is not None))  # fmt: skip
-        else:
-            self._dropped += 1
+        return [gi, 0, 0, 0.0, bus_bytes(rec.call.spec.name, 1, g.size, is_root), 0]
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -225,7 +228,7 @@ class Profiler:
                 {"gid": gid, "name": name, "members": members, "rank": r, "size": n}
                 for gid, name, members, r, n in self._group_list
             ],
-            "stats": [[gi, op, *vals] for (gi, op), vals in self._stats.items()],
+            "stats": self._merged(),
             "events": self._events,
             "dropped": self._dropped,
             "clock": {
@@ -233,6 +236,18 @@ class Profiler:
                 "stop": self._sync_stop[self.comm.rank] if self._sync_stop else None,
             },
         }
+
+    def _merged(self) -> list[list[Any]]:
+        """[group index, op, calls, bytes, seconds, bus bytes, failed] per (group, op)."""
+        out: dict[tuple[int, str], list[Any]] = {}
+        for (_g, spec, _root), (gi, calls, nbytes, secs, mult, failed) in self._stats.items():
+            row = out.setdefault((gi, spec.name), [gi, spec.name, 0, 0, 0.0, 0.0, 0])
+            row[2] += calls
+            row[3] += nbytes
+            row[4] += secs
+            row[5] += nbytes * mult
+            row[6] += failed
+        return list(out.values())
 
     def _write_alone(self, why: str) -> None:
         raw = self._raw()

@@ -1,0 +1,84 @@
+"""hpccomm bench and HPCCOMM_PROFILE as commands in their own MPI jobs: the profile of an
+unchanged program written at exit, a rank that reaches the exit-time stop too late (every
+rank writes alone, the report merges them), and `hpccomm bench` with --json, --plot and its
+progress line."""
+
+import json
+import subprocess
+
+import pytest
+
+from hpccomm.cli import main
+
+pytestmark = pytest.mark.faults
+
+
+def report(directory, capsys):
+    assert main(["profile", "report", str(directory)]) == 0
+    return capsys.readouterr().out
+
+
+def test_env_variable_profiles_an_unchanged_program(launch, tmp_path, capsys):
+    prof = tmp_path / "prof"
+    job = launch(
+        3,
+        """
+        c = hpccomm.init()
+        for i in range(5):
+            if c.rank == 1:
+                time.sleep(0.03)
+            c.all_reduce(np.ones(256, np.float32))
+        c.broadcast(np.ones(8), 0)
+        report(c, "done")
+        """,
+        env={"HPCCOMM_PROFILE": str(prof)},
+    )
+    assert job.rc == 0, job.stderr
+    assert sorted(p.name for p in prof.iterdir()) == ["profile.json", "summary.txt", "trace.json"]
+    assert "hpccomm profile: wrote" in job.stderr
+    out = report(prof, capsys)
+    assert out == (prof / "summary.txt").read_text()
+    assert "world [0, 1, 2]: rank 1 arrived last in" in out
+    trace = json.loads((prof / "trace.json").read_text())
+    assert {e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"} == {0, 1, 2}
+
+
+def test_a_rank_late_for_the_exit_stop_writes_alone(launch, tmp_path, capsys, monkeypatch):
+    prof = tmp_path / "prof"
+    job = launch(
+        2,
+        """
+        import hpccomm.profiler as P
+        P.STOP_TIMEOUT = 1.0
+        c = hpccomm.init()
+        c.all_reduce(np.ones(4))
+        if c.rank == 1:
+            time.sleep(3)  # past rank 0's deadline
+        report(c, "done")
+        """,
+        env={"HPCCOMM_PROFILE": str(prof)},
+        bound=60,
+    )
+    assert job.rc == 0, job.stderr
+    assert sorted(p.name for p in prof.iterdir()) == ["rank00000.json", "rank00001.json"]
+    assert "not every rank reached the profiler's stop in time" in job.stderr
+    out = report(prof, capsys)
+    assert out.startswith("hpccomm profile: 2 ranks")
+    assert "note: not every rank reached the profiler's stop in time" in out
+
+
+def test_bench_command_with_json_plot_and_progress(mpiexec, mpi_env, venv_bin, tmp_path):
+    pytest.importorskip("matplotlib", reason="the 'plot' extra (matplotlib) is not installed")
+    cmd = [mpiexec, "--oversubscribe", "-n", "2", str(venv_bin / "hpccomm"), "bench",
+           "-o", "all_reduce,all_gather", "-b", "8", "-e", "64K", "-f", "16", "-n", "5",
+           "--rounds", "2", "--peer", "mpi4py", "--json", str(tmp_path / "b.json"),
+           "--plot", str(tmp_path / "b.png")]  # fmt: skip
+    proc = subprocess.run(cmd, env=mpi_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("# hpccomm bench: 2 ranks")
+    assert sum(not line.startswith("#") for line in lines) == 4 * 2  # 8 B .. 32 KiB, 2 ops
+    assert "bench: all_gather" in proc.stderr and "bench: done in" in proc.stderr
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert {r["op"] for r in doc["groups"][0]["rows"]} == {"all_reduce", "all_gather"}
+    assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
