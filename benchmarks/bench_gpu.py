@@ -15,6 +15,7 @@ import statistics
 import cupy as cp
 
 import hpccomm
+from hpccomm import GpuBindingError
 
 FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
            "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}  # fmt: skip
@@ -59,6 +60,21 @@ def raw_all_reduce(raw, x, nccl):
     )
 
 
+def nccl_path(world):
+    """({"nccl": communicator} or {}, the raw NcclCommunicator or None, why NCCL is skipped).
+    Collective. NCCL refuses ranks sharing a GPU (unless NCCL_MULTI_RANK_GPU_ENABLE=1 with
+    NCCL >= 2.30): the sweep then measures the MPI path only, and says why."""
+    if world.device.mode != "nccl":
+        return {}, None, "CuPy has no usable NCCL here (device_backend is mpi)"
+    comm = world.dup(device_backend="nccl")
+    try:
+        comm.enable_nccl()
+    except GpuBindingError as exc:  # raised on every rank alike
+        comm.free()
+        return {}, None, str(exc)
+    return {"nccl": comm}, comm.nccl, None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--max-bytes", type=int, default=256 << 20)
@@ -66,10 +82,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     world = hpccomm.init(gpu=True)
     n = world.size
-    paths = {"nccl": world.dup(device_backend="nccl"), "mpi": world.dup(device_backend="mpi")}
-    paths["nccl"].enable_nccl()
-    raw = paths["nccl"].nccl
-    from cupy.cuda import nccl
+    paths, raw, skipped = nccl_path(world)
+    paths["mpi"] = world.dup(device_backend="mpi")
 
     rows = []
     size = 1024
@@ -87,6 +101,11 @@ def main(argv=None) -> int:
                 t = time_us(fn, iters)
                 world.barrier()
                 rows.append((op, path, size, t, S / t / 1e3, S / t / 1e3 * FACTORS[op](n)))
+        if raw is None:
+            size *= 4
+            continue
+        from cupy.cuda import nccl
+
         t = time_us(raw_all_reduce(raw, x, nccl), iters)
         rows.append(
             (
@@ -101,6 +120,8 @@ def main(argv=None) -> int:
         size *= 4
     if world.rank == 0:
         print(f"# device sweep, {n} ranks, {world.device.describe()}")
+        if skipped:
+            print(f"# NCCL path skipped: {skipped}")
         print(f"{'op':<15}{'path':<10}{'size(B)':>11}{'time(us)':>11}{'algbw':>9}{'busbw':>9}")
         for op, path, size, t, alg, bus in rows:
             print(f"{op:<15}{path:<10}{size:>11}{t:>11.1f}{alg:>9.2f}{bus:>9.2f}")
