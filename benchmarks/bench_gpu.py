@@ -1,7 +1,7 @@
 """Device-array bandwidth sweep: hpccomm's NCCL path against raw cupy.cuda.nccl calls, and
 hpccomm's MPI path (direct or staged), in the same job. Times are CUDA-event medians.
 
-    mpiexec -n 2 python benchmarks/bench_gpu.py [--max-bytes 256M]
+    mpiexec -n 2 python benchmarks/bench_gpu.py [--max-bytes N] [--max-iters N]
 
 Columns follow nccl-tests: size (bytes per rank), time (us), algbw and busbw (GB/s);
 busbw factors: all_reduce 2(n-1)/n, all_gather/reduce_scatter/all_to_all (n-1)/n, broadcast 1.
@@ -79,6 +79,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--max-bytes", type=int, default=256 << 20)
     p.add_argument("--mpi-max-bytes", type=int, default=16 << 20)
+    p.add_argument("--max-iters", type=int, default=200, help="calls per timed round, at most")
     args = p.parse_args(argv)
     world = hpccomm.init(gpu=True)
     n = world.size
@@ -93,7 +94,7 @@ def main(argv=None) -> int:
         big = cp.ones(count * n, dtype=cp.float32)
         out_big = cp.empty(count * n, dtype=cp.float32)
         blk = cp.empty(count, dtype=cp.float32)
-        iters = max(5, min(200, (1 << 30) // max(size * n, 1) // 8))
+        iters = max(5, min(args.max_iters, (1 << 30) // max(size * n, 1) // 8))
         for path, comm in paths.items():
             if path == "mpi" and size > args.mpi_max_bytes:
                 continue

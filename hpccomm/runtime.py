@@ -213,6 +213,7 @@ def _no_cupy(info: LaunchInfo) -> HpccommError:
 
 
 _CUDA_NO_DEVICE = 100  # cudaErrorNoDevice
+_NOT_VISIBLE = ("CUDA_VISIBLE_DEVICES hides", "CUDA finds no device")
 _CUDA_INSUFFICIENT_DRIVER = 35  # cudaErrorInsufficientDriver
 
 
@@ -335,7 +336,7 @@ def _bind_gpu(
             if why == "CuPy is not installed"
             else HpccommError(
                 f"init (rank {info.rank} of {info.size}): gpu=True but no GPU is "
-                f"{'visible' if not ids else 'usable'}: {why}"
+                f"{'visible' if why.startswith(_NOT_VISIBLE) else 'usable'}: {why}"
             )
         )
     # Every rank learns whether a rank that required a GPU failed, so none walks on alone.

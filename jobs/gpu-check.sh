@@ -28,6 +28,8 @@
 #
 # Exit status: 0 only when every step passed. Each step's output is in LOGDIR/<step>.log (and
 # on the terminal); LOGDIR/summary.txt has one line per step.
+# The Python snippets are exported strings and the step functions run under `bash -c`:
+# shellcheck disable=SC2089,SC2090,SC2317
 set -u
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WHEELS="${GPU_CHECK_WHEELS:-$here/jobs/gpu-wheels}"
@@ -120,7 +122,7 @@ self_test() { # the machinery alone: a passing step, a failing one, one past its
 case "${1:-}" in
   --fetch-wheels) fetch_wheels; exit $? ;;
   --self-test) self_test "${2:-}" ;;
-  -h | --help) sed -n '2,33p' "$0"; exit 0 ;;
+  -h | --help) sed -n '2,30p' "$0"; exit 0 ;;
 esac
 
 LOGDIR="$(mkdir -p "${1:-gpu-check-logs}" && cd "${1:-gpu-check-logs}" && pwd)"
@@ -246,6 +248,6 @@ step refusal 45 env HPCCOMM_ALLOW_GPU_SHARING=1 CUDA_VISIBLE_DEVICES=0 \
 step abort 60 env NCCL_MULTI_RANK_GPU_ENABLE=1 HPCCOMM_ALLOW_GPU_SHARING=1 CUDA_VISIBLE_DEVICES=0 \
   "${MPIRUN[@]}" -n 2 "$PY" "${PYTEST[@]}" tests/gpu/test_gpu_faults.py -k missing_peer
 step bandwidth 60 env NCCL_MULTI_RANK_GPU_ENABLE=1 HPCCOMM_ALLOW_GPU_SHARING=1 CUDA_VISIBLE_DEVICES=0 \
-  "${MPIRUN[@]}" -n 2 "$PY" benchmarks/bench_gpu.py --max-bytes $((16 << 20))
+  "${MPIRUN[@]}" -n 2 "$PY" benchmarks/bench_gpu.py --max-bytes $((16 << 20)) --max-iters 50
 step binding 40 bash -c 'setup >/dev/null && binding_check'
 finish
