@@ -64,7 +64,7 @@ __all__ = [
 
 SCHEMA = "hpccomm.bench/1"
 PLOT_HINT = "matplotlib is not installed: pip install 'hpccomm[plot]' (or pip install matplotlib)"
-PEERS = ("mpi4py", "gloo")
+PEERS = ("mpi4py", "gloo", "torch")
 
 
 def _ring(n: int) -> float:
@@ -241,11 +241,6 @@ class BenchOptions:
         peers = []
         for raw in self.peers:
             for p in filter(None, (q.strip().lower() for q in raw.split(","))):
-                if p == "torch":
-                    raise InvalidArgumentError(
-                        "bench: --peer torch needs the hpccomm torch backend, which this "
-                        "installation does not have yet; --peer gloo measures torch's gloo"
-                    )
                 if p not in PEERS:
                     raise InvalidArgumentError(
                         f"bench: --peer {p!r}, expected one of {', '.join(PEERS)}"
@@ -461,9 +456,18 @@ def _mpi4py_calls(m: Any, k: Case) -> Callable[[], Any]:
     return lambda: (m.Recv([out, t], p, 0), m.Send([x, t], p, 0))
 
 
-class _Gloo:
-    """torch.distributed's gloo backend in these processes: a TCP store on world rank 0
-    (its port travels over MPI), one process group per benchmarked group."""
+# What a torch peer cannot run here without hanging the job (a failure on one rank leaves
+# its partner waiting): hpccomm.torch (2.13) fails irecv on a group made by new_group.
+_TORCH_LACKS = {
+    ("torch", "send_recv"): "hpccomm.torch's irecv on a new_group group fails on the receiver "
+    "(MismatchError: 'got 0 elements from rank -1'), which would leave the sender waiting",
+}
+
+
+class _Torch:
+    """torch.distributed in these processes: a default gloo group (a TCP store on world rank
+    0, its port sent over MPI), and per benchmarked group a gloo group (``--peer gloo``)
+    and a group of hpccomm's torch backend (``--peer torch``, :mod:`hpccomm.torch`)."""
 
     def __init__(self, mpi: Any, rank: int, size: int) -> None:
         import torch
@@ -488,16 +492,20 @@ class _Gloo:
         if self.owned:
             dist.init_process_group("gloo", store=store, rank=rank, world_size=size,
                                     timeout=timeout)  # fmt: skip
-        self.groups: dict[tuple[int, ...], Any] = {}
 
-    def group(self, all_groups: list[list[int]], mine: list[int]) -> Any:
-        """This rank's gloo group (every rank creates every group, in the same order)."""
-        key = tuple(mine)
-        if key not in self.groups:
-            for members in all_groups:
-                g = self.dist.new_group(sorted(members))
-                self.groups[tuple(members)] = g
-        return self.groups[key]
+    def group(self, all_groups: list[list[int]], mine: list[int], backend: str) -> Any:
+        """This rank's group of ``backend`` ("gloo" or "hpccomm"); every rank creates every
+        group, in the same order (torch calls the backend's creator on the members)."""
+        if backend == "hpccomm":
+            from . import torch as hpccomm_torch  # imports torch: optional
+
+            hpccomm_torch.register()
+        made = None
+        for members in all_groups:
+            g = self.dist.new_group(sorted(members), backend=backend)
+            if members == mine:
+                made = g
+        return made
 
     def tensor(self, a: Any) -> Any:
         if a is None:
@@ -508,7 +516,10 @@ class _Gloo:
             return self.torch.from_numpy(a.view(np.uint16)).view(self.torch.bfloat16)
         return self.torch.from_numpy(a)
 
-    def calls(self, g: Any, k: Case) -> Callable[[], Any]:
+    def calls(self, g: Any, k: Case, peer: str) -> Callable[[], Any]:
+        lacks = _TORCH_LACKS.get((peer, k.op))
+        if lacks is not None:
+            raise HpccommError(lacks)
         dist, T = self.dist, self.tensor
         x, out, root, n, b = T(k.x), T(k.out), k.root, k.n, k.block
         op = k.op
@@ -535,15 +546,25 @@ class _Gloo:
         if op == "scatter":
             blocks = None if x is None else [x[i * b : (i + 1) * b] for i in range(n)]
             return lambda: dist.scatter(out, blocks, group_src=root, group=g)
-        p = k.partner
+        p = k.partner  # send/recv as torch's isend/irecv + wait (what dist.send/recv do)
         if p is None:
             return lambda: None
-        if k.rank % 2 == 0:
-            return lambda: (
-                dist.send(x, group_dst=p, group=g),
-                dist.recv(out, group_src=p, group=g),
-            )
-        return lambda: (dist.recv(out, group_src=p, group=g), dist.send(x, group_dst=p, group=g))
+
+        def send() -> None:
+            dist.isend(x, group_dst=p, group=g).wait()
+
+        def recv() -> None:
+            dist.irecv(out, group_src=p, group=g).wait()
+
+        def first() -> None:
+            send()
+            recv()
+
+        def second() -> None:
+            recv()
+            send()
+
+        return first if k.rank % 2 == 0 else second
 
     def close(self) -> None:
         if self.owned and self.dist.is_initialized():
@@ -559,7 +580,7 @@ class _Group(NamedTuple):
     members: list[int]  # world ranks
     comm: Any  # this rank's hpccomm Communicator of it
     mpi: Any  # a duplicate of its MPI communicator (raw mpi4py peer)
-    gloo: Any  # its gloo process group (None without --peer gloo)
+    torch: dict[str, Any]  # its torch.distributed groups: "gloo", "torch" (hpccomm's backend)
 
 
 def _say(opts: BenchOptions, text: str, *, end: str = "\n") -> None:
@@ -646,13 +667,16 @@ def _run(world: Any, raw_world: Any, opts: BenchOptions, me: int, n: int) -> dic
             "",
         )
     gloo = None
-    if "gloo" in opts.peers:
+    pgs: dict[str, Any] = {}
+    if "gloo" in opts.peers or "torch" in opts.peers:
         try:
-            gloo = _Gloo(raw_world, me, n)
+            gloo = _Torch(raw_world, me, n)
         except ImportError:
-            raise HpccommError("bench: --peer gloo needs torch (pip install torch)") from None
-    group = _Group(label, index, mine, hp, hp.mpi.Dup() if "mpi4py" in opts.peers else None,
-                   None if gloo is None else gloo.group(everyone, mine))  # fmt: skip
+            raise HpccommError("bench: --peer gloo/torch needs torch (pip install torch)") from None
+        for peer, backend in (("gloo", "gloo"), ("torch", "hpccomm")):
+            if peer in opts.peers:
+                pgs[peer] = gloo.group(everyone, mine, backend)
+    group = _Group(label, index, mine, hp, hp.mpi.Dup() if "mpi4py" in opts.peers else None, pgs)
     redop = as_reduce_op(opts.redop, "bench: -r")
     dtype = _BY_NAME[opts.dtype]
     sizes = size_series(opts.min_bytes, opts.max_bytes, opts.factor)
@@ -712,7 +736,7 @@ def _measure(case: Case, group: _Group, gloo: Any, sides: list[str], opts: Bench
     for side in sides[1:]:
         try:
             calls[side] = (_mpi4py_calls(group.mpi, case) if side == "mpi4py"
-                           else gloo.calls(group.gloo, case))  # fmt: skip
+                           else gloo.calls(group.torch[side], case, side))  # fmt: skip
         except Exception as exc:
             errors[side] = f"{type(exc).__name__}: {exc}"
         if not _agree(raw_world, side in calls):  # every rank runs a peer, or none does

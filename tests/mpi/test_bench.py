@@ -92,7 +92,7 @@ def test_group_runs_every_group_at_once(world):
 def test_peers_side_by_side(world):
     peers = ["mpi4py"]
     if importlib.util.find_spec("torch") is not None:
-        peers.append("gloo")
+        peers += ["gloo", "torch"]  # torch: hpccomm's own torch.distributed backend
     doc = bench.run(world, small(ops=["all_reduce,broadcast"], peers=peers))
     doc = world.mpi.bcast(doc, root=0)
     for r in rows(doc):

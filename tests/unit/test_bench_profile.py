@@ -92,8 +92,8 @@ def test_options_are_checked_with_aliases():
         bench.BenchOptions(ops=["allsum"]).normalized()
     with pytest.raises(ValueError, match="-d 'float128', expected one of"):
         bench.BenchOptions(dtype="float128").normalized()
-    with pytest.raises(ValueError, match="--peer torch needs the hpccomm torch backend"):
-        bench.BenchOptions(peers=["torch"]).normalized()
+    with pytest.raises(ValueError, match="--peer 'nccl', expected one of mpi4py, gloo, torch"):
+        bench.BenchOptions(peers=["nccl"]).normalized()
 
 
 @pytest.mark.parametrize("op", sorted(NCCL_TESTS))
@@ -173,8 +173,8 @@ def test_plot_without_matplotlib_says_how(monkeypatch, tmp_path, capsys):
 def test_bench_cli_refuses_bad_flags_before_mpi(capsys):
     assert main(["bench", "-o", "allsum"]) == 2
     assert "unknown operation 'allsum'" in capsys.readouterr().err
-    assert main(["bench", "--peer", "torch"]) == 2
-    assert "--peer gloo measures torch's gloo" in capsys.readouterr().err
+    assert main(["bench", "--peer", "mpich"]) == 2
+    assert "--peer 'mpich', expected one of mpi4py, gloo, torch" in capsys.readouterr().err
 
 
 # -- the profiler's analysis of recorded rank data ---------------------------------------------

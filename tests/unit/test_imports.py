@@ -19,6 +19,7 @@ LAZY_OK = {
     "cupyx",
     "torch",
     "matplotlib",  # hpccomm bench --plot (the 'plot' extra)
+    "hpccomm.torch",  # imports torch; hpccomm bench --peer torch
     "hpccomm.backends.mpi",
     "hpccomm.backends.mpi_device",
 }
