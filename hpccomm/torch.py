@@ -141,12 +141,23 @@ class _TorchWork(dist.Work):
         else:
             self._future.set_result(self._result)
 
+    def _fail(self, error: BaseException) -> None:
+        with self._lock:
+            if self._finished.is_set():
+                return
+            self._error = error
+            self._finished.set()
+        self._future.set_exception(error)
+
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
         seconds = timeout.total_seconds() if timeout else self._timeout
         if self._work is not None:
             try:
                 self._work.wait(seconds)
-            except CommTimeoutError:
+            except CommTimeoutError as exc:
+                # terminal, as a timed-out work in torch's own backends: the Future fails too
+                # (MPI cannot cancel the operation; the job should end)
+                self._fail(exc)
                 raise
             except HpccommError:
                 pass  # delivered below, once the completion ran
@@ -190,6 +201,7 @@ class HpccommProcessGroup(dist.ProcessGroup):
         self.timeout = timeout
         self._name = group_name
         self._desc = ""
+        self._rename()
 
     # -- identity -----------------------------------------------------------------------
 
@@ -199,18 +211,25 @@ class HpccommProcessGroup(dist.ProcessGroup):
     # torch names groups after creating them (device meshes and FSDP2 look them up by name)
     def _set_group_name(self, name: str) -> None:
         self._name = name
+        self._rename()
 
     def setGroupName(self, name: str) -> None:  # noqa: N802
-        self._name = name
+        self._set_group_name(name)
+
+    def _rename(self) -> None:
+        """hpccomm's messages name the torch group: "torch:1 (tp)", "torch:0 (default_pg)"."""
+        desc = f" ({self._desc})" if self._desc and self._desc != "undefined" else ""
+        self.comm.name = f"torch:{self._name}{desc}"
 
     def getGroupName(self) -> str:  # noqa: N802
         return self._name
 
     def _set_group_desc(self, desc: str) -> None:
         self._desc = desc
+        self._rename()
 
     def setGroupDesc(self, desc: str) -> None:  # noqa: N802
-        self._desc = desc
+        self._set_group_desc(desc)
 
     def getGroupDesc(self) -> str:  # noqa: N802
         return self._desc

@@ -7,6 +7,7 @@ operation's result or one error, kept for every later ``wait()``/``exception()``
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -20,6 +21,10 @@ from .ops import Call
 __all__ = ["Work", "Pending", "wait_bounded", "wait_watching"]
 
 _DEFAULT: Any = object()  # wait() without an argument: the communicator's timeout
+
+# A Work is finished once, by whichever thread first sees its source done: the caller in
+# wait()/is_completed(), or the worker thread running a done-callback (the torch backend).
+_finishing = threading.Lock()
 
 
 class Pending(Protocol):
@@ -122,23 +127,28 @@ class Work:
     def _finish(self, failure: BaseException | None = None) -> None:
         """The source is done (or failed while completing: ``failure``): keep its result or
         its error for every later call, tell the listeners."""
-        self._done = True
-        try:
-            if failure is not None:
-                raise failure
-            self._result = self._pending.outcome()
-        except HpccommError as exc:
-            self._exc = exc
-        except Exception as exc:  # the library's own error, named
-            backend = self._call.backend
-            if backend is not None:
-                self._exc = backend.error(self._call, self._seq, exc)
-            else:  # pragma: no cover - every started call has its backend
-                self._exc = BackendError(f"{self._where()}: failed while completing: {exc}")
-            self._exc.__cause__ = exc
-        self._pending = _Finished
-        if self._after is not None:
-            self._result = self._after(self._result)
+        with _finishing:
+            if self._done:  # another thread finished it meanwhile
+                return
+            try:
+                if failure is not None:
+                    raise failure
+                self._result = self._pending.outcome()
+            except HpccommError as exc:
+                self._exc = exc
+            except Exception as exc:  # the library's own error, named
+                backend = self._call.backend
+                if backend is not None:
+                    self._exc = backend.error(self._call, self._seq, exc)
+                else:  # pragma: no cover - every started call has its backend
+                    self._exc = BackendError(f"{self._where()}: failed while completing: {exc}")
+                self._exc.__cause__ = exc
+            # the source is never asked again: a completed MPI request tested a second time
+            # is MPI_REQUEST_NULL, whose status is empty
+            self._pending = _Finished
+            if self._after is not None:
+                self._result = self._after(self._result)
+            self._done = True
         rec = self._record
         if rec is not None:
             rec.error = self._exc
@@ -160,7 +170,8 @@ class Work:
                 done = self._pending.test()
             except Exception as exc:
                 self._finish(exc)
-                raise self._exc from exc.__cause__  # type: ignore[misc]
+                if self._exc is not None:
+                    raise self._exc from exc.__cause__
             if done:
                 self._finish()
         return self._done
@@ -217,7 +228,13 @@ class Work:
         source = self._pending
         if isinstance(source, Future) and not self._done:
             source.add_done_callback(lambda: fn(self))
-        elif self._done or source.test():
+            return
+        if not self._done:
+            try:
+                self.is_completed()  # finishes it (keeping the status) if it is done
+            except HpccommError:
+                pass  # kept: fn sees it as exception()
+        if self._done:
             fn(self)
         else:
             self._callbacks.append(fn)

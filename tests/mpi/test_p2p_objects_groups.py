@@ -1,5 +1,7 @@
 """Point-to-point, batched p2p, Python objects (a >16 MiB one included), groups, launch."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -35,6 +37,32 @@ def test_isend_irecv(comm):
     assert rw.wait(timeout=60) == left
     assert rw.is_completed() and rw.exception() is None
     assert (buf == left).all()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_done_callback_on_an_arrived_receive_keeps_its_status(comm):
+    # the message is there before the receive is posted, so it completes at once: adding a
+    # callback finishes the Work then (a second MPI test of the completed request reads an
+    # empty status, source -1 and 0 elements, which the torch backend hit)
+    r = comm.rank
+    if r == 1:
+        comm.send(np.arange(5.0), 0, tag=11)
+    comm.barrier()
+    if r == 0:
+        buf = np.empty(5)
+        work = comm.irecv(buf, None, tag=11)
+        seen = []
+        for _ in range(3000):  # the callback runs when the receive is found complete
+            work.add_done_callback(lambda w: seen.append(w.exception()))
+            if seen:
+                break
+            time.sleep(0.01)
+        assert seen[0] is None
+        assert work.wait(timeout=30) == 1 and list(buf) == [0.0, 1.0, 2.0, 3.0, 4.0]
+        late = []
+        work.add_done_callback(late.append)  # added after completion: called at once
+        assert late == [work]
+    comm.barrier()
 
 
 def test_sendrecv_ring(comm):

@@ -1,0 +1,242 @@
+"""Every torch.distributed operation through the hpccomm backend, against NumPy, for the
+dtypes CPU tensors have; async forms complete their Futures; errors reach wait() and the
+Future naming the op and the rank."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int8,
+    torch.uint8,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+    torch.complex64,
+]
+IDS = [str(d).split(".")[1] for d in DTYPES]
+
+
+def data(dtype, rank, shape, seed=0):
+    g = torch.Generator().manual_seed(1000 * seed + rank)
+    ints = torch.randint(0, 4, shape, generator=g)
+    if dtype is torch.bool:
+        return ints > 1
+    if dtype.is_complex:
+        return (ints + 1j * torch.randint(0, 4, shape, generator=g)).to(dtype)
+    return ints.to(dtype)
+
+
+def wide(t):
+    if t.dtype.is_complex:
+        return t.to(torch.complex128).numpy()
+    if t.dtype is torch.bool:
+        return t.numpy()
+    return t.to(torch.float64).numpy()
+
+
+def test_backend_is_hpccomm(tdist):
+    assert tdist.get_backend() == "hpccomm"
+    assert tdist.get_world_size() >= 1
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+def test_all_reduce_sum_and_max(tdist, dtype, async_op):
+    n, r = tdist.get_world_size(), tdist.get_rank()
+    inputs = [data(dtype, i, (3, 5)) for i in range(n)]
+    t = inputs[r].clone()
+    work = tdist.all_reduce(t, async_op=async_op)
+    if async_op:
+        got = work.get_future().wait()[0]
+        # torch.distributed hands complex tensors to every backend as view_as_real
+        seen = torch.view_as_real(t) if t.is_complex() else t
+        assert torch.equal(got, seen)
+        work.wait()
+    expect = np.sum([wide(x) for x in inputs], axis=0)
+    if dtype is torch.bool:
+        expect = np.any([x.numpy() for x in inputs], axis=0)
+    np.testing.assert_allclose(wide(t), expect)
+    if not dtype.is_complex:
+        m = inputs[r].clone()
+        tdist.all_reduce(m, op=dist.ReduceOp.MAX)
+        np.testing.assert_array_equal(wide(m), np.max([wide(x) for x in inputs], axis=0))
+
+
+@pytest.mark.parametrize("op", ["PRODUCT", "MIN", "AVG", "BAND", "BOR", "BXOR"])
+def test_other_reduce_ops(tdist, op):
+    n, r = tdist.get_world_size(), tdist.get_rank()
+    dtype = torch.float64 if op in ("PRODUCT", "MIN", "AVG") else torch.int64
+    inputs = [data(dtype, i, (7,)) + 1 for i in range(n)]
+    t = inputs[r].clone()
+    tdist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+    stack = np.stack([x.numpy() for x in inputs])
+    expect = {
+        "PRODUCT": lambda: stack.prod(0),
+        "MIN": lambda: stack.min(0),
+        "AVG": lambda: stack.mean(0),
+        "BAND": lambda: np.bitwise_and.reduce(stack, 0),
+        "BOR": lambda: np.bitwise_or.reduce(stack, 0),
+        "BXOR": lambda: np.bitwise_xor.reduce(stack, 0),
+    }[op]()
+    np.testing.assert_allclose(t.numpy(), expect)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_broadcast_reduce_gather_scatter(tdist, dtype):
+    n, r = tdist.get_world_size(), tdist.get_rank()
+    root = n - 1
+    inputs = [data(dtype, i, (4,)) for i in range(n)]
+    b = inputs[r].clone()
+    tdist.broadcast(b, src=root)
+    assert torch.equal(b, inputs[root])
+    if not dtype.is_complex and dtype is not torch.bool:
+        red = inputs[r].clone()
+        tdist.reduce(red, dst=root)
+        if r == root:
+            np.testing.assert_allclose(wide(red), np.sum([wide(x) for x in inputs], axis=0))
+    gl = [torch.empty(4, dtype=dtype) for _ in range(n)] if r == root else None
+    tdist.gather(inputs[r].clone(), gl, dst=root)
+    if r == root:
+        assert all(torch.equal(a, b) for a, b in zip(gl, inputs, strict=True))
+    out = torch.empty(4, dtype=dtype)
+    tdist.scatter(out, [x.clone() for x in inputs] if r == root else None, src=root)
+    assert torch.equal(out, inputs[r])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_all_gather_forms(tdist, dtype):
+    n, r = tdist.get_world_size(), tdist.get_rank()
+    inputs = [data(dtype, i, (2, 3)) for i in range(n)]
+    outs = [torch.empty(2, 3, dtype=dtype) for _ in range(n)]
+    tdist.all_gather(outs, inputs[r].clone())
+    assert all(torch.equal(a, b) for a, b in zip(outs, inputs, strict=True))
+    flat = torch.empty(n * 2, 3, dtype=dtype)
+    tdist.all_gather_into_tensor(flat, inputs[r].clone())
+    assert torch.equal(flat, torch.cat(inputs))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16], ids=str)
+def test_reduce_scatter_forms(tdist, dtype):
+    n, r = tdist.get_world_size(), tdist.get_rank()
+    inputs = [data(dtype, i, (2 * n,)) for i in range(n)]
+    total = np.sum([wide(x) for x in inputs], axis=0)
+    out = torch.empty(2, dtype=dtype)
+    tdist.reduce_scatter_tensor(out, inputs[r].clone())
+    np.testing.assert_allclose(wide(out), total[2 * r : 2 * r + 2])
+    out2 = torch.empty(2, dtype=dtype)
+    tdist.reduce_scatter(out2, list(inputs[r].clone().chunk(n)))
+    np.testing.assert_allclose(wide(out2), total[2 * r : 2 * r + 2])
+
+
+def test_all_to_all_forms(tdist):
+    n, r = tdist.get_world_size(), tdist.get_rank()
+    x = torch.arange(n, dtype=torch.float32) + 100 * r
+    out = torch.empty(n)
+    tdist.all_to_all_single(out, x)
+    assert out.tolist() == [100.0 * j + r for j in range(n)]
+    # uneven: rank r sends j+1 rows to rank j
+    send = [j + 1 for j in range(n)]
+    recv = [r + 1] * n
+    xs = torch.cat([torch.full((j + 1,), float(10 * r + j)) for j in range(n)])
+    got = torch.empty(sum(recv))
+    tdist.all_to_all_single(got, xs, output_split_sizes=recv, input_split_sizes=send)
+    assert got.tolist() == [float(10 * j + r) for j in range(n) for _ in range(r + 1)]
+    outs = [torch.empty(2) for _ in range(n)]
+    tdist.all_to_all(outs, [torch.full((2,), float(10 * r + j)) for j in range(n)])
+    assert [o.tolist() for o in outs] == [[float(10 * j + r)] * 2 for j in range(n)]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_send_recv_and_any_source(tdist):
+    r = tdist.get_rank()
+    if r == 0:
+        tdist.send(torch.arange(3.0), dst=1)
+        tdist.isend(torch.arange(3.0) * 2, dst=1, tag=5).wait()
+    elif r == 1:
+        buf = torch.empty(3)
+        tdist.recv(buf, src=0)
+        assert buf.tolist() == [0.0, 1.0, 2.0]
+        assert tdist.recv(buf, tag=5) == 0  # any source: returns the sender
+        assert buf.tolist() == [0.0, 2.0, 4.0]
+    tdist.barrier()
+
+
+def test_subgroups_and_objects(tdist):
+    n, r = tdist.get_world_size(), tdist.get_rank()
+    evens = tdist.new_group(list(range(0, n, 2)))
+    if r % 2 == 0:
+        t = torch.ones(2)
+        tdist.all_reduce(t, group=evens)
+        assert t.tolist() == [float(len(range(0, n, 2)))] * 2
+    objs = [{"rank": r}]
+    got = [None] * n
+    tdist.all_gather_object(got, objs[0])
+    assert got == [{"rank": i} for i in range(n)]
+
+
+def test_bad_input_is_refused_at_the_call(tdist):
+    # bitwise ops on floats and non-contiguous tensors: refused before MPI, on every rank alike
+    with pytest.raises(Exception, match=r"all_reduce \(rank \d+ of \d+\): op BAND is not defined"):
+        tdist.all_reduce(torch.ones(3), op=dist.ReduceOp.BAND, async_op=True)
+    with pytest.raises(Exception, match="expected a CPU tensor|not contiguous"):
+        tdist.all_reduce(torch.ones(4, 4).t())
+
+
+def test_failed_receive_reaches_wait_and_the_future(tdist):
+    # a message longer than the receive buffer: MPI's truncation error, raised by wait() and
+    # by the Future alike, naming the operation
+    n, r = tdist.get_world_size(), tdist.get_rank()
+    if n < 2 or r > 1:
+        tdist.barrier()
+        return
+    if r == 0:
+        tdist.send(torch.arange(10.0), dst=1)
+    else:
+        work = tdist.irecv(torch.zeros(5), src=0)
+        with pytest.raises(Exception, match=r"recv.*rank 1") as raised:
+            work.wait()
+        assert work.is_completed() and not work.is_success()
+        with pytest.raises(type(raised.value)):
+            work.get_future().wait()
+    tdist.barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_one_rank_missing_times_out_and_the_future_fails(tdist):
+    # rank 0 alone in a collective of a 1 s group: wait() raises hpccomm's timeout naming
+    # the group torch made; the Future fails with it; the late rank then joins and the group
+    # goes on
+    import datetime
+
+    n, r = tdist.get_world_size(), tdist.get_rank()
+    g = tdist.new_group(list(range(n)), timeout=datetime.timedelta(seconds=1), group_desc="late")
+    t = torch.ones(3)
+    if r == 0:
+        work = tdist.all_reduce(t, group=g, async_op=True)
+        with pytest.raises(
+            Exception,
+            match=r"all_reduce #1 on torch:\d+ \(late\) \(rank 0 of \d+\): not complete after 1 s",
+        ):
+            work.wait()
+        with pytest.raises(Exception, match="not complete after 1 s"):
+            work.get_future().wait()
+        assert work.is_completed() and not work.is_success()
+    tdist.barrier()
+    if r != 0:
+        tdist.all_reduce(t, group=g)
+    tdist.barrier()
+    x = torch.ones(2)
+    tdist.all_reduce(x, group=g)
+    assert x.tolist() == [float(n)] * 2
+
+
+def test_timeout_is_hpccomm_timeout(tdist):
+    pg = dist.distributed_c10d._get_default_group()
+    assert pg.comm.timeout == 120
