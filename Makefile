@@ -16,19 +16,31 @@ MPIEXEC  := $(BIN)/mpiexec --oversubscribe
 MPI_TIMEOUT ?= 300
 BOUND    := timeout -k 10 $(MPI_TIMEOUT)
 
-.PHONY: install test test-unit test-faults test-mpi test-slurm slurm-up slurm-down run info lint types check coverage format bench clean
+.PHONY: install test test-unit test-torch test-faults test-mpi test-slurm slurm-up slurm-down run info lint types check coverage format bench clean
+
+# torch for the torch.distributed backend and its tests: 2.13.0 is the CPU build on this
+# project's machines' disk (elsewhere pip takes it from PyPI); `make install TORCH=` skips it.
+TORCH    ?= torch==2.13.0
 
 install:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
-	$(BIN)/python -m pip install -e '.[mpi,test]'
+	$(BIN)/python -m pip install -e '.[mpi,test]' $(TORCH)
 
-test: test-mpi test-faults test-slurm test-unit
+test: test-mpi test-torch test-faults test-slurm test-unit
 
 test-mpi:
 	@for n in 1 2 3 4; do \
 	  echo "== tests/mpi on $$n ranks"; \
 	  $(BOUND) $(MPIEXEC) -n $$n $(BIN)/python -m pytest -q -p no:cacheprovider --color=no --with-mpi tests/mpi \
+	    || exit 1; \
+	done
+
+# The torch.distributed backend: torch's own API on hpccomm (skips, saying why, without torch).
+test-torch:
+	@for n in 1 2 4; do \
+	  echo "== tests/torch on $$n ranks"; \
+	  $(BOUND) $(MPIEXEC) -n $$n $(BIN)/python -m pytest -q -p no:cacheprovider --color=no --with-mpi tests/torch \
 	    || exit 1; \
 	done
 
