@@ -2,8 +2,6 @@
 torch's gloo gives in the same processes: DDP (buckets, no_sync, unused parameters), FSDP2
 (fully_shard) and a DTensor redistribution. float64, so only the summation order differs."""
 
-import copy
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -60,7 +58,9 @@ def train_ddp(group, steps=STEPS, lr=0.05, **ddp_kwargs):
 
 
 def max_diff(a, b):
-    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+    return max(
+        (p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters(), strict=True)
+    )
 
 
 @pytest.mark.parametrize(
