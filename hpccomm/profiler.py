@@ -67,6 +67,7 @@ ENV = "HPCCOMM_PROFILE"
 SCHEMA = "hpccomm.profile/1"
 EVENT_LIMIT = 200_000  # calls per rank kept with their times (the trace, the skew)
 STOP_TIMEOUT = 30.0  # seconds the exit-time stop waits for every rank
+_CALLS_KEPT = 4096  # Call objects remembered for a fast lookup
 _SYNC_ROUNDS = 16  # message exchanges per rank and clock estimate
 _TAG = 7301
 _P2P = {"send", "recv", "sendrecv", "batch_isend_irecv", "send_object", "recv_object"}
@@ -114,8 +115,10 @@ class Profiler:
         self._running = False
         self._groups: dict[int, int] = {}  # id(Group) -> index in _group_list
         self._group_list: list[tuple[str, str, list[int], int, int]] = []
-        self._stats: dict[tuple[Any, Any, bool], list[Any]] = {}
-        self._events: list[tuple] = []
+        self._by_call: dict[Any, list[Any]] = {}  # Call -> its entry (see _entry)
+        self._entries: dict[tuple[Any, Any, bool, int], list[Any]] = {}
+        self._entry_list: list[list[Any]] = []
+        self._events: list[tuple] = []  # (entry index, seq, t_start, t_end, async, failed)
         self._dropped = 0
         self._t_start = self._t_stop = 0.0
         self._sync_start: list[tuple[float, float]] = []
@@ -132,32 +135,38 @@ class Profiler:
         if event != "end":
             return
         call = rec.call
-        g = call.group
-        # the key holds the Group itself (hashed by identity), so its id is never reused
-        key = (g, call.spec, call.peer == g.rank)
-        s = self._stats.get(key)
-        if s is None:
-            s = self._stats[key] = self._entry(rec, key[2])
-        nbytes = call.nbytes
-        s[1] += 1
-        s[2] += nbytes
-        s[3] += rec.t_end - rec.t_start
-        if rec.error is not None:
-            s[5] += 1
+        e = self._by_call.get(call)  # the dispatch reuses a Call for every repeat
+        if e is None:
+            e = self._entry(call, rec.gid)
+        e[5] += 1
+        e[6] += rec.t_end - rec.t_start
+        failed = rec.error is not None
+        if failed:
+            e[7] += 1
         if len(self._events) < self.limit:
-            self._events.append((s[0], call.spec.name, rec.seq, rec.t_start, rec.t_end, nbytes,
-                                 rec.async_op, rec.error is not None))  # fmt: skip
+            self._events.append((e[0], rec.seq, rec.t_start, rec.t_end, rec.async_op, failed))
         else:
             self._dropped += 1
 
-    def _entry(self, rec: Record, is_root: bool) -> list[Any]:
-        """[group index, calls, bytes, seconds, bus bytes per byte, failed] of a new key."""
-        g = rec.call.group
-        gi = self._groups.get(id(g))
-        if gi is None:
-            gi = self._groups[id(g)] = len(self._group_list)
-            self._group_list.append((rec.gid, g.name, list(g.world_ranks), g.rank, g.size))
-        return [gi, 0, 0, 0.0, bus_bytes(rec.call.spec.name, 1, g.size, is_root), 0]
+    def _entry(self, call: Any, gid: str) -> list[Any]:
+        """The entry of a call's (group, op, root or not, bytes): [index, group index, op,
+        bytes per call, bus bytes per byte, calls, seconds, failed]. The key holds the Group
+        itself (hashed by identity), so its id is never reused while the profiler runs."""
+        g = call.group
+        key = (g, call.spec, call.peer == g.rank, call.nbytes)
+        e = self._entries.get(key)
+        if e is None:
+            gi = self._groups.get(id(g))
+            if gi is None:
+                gi = self._groups[id(g)] = len(self._group_list)
+                self._group_list.append((gid, g.name, list(g.world_ranks), g.rank, g.size))
+            name = call.spec.name
+            mult = bus_bytes(name, 1, g.size, key[2])
+            e = self._entries[key] = [len(self._entry_list), gi, name, key[3], mult, 0, 0.0, 0]
+            self._entry_list.append(e)
+        if len(self._by_call) < _CALLS_KEPT:  # uncached calls (objects, batches) are new each time
+            self._by_call[call] = e
+        return e
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -229,7 +238,12 @@ class Profiler:
                 for gid, name, members, r, n in self._group_list
             ],
             "stats": self._merged(),
-            "events": self._events,
+            "events": [
+                (e[1], e[2], seq, t0, t1, e[3], is_async, failed)
+                for e, seq, t0, t1, is_async, failed in (
+                    (self._entry_list[i], *rest) for i, *rest in self._events
+                )
+            ],
             "dropped": self._dropped,
             "clock": {
                 "start": self._sync_start[self.comm.rank] if self._sync_start else None,
@@ -240,12 +254,12 @@ class Profiler:
     def _merged(self) -> list[list[Any]]:
         """[group index, op, calls, bytes, seconds, bus bytes, failed] per (group, op)."""
         out: dict[tuple[int, str], list[Any]] = {}
-        for (_g, spec, _root), (gi, calls, nbytes, secs, mult, failed) in self._stats.items():
-            row = out.setdefault((gi, spec.name), [gi, spec.name, 0, 0, 0.0, 0.0, 0])
+        for _i, gi, op, nbytes, mult, calls, secs, failed in self._entry_list:
+            row = out.setdefault((gi, op), [gi, op, 0, 0, 0.0, 0.0, 0])
             row[2] += calls
-            row[3] += nbytes
+            row[3] += calls * nbytes
             row[4] += secs
-            row[5] += nbytes * mult
+            row[5] += calls * nbytes * mult
             row[6] += failed
         return list(out.values())
 
