@@ -173,6 +173,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_profile_report(args: argparse.Namespace) -> int:
     doc = profiler.load(args.dir)
     print(json.dumps(doc, indent=1) if args.json else profiler.format_summary(doc, top=args.top))
+    if args.timeline:
+        profiler.timeline(args.dir, args.timeline)
     return 0
 
 
@@ -317,6 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("dir", help="the profile directory (profile.json, or rank<N>.json files)")
     t.add_argument("--top", type=int, default=20, help="rows of the (group, op) table")
     t.add_argument("--json", action="store_true", help="print the profile document as JSON")
+    t.add_argument(
+        "--timeline", metavar="FILE.png", help="also draw trace.json as a PNG (matplotlib)"
+    )
     t.set_defaults(func=_cmd_profile_report)
 
     p = sub.add_parser("sbatch", help="render (print, write or submit) a Slurm batch script")

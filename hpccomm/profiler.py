@@ -60,6 +60,7 @@ __all__ = [
     "chrome_trace",
     "format_summary",
     "load",
+    "timeline",
     "bus_bytes",
 ]
 
@@ -622,6 +623,57 @@ def write(doc: dict[str, Any], raws: list[dict[str, Any]], directory: str | os.P
     except OSError as exc:
         raise HpccommError(f"profile: cannot write {d}: {exc.strerror or exc}") from None
     return names
+
+
+def timeline(directory: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
+    """Draw trace.json of a profile directory as a PNG: a row per (rank, group), a bar per
+    call coloured by op (for a look without a browser; Perfetto shows the same file).
+
+    Raises:
+        HpccommError: no trace.json, or matplotlib missing (saying how to get it).
+    """
+    from .bench import PLOT_HINT
+
+    src = Path(directory) / "trace.json"
+    try:
+        trace = json.loads(src.read_text())
+    except (OSError, ValueError) as exc:
+        raise HpccommError(f"profile report --timeline: cannot read {src}: {exc}") from None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise HpccommError(f"profile report --timeline: {PLOT_HINT}") from None
+    events = trace["traceEvents"]
+    lanes = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+             if e["ph"] == "M" and e["name"] == "thread_name"}  # fmt: skip
+    calls = [e for e in events if e["ph"] == "X"]
+    rows = sorted({(e["pid"], e["tid"]) for e in calls})
+    ops = sorted({e["name"] for e in calls})
+    colours = {op: plt.get_cmap("tab10")(i % 10) for i, op in enumerate(ops)}
+    fig, ax = plt.subplots(figsize=(12, 0.45 * len(rows) + 1.5))
+    for y, key in enumerate(rows):
+        mine = [e for e in calls if (e["pid"], e["tid"]) == key]
+        for op in ops:
+            bars = [(e["ts"] / 1e3, max(e["dur"] / 1e3, 1e-3)) for e in mine if e["name"] == op]
+            if bars:
+                ax.broken_barh(bars, (y - 0.4, 0.8), color=colours[op])
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"rank {p}: {lanes.get((p, t), t)}" for p, t in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("time (ms, rank 0's clock)")
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colours[op]) for op in ops],
+              labels=ops, fontsize=8, loc="upper right")  # fmt: skip
+    ax.set_title(f"hpccomm profile: {src}", fontsize=9)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as exc:
+        raise HpccommError(f"profile report --timeline: cannot write {path}: {exc}") from None
+    finally:
+        plt.close(fig)
 
 
 def load(directory: str | os.PathLike[str]) -> dict[str, Any]:

@@ -267,3 +267,16 @@ def test_bus_bytes_of_a_call():
     assert profiler.bus_bytes("scatter", 1000, 4, False) == 3000
     assert profiler.bus_bytes("send", 10, 2, False) == 10
     assert profiler.bus_bytes("barrier", 0, 4, False) == 0
+
+
+def test_report_draws_the_timeline(tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="the 'plot' extra (matplotlib) is not installed")
+    from PIL import Image
+
+    raws = [_raw(r, 0.0, late_rank=1) for r in range(3)]
+    profiler.write(profiler.analyze(raws), raws, tmp_path / "p")
+    png = tmp_path / "t.png"
+    assert main(["profile", "report", str(tmp_path / "p"), "--timeline", str(png)]) == 0
+    with Image.open(png) as img:
+        assert img.format == "PNG"
+    capsys.readouterr()
