@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from . import record
-from .bench import FACTORS
+from .bench import FACTORS, PLOT_HINT
 from .errors import HpccommError, InvalidArgumentError
 from .record import Record
 
@@ -632,8 +632,6 @@ def timeline(directory: str | os.PathLike[str], path: str | os.PathLike[str]) ->
     Raises:
         HpccommError: no trace.json, or matplotlib missing (saying how to get it).
     """
-    from .bench import PLOT_HINT
-
     src = Path(directory) / "trace.json"
     try:
         trace = json.loads(src.read_text())
