@@ -1,5 +1,5 @@
 """``hpccomm bench``: what a link is worth, in nccl-tests' conventions, on any group of a
-parallel layout, next to raw mpi4py and torch's gloo measured in the same run.
+parallel layout, next to raw mpi4py and torch.distributed measured in the same run.
 
 Every rank runs the same sweep of sizes; with ``group=`` (a layout spec such as ``tp=2``) the
 world is laid out and every group of that dimension runs at once, each reported on its own.
@@ -15,10 +15,10 @@ Sizes, counts and bandwidths follow NVIDIA's nccl-tests (``doc/PERFORMANCE.md`` 
   ``rounds`` blocks. send/recv is a ping-pong between rank pairs (0-1, 2-3, ...): its time
   is half a round trip (one way), as OSU's latency test reports it.
 
-Peers (raw mpi4py on the same buffers; torch.distributed's gloo backend in the same
-processes on tensors sharing those buffers) run in the same rounds, alternating with hpccomm
-and in rotating order, so a noisy machine slows all of them alike; ``ratio`` is the peer's
-time over hpccomm's (above 1: hpccomm is faster).
+Peers (raw mpi4py on the same buffers; torch.distributed in the same processes on tensors
+sharing those buffers, on its gloo backend or on hpccomm's own, :mod:`hpccomm.torch`) run in
+the same rounds, alternating with hpccomm and in rotating order, so a noisy machine slows all
+of them alike; ``ratio`` is the peer's time over hpccomm's (above 1: hpccomm is faster).
 """
 
 from __future__ import annotations
@@ -750,14 +750,11 @@ def _measure(case: Case, group: _Group, gloo: Any, sides: list[str], opts: Bench
                 for _ in range(warm):
                     calls[side]()
                 sync()
-            except HpccommError:
-                if side == "hpccomm":
-                    raise
-                ok, why = False, "failed"
             except Exception as exc:
                 if side == "hpccomm":
                     raise
-                ok, why = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+                first = (str(exc).splitlines() or [""])[0]
+                ok, why = False, f"{type(exc).__name__}: {first[:160]}"
         else:
             ok = False
         if not _agree(raw_world, ok) and side != "hpccomm":
