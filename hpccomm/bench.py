@@ -607,7 +607,10 @@ def _device_module(comm: Any) -> tuple[Any, str | None]:
     try:
         import cupy
     except ImportError:
-        return None, "CuPy is not installed (pip install 'hpccomm[gpu]')"
+        return None, (
+            "CuPy is not installed (pip install 'hpccomm[gpu-cuda13]', or 'hpccomm[gpu-cuda12]' "
+            "for a CUDA 12 driver)"
+        )
     if comm.device.gpu is None:
         return None, "no GPU is bound on this rank (hpccomm.init(gpu=...) found none)"
     return cupy, None
@@ -672,7 +675,9 @@ def _run(world: Any, raw_world: Any, opts: BenchOptions, me: int, n: int) -> dic
         try:
             gloo = _Torch(raw_world, me, n)
         except ImportError:
-            raise HpccommError("bench: --peer gloo/torch needs torch (pip install torch)") from None
+            raise HpccommError(
+                "bench: --peer gloo/torch needs torch (pip install 'hpccomm[torch]')"
+            ) from None
         for peer, backend in (("gloo", "gloo"), ("torch", "hpccomm")):
             if peer in opts.peers:
                 pgs[peer] = gloo.group(everyone, mine, backend)

@@ -125,6 +125,7 @@ class Profiler:
         self._sync_start: list[tuple[float, float]] = []
         self._sync_stop: list[tuple[float, float]] = []
         self._leftovers: list[Any] = []  # requests of a stop that gave up, kept alive
+        self._rank = self._world_rank = 0  # in comm and in the world (set by start)
 
     @property
     def running(self) -> bool:
@@ -179,6 +180,17 @@ class Profiler:
         """
         if self._running:
             raise InvalidArgumentError("profile.start: this profiler is already running")
+        # a new session: nothing of an earlier start/stop carries over
+        self._groups.clear()
+        self._group_list.clear()
+        self._by_call.clear()
+        self._entries.clear()
+        self._entry_list.clear()
+        self._events = []
+        self._dropped = 0
+        self._sync_stop = []
+        self.doc = None
+        self._rank, self._world_rank = self.comm.rank, self.comm.world_rank()
         self._mpi = self.comm.mpi.Dup()  # the profiler's own messages: never recorded
         self._sync_start = _clock_offsets(self._mpi)
         self._t_start = time.perf_counter()
@@ -229,7 +241,7 @@ class Profiler:
         """What this rank sends to rank 0: its groups, stats, events and clock estimates
         (the estimates are rank 0's, sent along by every rank for simplicity)."""
         return {
-            "rank": self.comm.world_rank(),
+            "rank": self._world_rank,  # known since start: comm may be freed by now
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "t_start": self._t_start,
@@ -247,8 +259,8 @@ class Profiler:
             ],
             "dropped": self._dropped,
             "clock": {
-                "start": self._sync_start[self.comm.rank] if self._sync_start else None,
-                "stop": self._sync_stop[self.comm.rank] if self._sync_stop else None,
+                "start": self._sync_start[self._rank] if self._sync_start else None,
+                "stop": self._sync_stop[self._rank] if self._sync_stop else None,
             },
         }
 

@@ -111,3 +111,14 @@ def test_a_peer_without_the_op_is_named_not_fatal(world):
     assert r["peers"]["mpi4py"] == {"error": "HpccommError: raw MPI has no bfloat16 reduction"}
     assert r["wrong"] == 0
     assert np.isfinite(r["time_us"])
+
+
+def test_device_without_cupy_or_gpu_skips_saying_why(world, capsys):
+    if importlib.util.find_spec("cupy") is not None and world.device.gpu is not None:
+        pytest.skip("CuPy and a GPU are here: --device runs (tests/gpu)")
+    doc = bench.run(world, small(device=True))
+    if world.rank == 0:
+        assert doc["skipped"].startswith("--device: rank 0: ")
+        assert "skipped" in bench.format_table(doc)
+    else:
+        assert doc is None

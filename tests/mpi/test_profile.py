@@ -132,3 +132,13 @@ def test_profiler_off_leaves_the_hot_path_alone(comm):
         with hpccomm.profile(comm) as q:
             q.start()
     assert not record.listeners
+
+
+def test_a_second_session_starts_afresh(comm):
+    p = hpccomm.profile(comm)
+    with p:
+        comm.all_reduce(np.ones(4))
+    with p:
+        comm.barrier()
+    doc = _on_rank0(comm, p.doc)
+    assert [(r["op"], r["calls_per_rank"]) for r in doc["table"]] == [("barrier", 1)]
