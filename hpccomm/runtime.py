@@ -535,7 +535,29 @@ def _register_exit() -> None:
     global _exit_registered
     if not _exit_registered:
         atexit.register(_at_exit)
+        if os.environ.get("HPCCOMM_ABORT_ON_EXCEPTION", "1") != "0":
+            _install_excepthook()
         _exit_registered = True
+
+
+_uncaught: str | None = None  # the exception nobody caught, if one ends this rank
+
+
+def _install_excepthook() -> None:
+    """An exception nobody caught ends the whole job, as ``python -m mpi4py`` does: the
+    usual traceback, then MPI_Abort at exit (:func:`_at_exit`, after other hooks such as
+    torch's have printed). Otherwise this rank would finalize MPI while its peers wait for
+    it in their next collective, forever (``HPCCOMM_ABORT_ON_EXCEPTION=0`` keeps Python's
+    plain exit)."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        global _uncaught
+        if not issubclass(kind, KeyboardInterrupt):
+            _uncaught = kind.__name__
+        previous(kind, value, tb)
+
+    sys.excepthook = hook
 
 
 def _at_exit() -> None:
@@ -543,15 +565,19 @@ def _at_exit() -> None:
     if world is None or world.freed:
         return
     stuck = _stuck_calls(world)
-    if not stuck:
+    if not stuck and (_uncaught is None or world.size == 1):
         return
     from mpi4py import MPI
 
     if MPI.Is_finalized():
         return
+    if stuck:
+        why = f"exiting while {'; '.join(stuck)} never completed"
+    else:
+        why = f"{_uncaught} not caught"
     sys.stderr.write(
-        f"hpccomm (rank {world.rank} of {world.size}): exiting while {'; '.join(stuck)} "
-        f"never completed; aborting the job instead of finalizing MPI (it would hang)\n"
+        f"hpccomm (rank {world.rank} of {world.size}): {why}; aborting the job instead of "
+        f"finalizing MPI (its other ranks would wait for this one forever)\n"
     )
     sys.stderr.flush()
     MPI.COMM_WORLD.Abort(1)

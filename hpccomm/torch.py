@@ -29,6 +29,7 @@ import datetime
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,12 +41,20 @@ from torch.futures import Future
 
 from .comm import Communicator
 from .dtypes import ReduceOp
-from .errors import CommTimeoutError, DtypeError, HpccommError, InvalidArgumentError
+from .errors import CommTimeoutError, DtypeError, HpccommError, InvalidArgumentError, where
 from .ops import P2POp
 from .runtime import init as hpccomm_init
 from .work import Work as HWork
 
-__all__ = ["NAME", "register", "init_process_group", "HpccommProcessGroup", "as_numpy"]
+__all__ = [
+    "NAME",
+    "register",
+    "init_process_group",
+    "serve_mpi",
+    "HpccommProcessGroup",
+    "as_numpy",
+    "TensorRefused",
+]
 
 NAME = "hpccomm"
 _OPS = {
@@ -61,16 +70,22 @@ _OPS = {
 _registered = False
 
 
+class TensorRefused(InvalidArgumentError):
+    """A tensor hpccomm cannot hand to MPI as it is (a device tensor, a non-contiguous one)."""
+
+    named = False  # whether the message names the operation and rank yet
+
+
 def as_numpy(t: torch.Tensor, what: str = "tensor") -> np.ndarray:
     """A NumPy view of a CPU tensor's memory (bfloat16 as ml_dtypes.bfloat16); refuses
     device tensors and non-contiguous ones (hpccomm never copies behind your back)."""
     if t.device.type != "cpu":
-        raise InvalidArgumentError(
+        raise TensorRefused(
             f"hpccomm torch backend: {what} is on {t.device}, expected a CPU tensor (use an "
             f"NCCL group for CUDA tensors: dist.new_group(backend='nccl'))"
         )
     if not t.is_contiguous():
-        raise InvalidArgumentError(
+        raise TensorRefused(
             f"hpccomm torch backend: {what} is not contiguous (shape {tuple(t.shape)}, "
             f"stride {t.stride()}); pass t.contiguous()"
         )
@@ -95,6 +110,62 @@ def _redop(op: Any) -> ReduceOp:
     raise DtypeError(f"hpccomm torch backend: reduce op {op!r} is not supported")
 
 
+class _Failed:
+    """An error travelling through the private Future to :func:`_deliver`."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def _deliver(base: Future) -> Any:
+    value = base.value()
+    if isinstance(value, _Failed):
+        raise value.error
+    return value
+
+
+class _Watchdog:
+    """Fails the Future of a Work still running past its group's timeout. DDP and FSDP chain
+    on Futures and never wait with a deadline, so without this a collective that a peer never
+    joins blocks backward forever (torch's NCCL backend has a watchdog thread for the same
+    reason). One thread per process, started with the first watched Work; it looks at the
+    running Works every 0.2 s."""
+
+    PERIOD = 0.2
+
+    def __init__(self) -> None:
+        self._running: dict[_TorchWork, float] = {}  # work -> deadline (time.monotonic())
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, work: _TorchWork, seconds: float) -> None:
+        with self._lock:
+            self._running[work] = time.monotonic() + seconds
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="hpccomm-torch-watchdog", daemon=True
+                )
+                self._thread.start()
+
+    def done(self, work: _TorchWork) -> None:
+        with self._lock:
+            self._running.pop(work, None)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.PERIOD)
+            now = time.monotonic()
+            with self._lock:
+                late = [w for w, deadline in self._running.items() if deadline <= now]
+            for work in late:
+                work._expire()
+
+
+_watchdog = _Watchdog()
+
+
 class _TorchWork(dist.Work):
     """A torch Work over an hpccomm Work: its Future is completed when the hpccomm operation
     completes (from the group's worker thread), after ``post`` copied results into torch's
@@ -112,7 +183,12 @@ class _TorchWork(dist.Work):
         self._result = result
         self._post = post
         self._timeout = timeout
-        self._future: Future = Future()
+        # torch's Python Future has no way to fail its C++ side (set_exception stores the
+        # exception as a value, which DDP's reducer then reads as its result and crashes on),
+        # so the Future handed out follows a private one through then(): a callback that
+        # raises fails it for real, in C++ (DDP's backward raises) and in Python alike.
+        self._base: Future = Future()
+        self._future: Future = self._base.then(_deliver)
         self._error: BaseException | None = None
         self._lock = threading.Lock()
         self._finished = threading.Event()  # set once results are in torch's tensors
@@ -120,6 +196,8 @@ class _TorchWork(dist.Work):
         if work is None:
             self._complete(None)
         else:
+            if timeout and work.completes_by_itself():  # collectives: DDP never waits
+                _watchdog.watch(self, timeout)
             work.add_done_callback(self._complete)
 
     def _complete(self, work: HWork | None) -> None:
@@ -136,10 +214,11 @@ class _TorchWork(dist.Work):
                     error = exc
             self._error = error
             self._finished.set()
+        _watchdog.done(self)
         if error is not None:
-            self._future.set_exception(error)
+            self._base.set_result(_Failed(error))
         else:
-            self._future.set_result(self._result)
+            self._base.set_result(self._result)
 
     def _fail(self, error: BaseException) -> None:
         with self._lock:
@@ -147,7 +226,18 @@ class _TorchWork(dist.Work):
                 return
             self._error = error
             self._finished.set()
-        self._future.set_exception(error)
+        _watchdog.done(self)
+        self._base.set_result(_Failed(error))
+
+    def _expire(self) -> None:
+        """Past the group's timeout (the watchdog): fail with hpccomm's timeout error."""
+        if self._finished.is_set() or self._work is None:
+            _watchdog.done(self)
+            return
+        if self._work.is_completed():
+            self._complete(self._work)
+            return
+        self._fail(self._work._timed_out(self._timeout or 0.0))
 
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
         seconds = timeout.total_seconds() if timeout else self._timeout
@@ -489,6 +579,54 @@ class HpccommProcessGroup(dist.ProcessGroup):
         return self.comm.batch_isend_irecv(ops)
 
 
+def _naming(method: Callable[..., Any], op: str) -> Callable[..., Any]:
+    """``method`` with a refused tensor's error naming the torch operation, rank and group."""
+
+    def named(self: HpccommProcessGroup, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except TensorRefused as exc:
+            if exc.named:  # an inner method named it already
+                raise
+            text = str(exc).removeprefix("hpccomm torch backend: ")
+            head = where(op, self.comm.rank, self.comm.size, group=self.comm.name)
+            named_exc = TensorRefused(f"{head}: {text}")
+            named_exc.named = True
+            raise named_exc from None
+
+    named.__name__ = method.__name__
+    named.__doc__ = method.__doc__
+    return named
+
+
+for _method, _op in {
+    "allreduce": "all_reduce",
+    "allreduce_coalesced": "all_reduce_coalesced",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "allgather": "all_gather",
+    "_allgather_base": "all_gather_into_tensor",
+    "all_gather_single": "all_gather_into_tensor",
+    "allgather_coalesced": "all_gather_coalesced",
+    "all_gather_single_coalesced": "all_gather_into_tensor_coalesced",
+    "allgather_into_tensor_coalesced": "all_gather_into_tensor_coalesced",
+    "gather": "gather",
+    "scatter": "scatter",
+    "reduce_scatter": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter_tensor",
+    "reduce_scatter_single": "reduce_scatter_tensor",
+    "reduce_scatter_single_coalesced": "reduce_scatter_tensor_coalesced",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor_coalesced",
+    "alltoall_base": "all_to_all_single",
+    "all_to_all_single": "all_to_all_single",
+    "alltoall": "all_to_all",
+    "send": "send",
+    "recv": "recv",
+    "recv_anysource": "recv",
+}.items():
+    setattr(HpccommProcessGroup, _method, _naming(getattr(HpccommProcessGroup, _method), _op))
+
+
 def _creator(opts: Any, backend_options: Any = None) -> HpccommProcessGroup:
     """torch's backend creator (extended API): the default group runs on a duplicate of
     hpccomm's world; a subgroup on its members only (torch calls this on members only)."""
@@ -501,6 +639,42 @@ def _creator(opts: Any, backend_options: Any = None) -> HpccommProcessGroup:
         comm = world.create_group(ranks)
     comm.timeout = timeout
     return HpccommProcessGroup(comm, timeout, str(opts.group_id))
+
+
+class _ServedMPI:
+    """Stands in for torch's ProcessGroupMPI, which pip wheels lack: torch's ``"mpi"`` path
+    calls ``create(global_ranks)`` on every rank of a new group (members-only, as
+    ``MPI_Comm_create_group``) and takes a returned ProcessGroup as the group itself."""
+
+    hpccomm = True
+
+    @staticmethod
+    def create(ranks: Sequence[int]) -> HpccommProcessGroup | None:
+        world = hpccomm_init()
+        members = list(ranks or [])
+        if members and world.rank not in members:
+            return None
+        if not members or members == list(range(world.size)):
+            comm = world.dup()
+        else:
+            comm = world.create_group(members)
+        return HpccommProcessGroup(comm, comm.timeout)
+
+
+def serve_mpi() -> None:
+    """Serve torch's ``backend="mpi"`` with hpccomm, so ``dist.init_process_group("mpi")``
+    and ``dist.new_group(backend="mpi")`` work unchanged on a pip-installed torch (CPU
+    tensors; the timeout is hpccomm's: ``HPCCOMM_TIMEOUT`` or ``hpccomm.init(timeout=)``).
+
+    A torch built with its own MPI backend is left alone. ``python -m hpccomm.torch
+    script.py ...`` runs an unchanged script this way.
+    """
+    c10d = dist.distributed_c10d
+    current = getattr(c10d, "ProcessGroupMPI", None)
+    if c10d._MPI_AVAILABLE and not getattr(current, "hpccomm", False):
+        return  # torch's own MPI backend
+    c10d._MPI_AVAILABLE = True
+    c10d.ProcessGroupMPI = _ServedMPI  # type: ignore[misc,assignment]
 
 
 def register() -> None:
@@ -572,3 +746,34 @@ def _address(world: Communicator) -> str:
         return socket.gethostbyname(name)
     except OSError:
         return name
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    """``python -m hpccomm.torch script.py [args]``: run an unchanged torch.distributed script
+    whose backend is "mpi" (or "hpccomm") on hpccomm, under mpiexec or srun."""
+    import runpy
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_main.__doc__)
+        return 0 if args else 2
+    hpccomm_init()
+    register()
+    serve_mpi()
+    sys.argv = args
+    if args[0] == "-m":
+        if len(args) < 2:
+            print("python -m hpccomm.torch -m MODULE [args]: MODULE is missing")
+            return 2
+        sys.argv = args[1:]
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    else:
+        runpy.run_path(args[0], run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":  # this file run as a script: use the one importable copy
+    from hpccomm.torch import _main as _run
+
+    raise SystemExit(_run())

@@ -239,6 +239,11 @@ class Work:
         else:
             self._callbacks.append(fn)
 
+    def completes_by_itself(self) -> bool:
+        """Whether the operation completes without anyone waiting (it runs on the worker
+        thread) and is still running; point-to-point requests complete when tested."""
+        return isinstance(self._pending, Future)
+
     def disown(self) -> None:
         """Stop reporting this handle when it is dropped unfinished (the dispatch's own
         handle of a bounded call that timed out: the caller got the CommTimeoutError)."""

@@ -57,10 +57,11 @@ class Job:
 
 @pytest.fixture
 def launch(mpiexec, mpi_env, venv_bin, tmp_path):
-    """``launch(n, body, bound=60, args=(), env=None) -> Job``: run PRELUDE + ``body`` on n
-    ranks; the job is killed (and the test fails) if it outlives ``bound`` seconds."""
+    """``launch(n, body, bound=60, args=(), env=None, python=()) -> Job``: run PRELUDE +
+    ``body`` on n ranks (``args`` go to mpiexec, ``python`` to Python before the script); the
+    job is killed (and the test fails) if it outlives ``bound`` seconds."""
 
-    def run(n: int, body: str, *, bound: float = 60, args=(), env=None) -> Job:
+    def run(n: int, body: str, *, bound: float = 60, args=(), env=None, python=()) -> Job:
         script = tmp_path / "scenario.py"
         script.write_text(PRELUDE + textwrap.dedent(body))
         cmd = [
@@ -70,6 +71,7 @@ def launch(mpiexec, mpi_env, venv_bin, tmp_path):
             "-n",
             str(n),
             str(venv_bin / "python"),
+            *python,
             str(script),
         ]
         t0 = time.monotonic()

@@ -1,0 +1,139 @@
+"""torch programs on hpccomm, each its own MPI job: an unchanged backend="mpi" script served
+by ``python -m hpccomm.torch``, the DDP example, and a rank that fails or never comes (the
+job ends, naming it, instead of hanging)."""
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None,
+    reason="torch is not installed (pip install -e '.[torch]')",
+)
+JOBS = Path(__file__).resolve().parents[2] / "jobs"
+
+
+def test_unchanged_mpi_backend_script_is_served(launch):
+    job = launch(
+        3,
+        """
+        import torch, torch.distributed as dist
+        dist.init_process_group("mpi")  # an unchanged script: torch's own MPI backend name
+        r, n = dist.get_rank(), dist.get_world_size()
+        t = torch.full((5,), float(r + 1), dtype=torch.float64)
+        dist.all_reduce(t)
+        evens = dist.new_group([0, 2])
+        x = torch.ones(2)
+        if r in (0, 2):
+            dist.all_reduce(x, group=evens)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 1).double())
+        model(torch.ones(4, 3, dtype=torch.float64) * r).sum().backward()
+        g = model.module.weight.grad.clone()
+        dist.broadcast(g, 0)
+        print(f"R{r} done " + json.dumps(dict(
+            backend=dist.get_backend(), available=dist.is_mpi_available(), n=n,
+            sum=t.tolist(), sub=x.tolist(), grads_equal=bool(torch.equal(g, model.module.weight.grad)),
+        )), flush=True)
+        dist.destroy_process_group()
+        """,
+        python=("-m", "hpccomm.torch"),
+        bound=120,
+    )
+    assert job.rc == 0, job.stderr[-3000:]
+    for r in range(3):
+        d = job.of(r, "done")
+        assert d["backend"] == "mpi" and d["available"] and d["n"] == 3
+        assert d["sum"] == [6.0] * 5 and d["grads_equal"]
+        assert d["sub"] == ([2.0, 2.0] if r in (0, 2) else [1.0, 1.0])
+
+
+def test_ddp_example_runs(launch):
+    job = launch(
+        2,
+        f"""
+        import runpy, sys
+        sys.argv = ["ddp_train.py", "--steps", "12", "--width", "32"]
+        runpy.run_path({str(JOBS / "ddp_train.py")!r}, run_name="__main__")
+        """,
+        bound=120,
+    )
+    assert job.rc == 0, job.stderr[-3000:]
+    assert re.search(r"ddp_train: 2 ranks, 12 steps, .* replicas equal", job.stdout), job.stdout
+
+
+def test_a_rank_raising_ends_the_job_naming_it(launch):
+    # rank 1 fails in its training step; rank 0 waits in DDP's all_reduce: the job ends
+    # (hpccomm aborts a rank exiting with an operation pending; the launcher ends the rest)
+    job = launch(
+        2,
+        """
+        import torch, torch.distributed as dist
+        import hpccomm.torch as ht
+        ht.init_process_group(timeout=60)
+        r = dist.get_rank()
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 1))
+        if r == 1:
+            raise RuntimeError("rank 1 fails in its step")
+        model(torch.ones(2, 3)).sum().backward()
+        report(comm := hpccomm.init(), "finished")
+        """,
+        bound=90,
+    )
+    assert job.rc != 0
+    assert job.seconds < 60, f"took {job.seconds:.0f} s"
+    assert "rank 1 fails in its step" in job.stderr
+    assert (0, "finished") not in job.reports
+
+
+def test_a_missing_rank_times_out_naming_the_group(launch):
+    job = launch(
+        2,
+        """
+        import datetime, torch, torch.distributed as dist
+        import hpccomm.torch as ht
+        ht.init_process_group(timeout=3)
+        r = dist.get_rank()
+        if r == 0:
+            outcome(hpccomm.init(), "all_reduce", lambda: dist.all_reduce(torch.ones(4)))
+        else:
+            time.sleep(8)  # never joins
+        """,
+        bound=90,
+    )
+    d = job.of(0, "all_reduce")
+    assert d["cls"] == "CommTimeoutError", d
+    assert re.match(
+        r"all_reduce #\d+ on torch:0 \(default_pg\) \(rank 0 of 2\): not complete after 3 s",
+        d["msg"],
+    ), d
+    assert 2.5 < d["s"] < 10
+
+
+def test_ddp_backward_with_a_peer_that_never_joins_raises_at_the_timeout(launch):
+    # DDP waits on Futures only, never with a deadline: the backend's watchdog fails the
+    # Future at the group's timeout, so backward raises instead of blocking forever
+    job = launch(
+        2,
+        """
+        import torch, torch.distributed as dist
+        import hpccomm.torch as ht
+        ht.init_process_group(timeout=3)
+        r = dist.get_rank()
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 1))
+        if r == 0:
+            outcome(hpccomm.init(), "backward", lambda: model(torch.ones(2, 3)).sum().backward())
+        else:
+            time.sleep(10)  # alive, but never runs its step
+        """,
+        bound=90,
+        env={"HPCCOMM_ABORT_ON_EXCEPTION": "0"},
+    )
+    got = job.of(0, "backward")
+    assert got["cls"] is not None, got
+    assert re.search(
+        r"all_reduce #\d+ on torch:0 \(default_pg\) \(rank 0 of 2\): not complete after 3 s",
+        got["msg"],
+    ), got
+    assert 2.5 < got["s"] < 8, got
