@@ -89,6 +89,7 @@ def as_numpy(t: torch.Tensor, what: str = "tensor") -> np.ndarray:
             f"hpccomm torch backend: {what} is not contiguous (shape {tuple(t.shape)}, "
             f"stride {t.stride()}); pass t.contiguous()"
         )
+    t = t.detach()  # the same memory; NumPy refuses tensors that require grad
     if t.is_conj():
         t = t.resolve_conj()
     if t.dtype is torch.bfloat16:
@@ -295,8 +296,10 @@ class HpccommProcessGroup(dist.ProcessGroup):
 
     # -- identity -----------------------------------------------------------------------
 
+    backend_name = NAME  # "mpi" where hpccomm serves torch's MPI backend (serve_mpi)
+
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
-        return NAME
+        return self.backend_name
 
     # torch names groups after creating them (device meshes and FSDP2 look them up by name)
     def _set_group_name(self, name: str) -> None:
@@ -325,7 +328,7 @@ class HpccommProcessGroup(dist.ProcessGroup):
         return self._desc
 
     def name(self) -> str:
-        return NAME
+        return self.backend_name
 
     def _work(
         self, work: HWork | None, result: Any, post: Callable[[], None] | None = None
@@ -409,7 +412,17 @@ class HpccommProcessGroup(dist.ProcessGroup):
         inputs: Sequence[torch.Tensor],
         opts: Any = None,
     ) -> _TorchWork:
-        return self.allgather(output_lists, inputs, opts)
+        # output_lists[rank][j] receives input j of that rank (allgather's lists are the
+        # other way round: one list over the ranks per input)
+        if len(output_lists) != self.comm.size:
+            raise InvalidArgumentError(
+                f"{where('all_gather_coalesced', self.comm.rank, self.comm.size)}: "
+                f"{len(output_lists)} output lists, expected one per rank ({self.comm.size})"
+            )
+        per_input = [[outs[j] for outs in output_lists] for j in range(len(inputs))]
+        work = self.allgather(per_input, inputs, opts)
+        work._result = [list(o) for o in output_lists]
+        return work
 
     def all_gather_single_coalesced(
         self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], opts: Any = None
@@ -579,11 +592,25 @@ class HpccommProcessGroup(dist.ProcessGroup):
         return self.comm.batch_isend_irecv(ops)
 
 
+def _profiled(
+    group: HpccommProcessGroup, method: Callable[..., Any], op: str, *args: Any, **kwargs: Any
+) -> Any:
+    """Run ``method`` inside a profiler event "<backend>:<op>" that ends when its Work's
+    Future completes (on the worker thread: an async event, as torch's own backends record)."""
+    with torch.autograd.profiler.record_function(f"{group.backend_name}:{op}") as event:
+        work = method(group, *args, **kwargs)
+        if isinstance(work, _TorchWork):
+            work._future = event._call_end_callbacks_on_future(work._future)
+        return work
+
+
 def _naming(method: Callable[..., Any], op: str) -> Callable[..., Any]:
     """``method`` with a refused tensor's error naming the torch operation, rank and group."""
 
     def named(self: HpccommProcessGroup, *args: Any, **kwargs: Any) -> Any:
         try:
+            if torch.autograd._profiler_enabled():  # an event per call, as torch's backends
+                return _profiled(self, method, op, *args, **kwargs)
             return method(self, *args, **kwargs)
         except TensorRefused as exc:
             if exc.named:  # an inner method named it already
@@ -658,7 +685,9 @@ class _ServedMPI:
             comm = world.dup()
         else:
             comm = world.create_group(members)
-        return HpccommProcessGroup(comm, comm.timeout)
+        group = HpccommProcessGroup(comm, comm.timeout)
+        group.backend_name = "mpi"
+        return group
 
 
 def serve_mpi() -> None:
@@ -709,17 +738,18 @@ def init_process_group(
             f"mixed 'cpu:hpccomm,cuda:nccl' needs a c10d Backend subclass, which PyTorch "
             f"{torch.__version__} does not allow from Python: make an NCCL group beside it)"
         )
-    host = os.environ.get("MASTER_ADDR") or _address(world)
     store = None
     if world.rank == 0:
         store = dist.TCPStore(
-            host, 0, world.size, is_master=True, timeout=delta, wait_for_workers=False
+            "127.0.0.1", 0, world.size, is_master=True, timeout=delta, wait_for_workers=False
         )
-        port = store.port
+        offer = (_addresses(world), store.port)
     else:
-        port = 0
-    host, port = world.broadcast_object((host, port), src=0)
+        offer = None
+    hosts, port = world.broadcast_object(offer, src=0)
+    host = hosts[0]
     if world.rank != 0:
+        host = _reachable(world, hosts, port)
         store = dist.TCPStore(host, port, world.size, is_master=False, timeout=delta)
     for key, value in (
         ("RANK", world.rank),
@@ -736,16 +766,65 @@ def init_process_group(
     return world
 
 
-def _address(world: Communicator) -> str:
-    """Rank 0's address as the others can reach it: loopback when every rank is on one node,
-    else the address its host name resolves to."""
+def _addresses(world: Communicator) -> list[str]:
+    """Where the others may reach rank 0's store, best first: ``MASTER_ADDR`` alone when set;
+    loopback when every rank is on one node; else the address rank 0's host name resolves
+    to, then each IPv4 address of its network interfaces (a node whose name does not
+    resolve, or resolves to loopback, is still reachable)."""
+    if os.environ.get("MASTER_ADDR"):
+        return [os.environ["MASTER_ADDR"]]
     if world.num_nodes == 1:
-        return "127.0.0.1"
-    name = socket.gethostname()
+        return ["127.0.0.1"]
+    found: list[str] = []
     try:
-        return socket.gethostbyname(name)
+        found.append(socket.gethostbyname(socket.gethostname()))
     except OSError:
-        return name
+        pass
+    found += _interface_addresses()
+    return [a for i, a in enumerate(found) if a not in found[:i] and not a.startswith("127.")]
+
+
+def _interface_addresses() -> list[str]:
+    """IPv4 addresses of this host's network interfaces (Linux SIOCGIFADDR; [] elsewhere)."""
+    try:
+        import fcntl
+        import struct
+
+        names = [name for _, name in socket.if_nameindex()]
+    except (ImportError, OSError):
+        return []
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for name in names:
+            try:
+                packed = struct.pack("256s", name.encode()[:15])
+                found.append(socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, packed)[20:24]))
+            except OSError:
+                continue  # an interface without an IPv4 address
+    return found
+
+
+def _reachable(world: Communicator, hosts: Sequence[str], port: int, within: float = 30.0) -> str:
+    """The first of rank 0's addresses this rank can connect to; tries them all for
+    ``within`` seconds, then raises naming each address and what connecting to it said."""
+    deadline = time.monotonic() + within
+    said: dict[str, str] = {}
+    while True:
+        for host in hosts:
+            try:
+                with socket.create_connection((host, port), timeout=2.0):
+                    return host
+            except OSError as exc:
+                said[host] = str(exc) or type(exc).__name__
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    tried = "; ".join(f"{h}: {e}" for h, e in said.items()) or "rank 0 offered no address"
+    raise CommTimeoutError(
+        f"hpccomm.torch.init_process_group: rank {world.rank} cannot reach rank 0's store on "
+        f"port {port} after {within:.0f} s ({tried}); set MASTER_ADDR to an address of rank "
+        f"0's node that the other nodes can reach"
+    )
 
 
 def _main(argv: Sequence[str] | None = None) -> int:

@@ -249,3 +249,64 @@ def test_one_rank_missing_times_out_and_the_future_fails(tdist):
 def test_timeout_is_hpccomm_timeout(tdist):
     pg = dist.distributed_c10d._get_default_group()
     assert pg.comm.timeout == 120
+
+
+def test_store_address_unreachable_is_named(tdist):
+    """A rank that cannot reach rank 0's store gives up after its bound, naming each address
+    it tried and what connecting said, instead of retrying for torch's 30-minute timeout."""
+    import socket
+
+    import hpccomm
+    from hpccomm import torch as htorch
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    world = hpccomm.world()
+    with pytest.raises(hpccomm.CommTimeoutError) as info:
+        htorch._reachable(world, ["127.0.0.1"], port, within=0.5)
+    msg = str(info.value)
+    assert f"rank {world.rank} cannot reach rank 0's store on port {port}" in msg
+    assert "127.0.0.1: " in msg and "MASTER_ADDR" in msg
+    with socket.socket() as s:  # the first address that accepts is taken
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert htorch._reachable(world, ["127.0.0.2", "127.0.0.1"], port) == "127.0.0.1"
+
+
+def test_store_addresses_offered(tdist, monkeypatch):
+    """MASTER_ADDR alone when set; loopback on one node; across nodes the resolved host name
+    first, then interface addresses, without loopback or repeats (a node whose name does not
+    resolve, as on the test cluster, is reached by its interface address)."""
+    import socket
+    import types
+
+    from hpccomm import torch as htorch
+
+    one, two = types.SimpleNamespace(num_nodes=1), types.SimpleNamespace(num_nodes=2)
+    monkeypatch.setenv("MASTER_ADDR", "10.1.2.3")
+    assert htorch._addresses(two) == ["10.1.2.3"]
+    monkeypatch.delenv("MASTER_ADDR")
+    assert htorch._addresses(one) == ["127.0.0.1"]
+    monkeypatch.setattr(
+        htorch, "_interface_addresses", lambda: ["127.0.0.1", "10.0.0.5", "10.9.0.1"]
+    )
+    monkeypatch.setattr(socket, "gethostbyname", lambda name: "10.9.0.1")
+    assert htorch._addresses(two) == ["10.9.0.1", "10.0.0.5"]
+
+    def unknown(name):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(socket, "gethostbyname", unknown)
+    assert htorch._addresses(two) == ["10.0.0.5", "10.9.0.1"]
+
+
+def test_interface_addresses_are_ipv4():
+    import ipaddress
+
+    from hpccomm import torch as htorch
+
+    found = htorch._interface_addresses()
+    assert "127.0.0.1" in found  # Linux always has lo
+    assert all(isinstance(ipaddress.ip_address(a), ipaddress.IPv4Address) for a in found)
