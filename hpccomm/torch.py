@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import queue
 import socket
 import threading
 import time
@@ -194,6 +195,7 @@ class _TorchWork(dist.Work):
         self._lock = threading.Lock()
         self._finished = threading.Event()  # set once results are in torch's tensors
         self.source: HWork | None = None  # recv from any source: the hpccomm receive
+        self._profiled: threading.Event | None = None  # set when its profiler event ended
         if work is None:
             self._complete(None)
         else:
@@ -254,6 +256,8 @@ class _TorchWork(dist.Work):
                 pass  # delivered below, once the completion ran
             self._complete(self._work)
         self._finished.wait()
+        if self._profiled is not None:
+            self._profiled.wait()  # its profiler event ends on the profiler's thread
         if self._error is not None:
             raise self._error
         return True
@@ -593,24 +597,103 @@ class HpccommProcessGroup(dist.ProcessGroup):
 
 
 def _profiled(
-    group: HpccommProcessGroup, method: Callable[..., Any], op: str, *args: Any, **kwargs: Any
+    group: HpccommProcessGroup,
+    method: Callable[..., Any],
+    op: str,
+    inputs: int,
+    *args: Any,
+    **kwargs: Any,
 ) -> Any:
-    """Run ``method`` inside a profiler event "<backend>:<op>" that ends when its Work's
-    Future completes (on the worker thread: an async event, as torch's own backends record)."""
-    with torch.autograd.profiler.record_function(f"{group.backend_name}:{op}") as event:
+    """Run ``method`` inside a profiler event "<backend>:<op>" recording the shapes of its input
+    tensors (``args[inputs]``), as torch's own backends do; the event ends when the Work's
+    Future completes (on the worker thread: an async event)."""
+    shown = _PROFILED_AS.get(op, op)
+    record = torch.autograd._record_function_with_args_enter(
+        f"{group.backend_name}:{shown}", *_tensors(args[inputs] if len(args) > inputs else ())
+    )
+    try:
         work = method(group, *args, **kwargs)
-        if isinstance(work, _TorchWork):
-            work._future = event._call_end_callbacks_on_future(work._future)
-        return work
+    except BaseException:
+        torch.autograd._record_function_with_args_exit(record)
+        raise
+    if isinstance(work, _TorchWork):
+        _profiler_ends.after(record, work)
+    else:
+        torch.autograd._record_function_with_args_exit(record)
+    return work
 
 
-def _naming(method: Callable[..., Any], op: str) -> Callable[..., Any]:
-    """``method`` with a refused tensor's error naming the torch operation, rank and group."""
+class _ProfilerEnds:
+    """Ends profiler events on one thread of its own, when their operation's Future completes.
+
+    An event ended on the calling thread is a synchronous one in torch's profiler: an
+    operation that happened to finish before the call returned would show as synchronous and
+    one still running as asynchronous. Ending every event here makes them all asynchronous,
+    as torch's own backends' events are (their worker thread ends them)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[Future[None], threading.Event]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def after(self, record: Any, work: _TorchWork) -> None:
+        """Make ``work``'s Future complete (with the same value or error) once ``record``
+        ended, and its ``wait()`` return only then (an event ended after the profiler
+        stopped would be lost)."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="hpccomm-torch-profiler", daemon=True
+                )
+                self._thread.start()
+        gate: Future[None] = Future()
+        with torch._C.DisableTorchFunctionSubclass():
+            ended = torch.ops.profiler._call_end_callbacks_on_jit_fut._RecordFunction(record, gate)
+        future = work._future
+        settled = work._profiled = threading.Event()
+        work._future = ended.then(lambda _: future.value())
+        future.add_done_callback(lambda _: self._queue.put((gate, settled)))
+
+    def _run(self) -> None:
+        while True:
+            gate, settled = self._queue.get()
+            gate.set_result(None)
+            settled.set()
+
+
+_profiler_ends = _ProfilerEnds()
+
+
+# Events named as torch's backends name them where the torch call differs from the method.
+_PROFILED_AS = {"all_gather_coalesced": "all_gather", "all_to_all_single": "all_to_all"}
+
+
+def _tensors(arg: Any) -> list[torch.Tensor]:
+    """The tensors in a tensor, a list of them or a list of lists, in order."""
+    if isinstance(arg, torch.Tensor):
+        return [arg]
+    if isinstance(arg, (list, tuple)):
+        return [t for item in arg for t in _tensors(item)]
+    return []
+
+
+_inside = threading.local()  # .call: a profiled backend method is running on this thread
+
+
+def _naming(method: Callable[..., Any], op: str, inputs: int) -> Callable[..., Any]:
+    """``method`` with a refused tensor's error naming the torch operation, rank and group,
+    and a profiler event when torch's profiler is on (``inputs``: where its input tensors
+    are among the arguments)."""
 
     def named(self: HpccommProcessGroup, *args: Any, **kwargs: Any) -> Any:
         try:
-            if torch.autograd._profiler_enabled():  # an event per call, as torch's backends
-                return _profiled(self, method, op, *args, **kwargs)
+            # an event per call, as torch's backends record (one: not for an inner method)
+            if torch.autograd._profiler_enabled() and not getattr(_inside, "call", False):
+                _inside.call = True
+                try:
+                    return _profiled(self, method, op, inputs, *args, **kwargs)
+                finally:
+                    _inside.call = False
             return method(self, *args, **kwargs)
         except TensorRefused as exc:
             if exc.named:  # an inner method named it already
@@ -626,32 +709,35 @@ def _naming(method: Callable[..., Any], op: str) -> Callable[..., Any]:
     return named
 
 
-for _method, _op in {
-    "allreduce": "all_reduce",
-    "allreduce_coalesced": "all_reduce_coalesced",
-    "broadcast": "broadcast",
-    "reduce": "reduce",
-    "allgather": "all_gather",
-    "_allgather_base": "all_gather_into_tensor",
-    "all_gather_single": "all_gather_into_tensor",
-    "allgather_coalesced": "all_gather_coalesced",
-    "all_gather_single_coalesced": "all_gather_into_tensor_coalesced",
-    "allgather_into_tensor_coalesced": "all_gather_into_tensor_coalesced",
-    "gather": "gather",
-    "scatter": "scatter",
-    "reduce_scatter": "reduce_scatter",
-    "_reduce_scatter_base": "reduce_scatter_tensor",
-    "reduce_scatter_single": "reduce_scatter_tensor",
-    "reduce_scatter_single_coalesced": "reduce_scatter_tensor_coalesced",
-    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor_coalesced",
-    "alltoall_base": "all_to_all_single",
-    "all_to_all_single": "all_to_all_single",
-    "alltoall": "all_to_all",
-    "send": "send",
-    "recv": "recv",
-    "recv_anysource": "recv",
+# method: (the torch operation, where its input tensors are among the arguments)
+for _method, (_op, _inputs) in {
+    "allreduce": ("all_reduce", 0),
+    "allreduce_coalesced": ("all_reduce_coalesced", 0),
+    "broadcast": ("broadcast", 0),
+    "reduce": ("reduce", 0),
+    "allgather": ("all_gather", 1),
+    "_allgather_base": ("all_gather_into_tensor", 1),
+    "all_gather_single": ("all_gather_into_tensor", 1),
+    "allgather_coalesced": ("all_gather_coalesced", 1),
+    "all_gather_single_coalesced": ("all_gather_into_tensor_coalesced", 1),
+    "allgather_into_tensor_coalesced": ("all_gather_into_tensor_coalesced", 1),
+    "gather": ("gather", 1),
+    "scatter": ("scatter", 1),
+    "reduce_scatter": ("reduce_scatter", 1),
+    "_reduce_scatter_base": ("reduce_scatter_tensor", 1),
+    "reduce_scatter_single": ("reduce_scatter_tensor", 1),
+    "reduce_scatter_single_coalesced": ("reduce_scatter_tensor_coalesced", 1),
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter_tensor_coalesced", 1),
+    "alltoall_base": ("all_to_all_single", 1),
+    "all_to_all_single": ("all_to_all_single", 1),
+    "alltoall": ("all_to_all", 1),
+    "send": ("send", 0),
+    "recv": ("recv", 0),
+    "recv_anysource": ("recv", 0),
 }.items():
-    setattr(HpccommProcessGroup, _method, _naming(getattr(HpccommProcessGroup, _method), _op))
+    setattr(
+        HpccommProcessGroup, _method, _naming(getattr(HpccommProcessGroup, _method), _op, _inputs)
+    )
 
 
 def _creator(opts: Any, backend_options: Any = None) -> HpccommProcessGroup:

@@ -310,3 +310,40 @@ def test_interface_addresses_are_ipv4():
     found = htorch._interface_addresses()
     assert "127.0.0.1" in found  # Linux always has lo
     assert all(isinstance(ipaddress.ip_address(a), ipaddress.IPv4Address) for a in found)
+
+
+def test_profiler_events_name_the_op_and_input_shapes(tdist):
+    """Under torch's profiler each call is an event "hpccomm:<op>" with its input shapes (as
+    torch's own backends record them), ending when its Future completes."""
+    n = tdist.get_world_size()
+    x = torch.ones(3, 5)
+    outs = [torch.zeros(2, 7) for _ in range(n)]
+    with torch.autograd.profiler.profile(record_shapes=True) as prof:
+        work = tdist.all_reduce(x, async_op=True)
+        work.wait()
+        tdist.all_gather(outs, torch.ones(2, 7))
+        tdist.all_to_all_single(torch.zeros(n, 4), torch.ones(n, 4))
+    events = {e.name: e for e in prof.function_events if e.name.startswith("hpccomm:")}
+    assert set(events) == {"hpccomm:all_reduce", "hpccomm:all_gather", "hpccomm:all_to_all"}
+    assert events["hpccomm:all_reduce"].input_shapes == [[3, 5]]
+    assert events["hpccomm:all_gather"].input_shapes == [[2, 7]]
+    assert events["hpccomm:all_to_all"].input_shapes == [[n, 4]]
+    assert all(e.count == 1 and e.cpu_time >= 0 for e in events.values())
+    # one event per call, none for the methods a call runs inside (all_to_all_single -> base)
+    assert len([e for e in prof.function_events if e.name.startswith("hpccomm:")]) == 3
+    assert torch.equal(x, torch.full((3, 5), float(n)))
+
+
+def test_profiler_events_are_async_and_futures_keep_errors(tdist):
+    """Every event ends on the profiler's own thread (asynchronous, as torch's backends'
+    events), whether the operation finished before the call returned or not; a failing
+    operation's Future still fails under the profiler."""
+    with torch.autograd.profiler.profile() as prof:
+        for _ in range(5):
+            tdist.all_reduce(torch.ones(4))
+            tdist.broadcast(torch.ones(4), 0, async_op=True).wait()
+        with pytest.raises(Exception, match="all_reduce"):
+            tdist.all_reduce(torch.ones(2, 2).t())  # not contiguous: refused at the call
+    events = [e for e in prof.function_events if e.name.startswith("hpccomm:")]
+    assert len(events) == 11  # the refused call has its event too, ended at the refusal
+    assert all(e.is_async for e in events[:10])
