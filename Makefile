@@ -43,6 +43,11 @@ test-torch:
 	  $(BOUND) $(MPIEXEC) -n $$n $(BIN)/python -m pytest -q -p no:cacheprovider --color=no --with-mpi tests/torch \
 	    || exit 1; \
 	done
+	@for n in 3 4; do \
+	  echo "== PyTorch's own distributed tests (tests/torch_suite) on $$n ranks"; \
+	  $(BOUND) $(MPIEXEC) -n $$n $(BIN)/python -m pytest -q -p no:cacheprovider --color=no --with-mpi tests/torch_suite \
+	    || exit 1; \
+	done
 
 test-unit:
 	$(BOUND) $(BIN)/python -m pytest -q -p no:cacheprovider --color=no tests/unit

@@ -607,7 +607,7 @@ def _profiled(
     """Run ``method`` inside a profiler event "<backend>:<op>" recording the shapes of its input
     tensors (``args[inputs]``), as torch's own backends do; the event ends when the Work's
     Future completes (on the worker thread: an async event)."""
-    shown = _PROFILED_AS.get(op, op)
+    shown = _PROFILED_AS.get(method.__name__, op)
     record = torch.autograd._record_function_with_args_enter(
         f"{group.backend_name}:{shown}", *_tensors(args[inputs] if len(args) > inputs else ())
     )
@@ -664,8 +664,13 @@ class _ProfilerEnds:
 _profiler_ends = _ProfilerEnds()
 
 
-# Events named as torch's backends name them where the torch call differs from the method.
-_PROFILED_AS = {"all_gather_coalesced": "all_gather", "all_to_all_single": "all_to_all"}
+# Events named as torch's backends name them (method -> name) where the name is not the op's.
+_PROFILED_AS = {
+    "allgather_coalesced": "all_gather",
+    "alltoall_base": "all_to_all",
+    "all_to_all_single": "all_to_all",
+    "recv_anysource": "recvAnySource",
+}
 
 
 def _tensors(arg: Any) -> list[torch.Tensor]:
