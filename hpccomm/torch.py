@@ -190,7 +190,7 @@ class _TorchWork(dist.Work):
         # so the Future handed out follows a private one through then(): a callback that
         # raises fails it for real, in C++ (DDP's backward raises) and in Python alike.
         self._base: Future = Future()
-        self._future: Future = self._base.then(_deliver)
+        self._future: Future | None = None  # made on first get_future(): then() costs 15 us
         self._error: BaseException | None = None
         self._lock = threading.Lock()
         self._finished = threading.Event()  # set once results are in torch's tensors
@@ -274,7 +274,10 @@ class _TorchWork(dist.Work):
         return self._error
 
     def get_future(self) -> Future:
-        return self._future
+        with self._lock:
+            if self._future is None:
+                self._future = self._base.then(_deliver)
+            return self._future
 
     def _source_rank(self) -> int:
         """The sender of a receive from any source."""
@@ -649,7 +652,7 @@ class _ProfilerEnds:
         gate: Future[None] = Future()
         with torch._C.DisableTorchFunctionSubclass():
             ended = torch.ops.profiler._call_end_callbacks_on_jit_fut._RecordFunction(record, gate)
-        future = work._future
+        future = work.get_future()
         settled = work._profiled = threading.Event()
         work._future = ended.then(lambda _: future.value())
         future.add_done_callback(lambda _: self._queue.put((gate, settled)))
