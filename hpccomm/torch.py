@@ -79,11 +79,16 @@ class TensorRefused(InvalidArgumentError):
 
 def as_numpy(t: torch.Tensor, what: str = "tensor") -> np.ndarray:
     """A NumPy view of a CPU tensor's memory (bfloat16 as ml_dtypes.bfloat16); refuses
-    device tensors and non-contiguous ones (hpccomm never copies behind your back)."""
+    device tensors, sparse ones and non-contiguous ones (hpccomm never copies behind your back)."""
     if t.device.type != "cpu":
         raise TensorRefused(
             f"hpccomm torch backend: {what} is on {t.device}, expected a CPU tensor (use an "
             f"NCCL group for CUDA tensors: dist.new_group(backend='nccl'))"
+        )
+    if t.layout != torch.strided:
+        raise TensorRefused(
+            f"hpccomm torch backend: {what} is {t.layout} (shape {tuple(t.shape)}), expected a "
+            f"dense tensor (torch.strided); pass t.to_dense()"
         )
     if not t.is_contiguous():
         raise TensorRefused(

@@ -15,10 +15,12 @@ DTYPES = [
     torch.bfloat16,
     torch.int8,
     torch.uint8,
+    torch.int16,
     torch.int32,
     torch.int64,
     torch.bool,
     torch.complex64,
+    torch.complex128,
 ]
 IDS = [str(d).split(".")[1] for d in DTYPES]
 
@@ -190,6 +192,11 @@ def test_bad_input_is_refused_at_the_call(tdist):
         match=r"^all_reduce on torch:0 \(default_pg\) \(rank \d+ of \d+\): tensor is not contiguous",
     ):
         tdist.all_reduce(torch.ones(4, 4).t())
+    with pytest.raises(
+        Exception,
+        match=r"^all_reduce .*: tensor is torch.sparse_coo \(shape \(3,\)\), expected a dense",
+    ):
+        tdist.all_reduce(torch.ones(3).to_sparse())
     with pytest.raises(Exception, match=r"^all_gather_into_tensor .*: output is not contiguous"):
         tdist.all_gather_into_tensor(
             torch.ones(4 * tdist.get_world_size(), 2).t(), torch.ones(2, 4)
@@ -347,3 +354,21 @@ def test_profiler_events_are_async_and_futures_keep_errors(tdist):
     events = [e for e in prof.function_events if e.name.startswith("hpccomm:")]
     assert len(events) == 11  # the refused call has its event too, ended at the refusal
     assert all(e.is_async for e in events[:10])
+
+
+@pytest.mark.mpi(min_size=2)
+def test_batch_isend_irecv_subgroups_and_premul_sum(tdist):
+    n, r = tdist.get_world_size(), tdist.get_rank()
+    a, b = torch.arange(5, dtype=torch.float64) + 10 * r, torch.zeros(5, dtype=torch.float64)
+    ops = [dist.P2POp(dist.isend, a, (r + 1) % n), dist.P2POp(dist.irecv, b, (r - 1) % n)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    assert torch.equal(b, torch.arange(5, dtype=torch.float64) + 10 * ((r - 1) % n))
+    sub, _ = dist.new_subgroups(group_size=1)  # every rank alone
+    t = torch.full((3,), float(r))
+    dist.all_reduce(t, group=sub)
+    assert torch.equal(t, torch.full((3,), float(r)))
+    t = torch.arange(6, dtype=torch.float32) + r
+    dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))
+    expect = sum(0.5 * (np.arange(6, dtype=np.float32) + i) for i in range(n))
+    assert np.array_equal(t.numpy(), expect)
