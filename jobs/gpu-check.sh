@@ -13,6 +13,8 @@
 #   refusal    2 ranks on GPU 0 without it: GpuBindingError on both ranks, "auto" falls back
 #   abort      a rank skipping a bounded NCCL all_reduce: CommTimeoutError, NCCL aborted
 #   bandwidth  benchmarks/bench_gpu.py at 2 ranks, up to 16 MiB (NCCL, raw NCCL, MPI path)
+#   bench      `hpccomm bench --device` at 2 ranks, all_reduce and all_gather up to 16 MiB,
+#              every result checked (-c 1); fails on any #wrong element or a skip
 #   binding    `hpccomm info` with CUDA_VISIBLE_DEVICES set, hidden, and shared without leave
 # GPU_CHECK_STEPS="gpu-1 abort" runs only those (after env, which always runs);
 # GPU_CHECK_ENV=setup-only skips env's GPU checks (to test this script without a GPU).
@@ -227,14 +229,32 @@ binding_check() {
   }
 }
 
+# hpccomm bench --device: a skip (no CuPy, no GPU) or any #wrong element fails the step
+bench_check() {
+  local json="$LOGDIR/bench-device.json"
+  rm -f "$json"
+  env NCCL_MULTI_RANK_GPU_ENABLE=1 HPCCOMM_ALLOW_GPU_SHARING=1 CUDA_VISIBLE_DEVICES=0 \
+    "${MPIRUN[@]}" -n 2 "$PY" -c 'import sys; from hpccomm.cli import main; sys.exit(main())' \
+    bench --device -o all_reduce,all_gather -b 8 -e 16M -f 16 -c 1 --rounds 3 --json "$json" \
+    || return 1
+  "$PY" - "$json" <<'PYEOF' || return 1
+import json, sys
+doc = json.load(open(sys.argv[1]))
+rows = [r for g in doc.get("groups", []) for r in g["rows"]]
+assert rows, f"no rows measured: {doc.get('skipped') or doc}"
+assert all(r["wrong"] == 0 for r in rows), "wrong elements"
+print(f"bench --device: {len(rows)} rows, every result checked")
+PYEOF
+}
+
 PYTEST=(-m pytest -q -rs -p no:cacheprovider --color=no --with-mpi)
-export -f setup mpi_works env_check binding_check
+export -f setup mpi_works env_check binding_check bench_check
 export here PY WHEELS PREFIX ENV_PY BINDING_PY LOGDIR
 
 # -- the checks -------------------------------------------------------------------------------
 echo "== hpccomm GPU check on $(hostname), $(date -u '+%Y-%m-%d %H:%M:%S UTC'), logs in $LOGDIR"
 if ! step env 90 bash -c env_check; then
-  for s in gpu-1 gpu-2 refusal abort bandwidth binding; do
+  for s in gpu-1 gpu-2 refusal abort bandwidth bench binding; do
     wanted "$s" && record "$s" FAIL 0 "not run: the environment check failed"
   done
   finish
@@ -249,5 +269,6 @@ step abort 60 env NCCL_MULTI_RANK_GPU_ENABLE=1 HPCCOMM_ALLOW_GPU_SHARING=1 CUDA_
   "${MPIRUN[@]}" -n 2 "$PY" "${PYTEST[@]}" tests/gpu/test_gpu_faults.py -k missing_peer
 step bandwidth 60 env NCCL_MULTI_RANK_GPU_ENABLE=1 HPCCOMM_ALLOW_GPU_SHARING=1 CUDA_VISIBLE_DEVICES=0 \
   "${MPIRUN[@]}" -n 2 "$PY" benchmarks/bench_gpu.py --max-bytes $((16 << 20)) --max-iters 50
+step bench 60 bash -c 'setup >/dev/null && bench_check'
 step binding 40 bash -c 'setup >/dev/null && binding_check'
 finish
