@@ -26,9 +26,13 @@ for CUDA tensors make an NCCL group beside it (``dist.new_group(backend="nccl")`
 from __future__ import annotations
 
 import datetime
+import fcntl
 import os
 import queue
+import runpy
 import socket
+import struct
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -886,11 +890,8 @@ def _addresses(world: Communicator) -> list[str]:
 def _interface_addresses() -> list[str]:
     """IPv4 addresses of this host's network interfaces (Linux SIOCGIFADDR; [] elsewhere)."""
     try:
-        import fcntl
-        import struct
-
         names = [name for _, name in socket.if_nameindex()]
-    except (ImportError, OSError):
+    except OSError:
         return []
     found = []
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -929,9 +930,6 @@ def _reachable(world: Communicator, hosts: Sequence[str], port: int, within: flo
 def _main(argv: Sequence[str] | None = None) -> int:
     """``python -m hpccomm.torch script.py [args]``: run an unchanged torch.distributed script
     whose backend is "mpi" (or "hpccomm") on hpccomm, under mpiexec or srun."""
-    import runpy
-    import sys
-
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(_main.__doc__)
