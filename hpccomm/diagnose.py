@@ -11,6 +11,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from . import memory
 from .comm import Communicator
 from .dtypes import ReduceOp
 from .errors import HpccommError
@@ -31,6 +32,7 @@ def gather_launch(comm: Communicator) -> list[dict] | None:
     None elsewhere."""
     info: dict[str, Any] = comm.launch.to_dict() if comm.launch is not None else {"rank": comm.rank}
     info["device"] = comm.device.describe()
+    info["memory"] = f"freed memory kept mapped (reuse_memory): {memory.state()}"
     return comm.gather_object(info, dst=0)
 
 
@@ -63,6 +65,7 @@ def format_launch_table(infos: list[dict]) -> str:
     ]
     devices = sorted({d["device"] for d in infos if "device" in d})
     lines.extend(devices)
+    lines.extend(sorted({d["memory"] for d in infos if "memory" in d}))
     notes = sorted({w for d in infos for w in d.get("warnings", ())})
     lines.extend(f"warning: {w}" for w in notes)
     return "\n".join(lines)

@@ -30,6 +30,7 @@ from .record import Record
 __all__ = ["FlightRecorder", "dump", "analyze", "load", "ENV", "recorder"]
 
 ENV = "HPCCOMM_TRACE_DIR"
+SIGTERM_GRACE = 0.5  # seconds a rank waits after its SIGTERM dump before it exits
 recorder: FlightRecorder | None = None  # the process's recorder, when enabled
 
 
@@ -144,6 +145,10 @@ def _watch_signals(rec: FlightRecorder) -> None:
                 elif signum == signal.SIGTERM:
                     try:
                         rec.dump("SIGTERM")
+                        # The launcher signalled every rank at once; the first rank to exit
+                        # makes mpiexec kill the others at once, maybe before their dumps
+                        # are written (seen under load): give them a moment.
+                        time.sleep(SIGTERM_GRACE)
                     finally:  # end as SIGTERM would have (exit status 128 + 15)
                         os._exit(128 + signal.SIGTERM)
 

@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import flight, profiler
+from . import flight, memory, profiler
 from .comm import Communicator, NodeInfo, check_timeout
 from .cuda_aware import DeviceConfig, decide
 from .debug import level_from
@@ -402,6 +402,7 @@ def init(
     init_timeout: float | None = None,
     debug: str | None = None,
     trace_dir: str | None = None,
+    reuse_memory: bool | None = None,
 ) -> Communicator:
     """Initialize MPI (once), verify the launch and return the world Communicator.
 
@@ -428,6 +429,10 @@ def init(
         trace_dir: enable the flight recorder (:mod:`hpccomm.flight`), writing each rank's
             last calls to this directory on errors, SIGTERM, SIGUSR1 and ``hpccomm.dump()``;
             None reads ``HPCCOMM_TRACE_DIR`` (default: off).
+        reuse_memory: keep memory the process frees mapped, so MPI's per-call temporaries of
+            large reductions reuse pages instead of faulting them in on every call (see
+            :mod:`hpccomm.memory`; glibc only); None reads ``HPCCOMM_REUSE_MEMORY`` (default
+            on: "0" turns it off). Process-wide, and kept once set.
 
     ``HPCCOMM_PROFILE=DIR`` starts the profiler (:mod:`hpccomm.profiler`) over the world
     here and stops it at exit, rank 0 writing its files to DIR.
@@ -455,6 +460,7 @@ def init(
         "cuda_aware_mpi": cuda_aware_mpi,
         "nccl": nccl,
         "debug": level,
+        "reuse_memory": reuse_memory,
     }
     if _world is not None and not _world.freed:
         differ = [
@@ -473,6 +479,8 @@ def init(
     for note in info.warnings:
         warnings.warn(f"hpccomm: {note}", RuntimeWarning, stacklevel=2)
     _exclude_saturating_ops()
+    if _reuse_memory(reuse_memory):
+        memory.keep_freed_memory()
     if init_bound is not None and "mpi4py.MPI" not in sys.modules:
         _start_mpi_bounded(info, init_bound)
     from mpi4py import MPI
@@ -516,6 +524,21 @@ def init(
     return _world
 
 
+def _reuse_memory(value: bool | None) -> bool:
+    if value is not None:
+        if not isinstance(value, bool):
+            raise InvalidArgumentError(
+                f"init: reuse_memory is {value!r}, expected True, False or None"
+            )
+        return value
+    raw = os.environ.get(memory.ENV, "1").strip().lower()
+    if raw not in ("0", "1", "true", "false", "yes", "no", "on", "off", ""):
+        raise InvalidArgumentError(
+            f"init: {memory.ENV} is {raw!r}, expected 1 or 0 (keep freed memory mapped or not)"
+        )
+    return raw not in ("0", "false", "no", "off")
+
+
 _INIT_DEFAULTS: dict[str, object] = {
     "timeout": None,
     "debug": "off",
@@ -523,6 +546,7 @@ _INIT_DEFAULTS: dict[str, object] = {
     "device_backend": "auto",
     "cuda_aware_mpi": None,
     "nccl": False,
+    "reuse_memory": None,
 }
 _init_args: dict[str, object] = dict(_INIT_DEFAULTS)
 _exit_registered = False
