@@ -611,8 +611,18 @@ def check_batch(call: Call, items: Any) -> list[P2POp]:
             _check_writable(call, p.buf, f"ops[{i}].array")
         if call.info is None:
             _describe(call, p.buf, info)
+        elif p.buf.device != call.device:  # one batch takes one path (MPI host, or a GPU's)
+            raise InvalidArgumentError(
+                f"{call}: ops[{i}].array is {_where_memory(p.buf.device)} but ops[0].array is "
+                f"{_where_memory(call.device)}; nothing was posted: a batch runs on one path, "
+                f"so make one batch per device (or copy the arrays to one)"
+            )
     call.tag = None
     return list(items)
+
+
+def _where_memory(device: int | None) -> str:
+    return "host memory" if device is None else f"on GPU {device}"
 
 
 def _v_batch(call: Call, items: Any, o: Any) -> None:

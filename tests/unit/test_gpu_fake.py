@@ -698,10 +698,26 @@ def test_batch_is_checked_whole_before_group_start(gpu):
         P2POp("recv", np.ones(4, np.float32), 0),
     ]
     with pytest.raises(
-        InvalidArgumentError, match=r"ops\[1\].array is a host array.*nothing was posted"
+        InvalidArgumentError,
+        match=r"ops\[1\].array is host memory but ops\[0\].array is on GPU 0; nothing was posted",
     ):
         d.dispatch(O.BATCH_P2P, items)
     assert ("group", "start") not in gpu.log and not any(e[0] == "nccl" for e in gpu.log)
+
+
+def test_batch_of_host_then_device_arrays_is_refused_whole(gpu):
+    """Host first would send the batch down the MPI host path with a device array in it."""
+    d, devices = nccl_dispatcher(gpu)
+    items = [
+        P2POp("send", np.ones(4, np.float32), 0),
+        P2POp("recv", dev(gpu, np.ones(4, np.float32)), 0),
+    ]
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"ops\[1\].array is on GPU 0 but ops\[0\].array is host memory; nothing was posted",
+    ):
+        d.dispatch(O.BATCH_P2P, items)
+    assert not any(e[0] in ("nccl", "group") for e in gpu.log), gpu.log
 
 
 def test_batch_dtype_error_before_group_start(gpu):
