@@ -17,6 +17,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 
+__all__ = ["ENV", "keep_freed_memory", "state"]
+
 ENV = "HPCCOMM_REUSE_MEMORY"
 
 # glibc's mallopt parameters (malloc.h)
