@@ -884,7 +884,8 @@ def _addresses(world: Communicator) -> list[str]:
     except OSError:
         pass
     found += _interface_addresses()
-    return [a for i, a in enumerate(found) if a not in found[:i] and not a.startswith("127.")]
+    usable = [a for i, a in enumerate(found) if a not in found[:i] and not a.startswith("127.")]
+    return usable or [socket.gethostname()]  # nothing better: the name, as torchrun would
 
 
 def _interface_addresses() -> list[str]:

@@ -307,6 +307,8 @@ def test_store_addresses_offered(tdist, monkeypatch):
 
     monkeypatch.setattr(socket, "gethostbyname", unknown)
     assert htorch._addresses(two) == ["10.0.0.5", "10.9.0.1"]
+    monkeypatch.setattr(htorch, "_interface_addresses", lambda: ["127.0.0.1"])
+    assert htorch._addresses(two) == [socket.gethostname()]  # never an empty offer
 
 
 def test_interface_addresses_are_ipv4():
