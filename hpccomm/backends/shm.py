@@ -174,7 +174,7 @@ class _Segment:
     """The mapped segment and its typed views: per rank two header slots (int64), two input
     areas of one chunk and two result areas of one slice."""
 
-    __slots__ = ("mm", "size", "chunk", "res", "seg", "raw", "typed")
+    __slots__ = ("mm", "size", "chunk", "res", "seg", "raw", "typed", "headers")
 
     def __init__(self, mm: Any, size: int, chunk: int) -> None:
         self.mm = mm
@@ -183,16 +183,19 @@ class _Segment:
         self.res = _round_up(chunk // size + 2 * _ALIGN, _ALIGN)
         self.seg = _round_up(2 * _HEADER + 2 * chunk + 2 * self.res, 4096)
         self.raw = np.frombuffer(mm, np.uint8)
+        # every rank's two header slots: (rank, slot, word), int64
+        self.headers = np.lib.stride_tricks.as_strided(
+            self.raw[:_HEADER].view(np.int64),
+            shape=(size, 2, _HEADER // 8),
+            strides=(self.seg, _HEADER, 8),
+            writeable=True,
+        )
         self.typed: dict[np.dtype, tuple[list[list[np.ndarray]], list[list[np.ndarray]]]] = {}
 
     @staticmethod
     def nbytes(size: int, chunk: int) -> int:
         res = _round_up(chunk // size + 2 * _ALIGN, _ALIGN)
         return size * _round_up(2 * _HEADER + 2 * chunk + 2 * res, 4096)
-
-    def header(self, rank: int, slot: int) -> np.ndarray:
-        start = rank * self.seg + slot * _HEADER
-        return self.raw[start : start + _HEADER].view(np.int64)
 
     def views(self, dtype: np.dtype) -> tuple[list[list[np.ndarray]], list[list[np.ndarray]]]:
         """Per rank, its two input areas and its two result areas as arrays of ``dtype``."""
@@ -263,10 +266,11 @@ class ShmBackend:
         )
 
     def prepare(self, call: Call) -> None:
-        self.host.prepare(call)  # call.how for the fallback; refuses what MPI refuses
+        self.host.prepare(call)  # refuses what MPI refuses (the fallback prepares again)
         call.backend = self
         call.body = self._bodies[call.spec]
         call.mode = "blocking"
+        call.how = _Plan(call, self.size, self.rank, self.chunk)
 
     def error(self, call: Call, seq: int, exc: BaseException) -> HpccommError:
         return self.host.error(call, seq, exc)
@@ -333,30 +337,17 @@ class ShmBackend:
 
     # -- the header check -----------------------------------------------------------------
 
-    def _describe(self, call: Call, count: int, tick: int) -> list[int]:
-        root = call.peer if call.spec is O.REDUCE else -1
-        # uneven reduce_scatter: the blocks too (hash of ints: the same in every process)
-        blocks = hash(tuple(call.counts[0])) & 0x3FFFFFFFFFFFFFFF if call.uneven else 0
-        return [
-            _SPECS.index(call.spec),
-            _DTYPE_CODES[call.dtype()],
-            _OP_CODES[call.redop.name],
-            count,
-            root,
-            tick,
-            blocks,
-        ]
-
-    def _check(self, seg: _Segment, call: Call, mine: list[int], slot: int) -> None:
-        n = len(mine)
-        rows = [seg.header(r, slot)[:n].tolist() for r in range(self.size)]
-        if all(row == mine for row in rows):
+    def _check(self, seg: _Segment, call: Call, mine: np.ndarray, slot: int) -> None:
+        """Every rank's header of this call equals this rank's, else MismatchError (on every
+        rank: all read the same headers)."""
+        rows = seg.headers[:, slot, : mine.size]
+        if (rows == mine).all():
             return
-        self.tick += 1  # alike on every rank (all read the same headers): the next call
-        # writes the other header slot and buffers, which no rank reads any more
+        self.tick += 1  # alike on every rank: the next call writes the other header slot
+        # and buffers, which no rank reads any more
 
         def show(row: list[int]) -> str:
-            spec, dt, op, count, root, tick, blocks = row
+            spec, dt, op, count, root, blocks, tick = row
             name = _SPECS[spec].name if 0 <= spec < len(_SPECS) else f"op {spec}"
             dtype = list(SUPPORTED_DTYPES)[dt].name if 0 <= dt < len(SUPPORTED_DTYPES) else dt
             opname = list(_OP_CODES)[op] if 0 <= op < len(_OP_CODES) else op
@@ -364,11 +355,19 @@ class ShmBackend:
             sizes = f", blocks #{blocks:x}" if blocks else ""
             return f"{name}{where} of {count} {dtype} ({opname}{sizes}, chunk tick {tick})"
 
-        diff = "; ".join(f"rank {r}: {show(row)}" for r, row in enumerate(rows))
+        diff = "; ".join(f"rank {r}: {show(row)}" for r, row in enumerate(rows.tolist()))
         raise MismatchError(
             f"{call}: the ranks' calls differ on the shared-memory path: {diff}; nothing "
             f"was reduced"
         )
+
+    def _start(self, seg: _Segment, call: Call, plan: _Plan) -> tuple[int, np.ndarray]:
+        """Write this call's header (its description and the tick) into this rank's slot."""
+        tick = self.tick
+        mine = plan.words.copy()
+        mine[-1] = tick
+        seg.headers[self.rank, tick % 2, : mine.size] = mine
+        return tick, mine
 
     # -- bodies ---------------------------------------------------------------------------
 
@@ -378,69 +377,48 @@ class ShmBackend:
         if seg is None:
             return self._fallback(call, x, out, stream)
         self.calls += 1
-        dtype = x.dtype
+        plan: _Plan = call.how
         flat = x.reshape(-1)
-        n = flat.size
         p, me = self.size, self.rank
-        per = seg.chunk // dtype.itemsize  # elements per chunk
-        chunks = -(-n // per)
-        align = max(1, _ALIGN // dtype.itemsize)
-        name = call.redop.name
-        f = _UFUNCS[(call.info.category, name)]  # type: ignore[union-attr]
-        factor = call.redop.factor if name == "PREMUL_SUM" else None
-        avg = name == "AVG"
-        receives = call.spec is O.ALL_REDUCE or call.peer == me
-        inputs, results = seg.views(dtype)
+        f, factor, avg = plan.f, plan.factor, plan.avg
+        inputs, results = seg.views(x.dtype)
         mine_in, mine_res = inputs[me], results[me]
-        tick = self.tick
-        mine = self._describe(call, n, tick)
-        seg.header(me, tick % 2)[: len(mine)] = mine
-
-        def bounds(k: int) -> tuple[int, list[int]]:
-            start = k * per
-            m = min(per, n - start)
-            cuts = [0] + [(r * m // p) // align * align for r in range(1, p)] + [m]
-            return start, cuts
-
-        def copy_in(k: int) -> None:
-            start, cuts = bounds(k)
-            dst = mine_in[(tick + k) % 2][: cuts[-1]]
-            src = flat[start : start + cuts[-1]]
-            if factor is None:
-                np.copyto(dst, src)
-            else:  # PREMUL_SUM: the scaled input, rounded to the dtype as on the MPI path
-                np.multiply(src, factor, out=dst, casting="unsafe")
-
-        def reduce(k: int) -> None:
-            _, cuts = bounds(k)
-            lo, hi = cuts[me], cuts[me + 1]
-            b = (tick + k) % 2
-            acc = mine_res[b][: hi - lo]
-            f(inputs[0][b][lo:hi], inputs[1][b][lo:hi], out=acc)
-            for j in range(2, p):
-                f(acc, inputs[j][b][lo:hi], out=acc)
-            if avg:
-                np.divide(acc, p, out=acc)
-
-        def copy_out(k: int) -> None:
-            start, cuts = bounds(k)
-            b = (tick + k) % 2
-            for j in range(p):
-                lo, hi = cuts[j], cuts[j + 1]
-                np.copyto(flat[start + lo : start + hi], results[j][b][: hi - lo])
-
+        chunks = plan.chunks
+        tick, mine = self._start(seg, call, plan)
+        copyto, multiply, divide = np.copyto, np.multiply, np.divide
         with np.errstate(all="ignore"):  # overflow to inf, inf - inf: as MPI, no warnings
-            copy_in(0)
-            for k in range(chunks + 1):
-                self._barrier()
-                if k == 0:
-                    self._check(seg, call, mine, tick % 2)
-                if k >= 1 and receives:
-                    copy_out(k - 1)
-                if k < chunks:
-                    reduce(k)
+            for k in range(-1, chunks):
+                if k >= 0:
+                    self._barrier()
+                    if k == 0:
+                        self._check(seg, call, mine, tick % 2)
+                    # copy out chunk k-1: every rank's result slice
+                    if k >= 1 and plan.receives:
+                        b = (tick + k - 1) % 2
+                        for into, j, m in plan.copy_out[k - 1]:
+                            copyto(flat[into], results[j][b][:m])
+                    # reduce chunk k: this rank's slice, ranks in order 0, 1, ..., p-1
+                    b = (tick + k) % 2
+                    lo_hi = plan.mine[k]
+                    acc = mine_res[b][: lo_hi.stop - lo_hi.start]
+                    f(inputs[0][b][lo_hi], inputs[1][b][lo_hi], out=acc)
+                    for j in range(2, p):
+                        f(acc, inputs[j][b][lo_hi], out=acc)
+                    if avg:
+                        divide(acc, p, out=acc)
+                # copy in chunk k+1
                 if k + 1 < chunks:
-                    copy_in(k + 1)
+                    src, m = plan.copy_in[k + 1]
+                    dst = mine_in[(tick + k + 1) % 2][:m]
+                    if factor is None:
+                        copyto(dst, flat[src])
+                    else:  # PREMUL_SUM: the scaled input, rounded to the dtype as MPI's path
+                        multiply(flat[src], factor, out=dst, casting="unsafe")
+            self._barrier()
+            if plan.receives:  # the last chunk's copy-out
+                b = (tick + chunks - 1) % 2
+                for into, j, m in plan.copy_out[chunks - 1]:
+                    copyto(flat[into], results[j][b][:m])
         self.tick = tick + chunks
         return x
 
@@ -451,63 +429,99 @@ class ShmBackend:
         if seg is None:
             return self._fallback(call, x, out, stream)
         self.calls += 1
-        dtype = x.dtype
+        plan: _Plan = call.how
         flat = x.reshape(-1)
         dest = out.reshape(-1)
         p, me = self.size, self.rank
-        counts, displs = call.counts
-        align = max(1, _ALIGN // dtype.itemsize)
-        piece = seg.chunk // dtype.itemsize // p  # elements per block and chunk
-        piece = piece // align * align or piece
-        longest = max(counts)
-        chunks = max(1, -(-longest // piece))
-        name = call.redop.name
-        f = _UFUNCS[(call.info.category, name)]  # type: ignore[union-attr]
-        factor = call.redop.factor if name == "PREMUL_SUM" else None
-        avg = name == "AVG"
-        inputs, _ = seg.views(dtype)
+        f, factor, avg = plan.f, plan.factor, plan.avg
+        inputs, _ = seg.views(x.dtype)
         mine_in = inputs[me]
-        tick = self.tick
-        mine = self._describe(call, flat.size, tick)
-        seg.header(me, tick % 2)[: len(mine)] = mine
-        own = counts[me]
-
-        def copy_in(k: int) -> None:
-            area = mine_in[(tick + k) % 2]
-            t = k * piece
-            for j in range(p):
-                m = min(piece, counts[j] - t)
-                if m <= 0:
-                    continue
-                src = flat[displs[j] + t : displs[j] + t + m]
-                dst = area[j * piece : j * piece + m]
-                if factor is None:
-                    np.copyto(dst, src)
-                else:
-                    np.multiply(src, factor, out=dst, casting="unsafe")
-
-        def reduce(k: int) -> None:
-            t = k * piece
-            m = min(piece, own - t)
-            if m <= 0:
-                return
-            b = (tick + k) % 2
-            lo = me * piece
-            acc = dest[t : t + m]
-            f(inputs[0][b][lo : lo + m], inputs[1][b][lo : lo + m], out=acc)
-            for j in range(2, p):
-                f(acc, inputs[j][b][lo : lo + m], out=acc)
-            if avg:
-                np.divide(acc, p, out=acc)
-
+        chunks = plan.chunks
+        tick, mine = self._start(seg, call, plan)
+        copyto, multiply, divide = np.copyto, np.multiply, np.divide
         with np.errstate(all="ignore"):
-            copy_in(0)
-            for k in range(chunks):
-                self._barrier()
-                if k == 0:
-                    self._check(seg, call, mine, tick % 2)
-                reduce(k)
+            for k in range(-1, chunks):
+                if k >= 0:
+                    self._barrier()
+                    if k == 0:
+                        self._check(seg, call, mine, tick % 2)
+                    reduced = plan.mine[k]
+                    if reduced is not None:
+                        b = (tick + k) % 2
+                        dst, lo_hi = reduced
+                        acc = dest[dst]
+                        f(inputs[0][b][lo_hi], inputs[1][b][lo_hi], out=acc)
+                        for j in range(2, p):
+                            f(acc, inputs[j][b][lo_hi], out=acc)
+                        if avg:
+                            divide(acc, p, out=acc)
                 if k + 1 < chunks:
-                    copy_in(k + 1)
+                    area = mine_in[(tick + k + 1) % 2]
+                    for src, dst in plan.copy_in[k + 1]:
+                        if factor is None:
+                            copyto(area[dst], flat[src])
+                        else:
+                            multiply(flat[src], factor, out=area[dst], casting="unsafe")
         self.tick = tick + chunks
         return out
+
+
+class _Plan:
+    """What a call's body needs, computed once per call description (kept in ``call.how``):
+    the ufunc, PREMUL_SUM's factor, AVG, the header words, and per chunk the slices to copy
+    in, to reduce and to copy out."""
+
+    __slots__ = ("f", "factor", "avg", "words", "chunks", "copy_in", "mine", "copy_out",
+                 "receives")  # fmt: skip
+
+    def __init__(self, call: Call, size: int, rank: int, chunk: int) -> None:
+        info = call.dtype_info()
+        name = call.redop.name
+        self.f = _UFUNCS[(info.category, name)]
+        self.factor = call.redop.factor if name == "PREMUL_SUM" else None
+        self.avg = name == "AVG"
+        itemsize = info.dtype.itemsize
+        align = max(1, _ALIGN // itemsize)
+        n = call.count
+        root = call.peer if call.spec is O.REDUCE else -1
+        # uneven reduce_scatter: the blocks too (hash of ints: the same in every process)
+        blocks = hash(tuple(call.counts[0])) & 0x3FFFFFFFFFFFFFFF if call.uneven else 0
+        self.receives = call.spec is not O.REDUCE or root == rank
+        self.copy_in: list[Any] = []
+        self.mine: list[Any] = []
+        self.copy_out: list[list[tuple[slice, int, int]]] = []
+        if call.spec is O.REDUCE_SCATTER:
+            counts, displs = call.counts
+            piece = chunk // itemsize // size  # elements per block and chunk
+            piece = piece // align * align or piece
+            self.chunks = max(1, -(-max(counts) // piece))
+            for k in range(self.chunks):
+                t = k * piece
+                moves = []
+                for j in range(size):
+                    m = min(piece, counts[j] - t)
+                    if m > 0:
+                        src = slice(displs[j] + t, displs[j] + t + m)
+                        moves.append((src, slice(j * piece, j * piece + m)))
+                self.copy_in.append(moves)
+                m = min(piece, counts[rank] - t)
+                lo = rank * piece
+                self.mine.append((slice(t, t + m), slice(lo, lo + m)) if m > 0 else None)
+        else:
+            per = chunk // itemsize  # elements per chunk
+            self.chunks = -(-n // per)
+            for k in range(self.chunks):
+                start = k * per
+                m = min(per, n - start)
+                cuts = [0] + [(r * m // size) // align * align for r in range(1, size)] + [m]
+                self.copy_in.append((slice(start, start + m), m))
+                self.mine.append(slice(cuts[rank], cuts[rank + 1]))
+                self.copy_out.append(
+                    [
+                        (slice(start + cuts[j], start + cuts[j + 1]), j, cuts[j + 1] - cuts[j])
+                        for j in range(size)
+                    ]
+                )
+        words = [_SPECS.index(call.spec), _DTYPE_CODES[info.dtype], _OP_CODES[name], n, root,
+                 blocks, 0]  # fmt: skip
+        self.words = np.array(words, np.int64)  # the last word: the tick, set per call
