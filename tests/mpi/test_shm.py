@@ -90,15 +90,44 @@ def expected(size, count, dtype, opname, seed):
     return acc
 
 
-def same(got, want):
-    assert got.dtype == want.dtype
+def differs(got, want):
+    """None when ``got`` equals ``want`` bitwise (NaN where NaN), else what differs."""
+    if got.dtype != want.dtype:
+        return f"dtype {got.dtype}, expected {want.dtype}"
     if got.dtype.kind in "fc" or got.dtype == ml_dtypes.bfloat16:
         g = got.astype(np.complex128 if got.dtype.kind == "c" else np.float64)
         w = want.astype(g.dtype)
         bad = ~((g == w) | (np.isnan(g) & np.isnan(w)))
     else:
         bad = got != want
-    assert not bad.any(), f"{bad.sum()} of {got.size} differ, first at {np.flatnonzero(bad)[:5]}"
+    if bad.any():
+        return f"{bad.sum()} of {got.size} differ, first at {np.flatnonzero(bad)[:5]}"
+    return None
+
+
+def same(got, want):
+    problem = differs(got, want)
+    assert problem is None, problem
+
+
+class Checks:
+    """Failures collected over a loop and asserted at its end, so a rank whose result is
+    wrong does not leave the loop while the others wait in its next collective."""
+
+    def __init__(self):
+        self.bad = []
+
+    def __call__(self, what, got, want):
+        problem = differs(got, want)
+        if problem is not None:
+            self.bad.append(f"{what}: {problem}")
+
+    def count(self, what, got, want):
+        if got != want:
+            self.bad.append(f"{what}: {got} fast-path calls, expected {want}")
+
+    def done(self):
+        assert not self.bad, "; ".join(self.bad[:10])
 
 
 def ops_for(dtype):
@@ -152,6 +181,7 @@ def test_default_path_is_set_on_one_node(comm):
 def test_all_reduce_every_op_and_size(small, dtype):
     comm, fast = small
     seed = 0
+    check = Checks()
     for opname in ops_for(dtype):
         for count in sizes_for(dtype, comm.size):
             seed += 1
@@ -159,8 +189,9 @@ def test_all_reduce_every_op_and_size(small, dtype):
             x = inputs(comm.rank, count, dtype, seed)
             got = comm.all_reduce(x, op=op_of(opname))
             assert got is x
-            assert fast.calls == before + 1, (opname, count)
-            same(x, expected(comm.size, count, dtype, opname, seed))
+            check.count((opname, count), fast.calls, before + 1)
+            check((opname, count), x, expected(comm.size, count, dtype, opname, seed))
+    check.done()
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int64, np.float32, np.float64,
@@ -169,6 +200,7 @@ def test_reduce_scatter_every_op_and_size(small, dtype):
     comm, fast = small
     n = comm.size
     seed = 100
+    check = Checks()
     for opname in ops_for(dtype):
         for rows in sorted({1, 7, CHUNK // 8 // n + 1, CHUNK // np.dtype(dtype).itemsize + 3}):
             count = rows * n
@@ -178,10 +210,11 @@ def test_reduce_scatter_every_op_and_size(small, dtype):
             before = fast.calls
             x = inputs(comm.rank, count, dtype, seed)
             out = comm.reduce_scatter(x, op=op_of(opname))
-            assert fast.calls == before + 1
+            check.count((opname, rows), fast.calls, before + 1)
             want = expected(n, count, dtype, opname, seed)
-            same(out, want[comm.rank * rows : (comm.rank + 1) * rows])
-            same(x, inputs(comm.rank, count, dtype, seed))  # the input is left alone
+            check((opname, rows), out, want[comm.rank * rows : (comm.rank + 1) * rows])
+            check((opname, rows, "input"), x, inputs(comm.rank, count, dtype, seed))
+    check.done()
 
 
 def test_reduce_scatter_uneven_and_2d(small):
@@ -211,15 +244,17 @@ def test_reduce_scatter_uneven_and_2d(small):
 def test_reduce_to_each_root(small, dtype):
     comm, fast = small
     count = 3 * CHUNK + 5
+    check = Checks()
     for root in range(comm.size):
         before = fast.calls
         x = inputs(comm.rank, count, dtype, root)
         comm.reduce(x, root, op=ReduceOp.SUM)
-        assert fast.calls == before + 1
+        check.count(root, fast.calls, before + 1)
         if comm.rank == root:
-            same(x, expected(comm.size, count, dtype, "SUM", root))
+            check(root, x, expected(comm.size, count, dtype, "SUM", root))
         else:
-            same(x, inputs(comm.rank, count, dtype, root))  # non-roots keep their input
+            check(root, x, inputs(comm.rank, count, dtype, root))  # non-roots keep their input
+    check.done()
 
 
 def test_async_op_and_repeated_calls_of_every_kind(small):
@@ -240,13 +275,16 @@ def test_async_op_and_repeated_calls_of_every_kind(small):
                 comm.all_reduce(x, async_op=True).wait()
             else:
                 comm.all_reduce(x)
+    check = Checks()
     for i, kind, count, got in works:
         if kind == "rs":
             out = got.wait()
             k = count // n
-            same(out, expected(n, count, np.float32, "SUM", i)[comm.rank * k : (comm.rank + 1) * k])
+            want = expected(n, count, np.float32, "SUM", i)[comm.rank * k : (comm.rank + 1) * k]
+            check(i, out, want)
         else:
-            same(got, expected(n, count, np.int16, "SUM", i))
+            check(i, got, expected(n, count, np.int16, "SUM", i))
+    check.done()
     assert fast.calls == before + 12
 
 
