@@ -73,6 +73,7 @@ ENV = "HPCCOMM_SHM"
 THRESHOLD_ENV = "HPCCOMM_SHM_THRESHOLD"
 CHUNK_ENV = "HPCCOMM_SHM_CHUNK"
 DEFAULT_THRESHOLD = 256 * 1024  # bytes of input; chosen from measurements (README)
+NEVER = 2**63  # a threshold no call reaches
 DEFAULT_CHUNK = 1 << 20  # bytes of the array per chunk
 SHM_DIR = "/dev/shm"
 
@@ -118,14 +119,15 @@ class Settings:
 
     __slots__ = ("enabled", "threshold", "chunk")
 
-    def __init__(self, enabled: bool, threshold: int, chunk: int) -> None:
+    def __init__(self, enabled: bool, threshold: int | None, chunk: int) -> None:
         self.enabled = enabled
         self.threshold = threshold
         self.chunk = chunk
 
     def __repr__(self) -> str:
         state = "on" if self.enabled else "off"
-        return f"<shm {state}, threshold {self.threshold} B, chunk {self.chunk} B>"
+        limit = "default" if self.threshold is None else f"{self.threshold} B"
+        return f"<shm {state}, threshold {limit}, chunk {self.chunk} B>"
 
 
 def _size(raw: str, name: str) -> int:
@@ -156,7 +158,8 @@ def settings(env: Any = None) -> Settings:
     if raw not in ("0", "1", "true", "false", "yes", "no", "on", "off", ""):
         raise InvalidArgumentError(f"hpccomm: {ENV} is {raw!r}, expected 1 or 0")
     enabled = raw not in ("0", "false", "no", "off")
-    threshold = _size(e.get(THRESHOLD_ENV, str(DEFAULT_THRESHOLD)), THRESHOLD_ENV)
+    raw_threshold = e.get(THRESHOLD_ENV)
+    threshold = None if raw_threshold is None else _size(raw_threshold, THRESHOLD_ENV)
     chunk = _size(e.get(CHUNK_ENV, str(DEFAULT_CHUNK)), CHUNK_ENV)
     if chunk < 4096:
         raise InvalidArgumentError(f"hpccomm: {CHUNK_ENV} is {chunk}, expected at least 4096")
@@ -224,15 +227,28 @@ class _Segment:
 class ShmBackend:
     """Runs large reductions of host arrays through a segment shared by the group's ranks
     (all on one node). ``supports`` takes all_reduce, reduce and reduce_scatter (even or
-    uneven) of at least ``threshold`` bytes of input; ``calls`` counts the calls it ran."""
+    uneven) of at least ``thresholds[spec]`` bytes of input; ``calls`` counts the calls it
+    ran.
+
+    Default thresholds (``threshold=None``), from the measurements in the README:
+    reduce_scatter from 256 KiB; all_reduce and reduce from 256 KiB in groups of 3 or more
+    ranks, and not at all in groups of 2, where Open MPI's pairwise exchange moves less
+    data and this path was both faster (1.3-1.5x from 16 MiB) and, in other runs of the
+    same command, 2-3x slower than MPI on this project's VM. ``threshold`` (bytes, or
+    ``HPCCOMM_SHM_THRESHOLD``) sets one threshold for all three."""
 
     name = "shm"
 
-    def __init__(self, host: Any, threshold: int, chunk: int) -> None:
+    def __init__(self, host: Any, threshold: int | None, chunk: int) -> None:
         self.host = host  # the group's MPIBackend: its communicator, barriers, fallback
         self.rank: int = host.rank
         self.size: int = host.size
-        self.threshold = threshold
+        if threshold is None:
+            reducing = DEFAULT_THRESHOLD if host.size >= 3 else NEVER
+            self.thresholds = {O.ALL_REDUCE: reducing, O.REDUCE: reducing,
+                               O.REDUCE_SCATTER: DEFAULT_THRESHOLD}  # fmt: skip
+        else:
+            self.thresholds = dict.fromkeys(_SPECS, threshold)
         self.chunk = chunk
         self.calls = 0
         self.tick = 0  # chunks run so far (alike on every rank): picks the buffers
@@ -260,7 +276,7 @@ class ShmBackend:
             call.device is None
             and call.spec in self._bodies
             and info is not None
-            and call.nbytes >= self.threshold
+            and call.nbytes >= self.thresholds[call.spec]
             and (info.category, call.redop.name) in _UFUNCS
             and self.failed is None
         )

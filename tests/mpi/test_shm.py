@@ -16,6 +16,7 @@ import hpccomm
 from hpccomm import CommTimeoutError, MismatchError, ReduceOp
 from hpccomm.backends import shm as shm_mod
 from hpccomm.backends.shm import ShmBackend
+from hpccomm.ops import ALL_REDUCE, REDUCE_SCATTER
 
 CHUNK = 4096  # bytes per chunk in the small fast path
 THRESHOLD = 1024  # bytes
@@ -168,13 +169,21 @@ def test_default_path_is_set_on_one_node(comm):
         assert fast is None
         return
     assert isinstance(fast, ShmBackend)
-    t = fast.threshold // 4
-    for count in (t - 1, t, t + 1, fast.chunk // 4 - 1, fast.chunk // 4 + 1, fast.chunk // 2 + 3):
-        before = fast.calls
-        x = np.full(count, comm.rank + 1, np.float32)
-        comm.all_reduce(x)
-        assert (x == comm.size * (comm.size + 1) / 2).all()
-        assert fast.calls == before + (count * 4 >= fast.threshold), count
+    for spec, method in ((ALL_REDUCE, comm.all_reduce), (REDUCE_SCATTER, comm.reduce_scatter)):
+        threshold = fast.thresholds[spec]
+        if shm_mod.settings().threshold is None:  # the defaults
+            twos = spec is not REDUCE_SCATTER and comm.size == 2
+            assert threshold == (shm_mod.NEVER if twos else shm_mod.DEFAULT_THRESHOLD)
+        if threshold >= shm_mod.NEVER:
+            continue
+        t = threshold // 4 // comm.size * comm.size
+        chunk = fast.chunk // 4 // comm.size * comm.size
+        for count in (t - comm.size, t, t + comm.size, chunk - comm.size, chunk + comm.size):
+            before = fast.calls
+            x = np.full(count, comm.rank + 1, np.float32)
+            got = method(x)
+            assert (got == comm.size * (comm.size + 1) / 2).all()
+            assert fast.calls == before + (count * 4 >= threshold), count
 
 
 @pytest.mark.parametrize("dtype", ALL, ids=name)
@@ -343,14 +352,14 @@ def test_a_segment_that_cannot_be_made_leaves_the_group_on_mpi(small, monkeypatc
 def test_free_drops_the_segment(small):
     comm, fast = small
     g = comm.dup()
-    gf = g._dispatcher.shm
-    assert gf is not None
-    g.all_reduce(np.ones(gf.threshold // 4, np.float32))
+    gf = ShmBackend(g._backend, THRESHOLD, CHUNK)
+    g._dispatcher.shm = gf
+    g.all_reduce(np.ones(CHUNK, np.float32))
     assert gf.segment is not None and gf.calls == 1
     g.free()
     assert gf.segment is None
     with pytest.raises(hpccomm.ClosedError, match="already freed"):
-        g.all_reduce(np.ones(gf.threshold // 4, np.float32))
+        g.all_reduce(np.ones(CHUNK, np.float32))
 
 
 @pytest.mark.mpi(min_size=2)
