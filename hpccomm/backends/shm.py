@@ -72,8 +72,12 @@ __all__ = ["ShmBackend", "Settings", "settings", "ENV"]
 ENV = "HPCCOMM_SHM"
 THRESHOLD_ENV = "HPCCOMM_SHM_THRESHOLD"
 CHUNK_ENV = "HPCCOMM_SHM_CHUNK"
-DEFAULT_THRESHOLD = 256 * 1024  # bytes of input; chosen from measurements (README)
-NEVER = 2**63  # a threshold no call reaches
+NEVER = 2**63  # a size no call reaches
+# (smallest, largest) bytes of input the path takes by default, from the measurements in the
+# README: reduce_scatter from 1 MiB; all_reduce and reduce from 256 KiB up to 8 MiB in groups
+# of 3 or more ranks, never in groups of 2
+DEFAULT_RANGES = {"reduce_scatter": (1 << 20, NEVER), "all_reduce": (256 << 10, 8 << 20),
+                  "pair": (NEVER, NEVER)}  # fmt: skip
 DEFAULT_CHUNK = 1 << 20  # bytes of the array per chunk
 SHM_DIR = "/dev/shm"
 
@@ -227,15 +231,15 @@ class _Segment:
 class ShmBackend:
     """Runs large reductions of host arrays through a segment shared by the group's ranks
     (all on one node). ``supports`` takes all_reduce, reduce and reduce_scatter (even or
-    uneven) of at least ``thresholds[spec]`` bytes of input; ``calls`` counts the calls it
-    ran.
+    uneven) whose input has ``ranges[spec]`` bytes (smallest, largest); ``calls`` counts the
+    calls it ran.
 
-    Default thresholds (``threshold=None``), from the measurements in the README:
-    reduce_scatter from 256 KiB; all_reduce and reduce from 256 KiB in groups of 3 or more
-    ranks, and not at all in groups of 2, where Open MPI's pairwise exchange moves less
-    data and this path was both faster (1.3-1.5x from 16 MiB) and, in other runs of the
-    same command, 2-3x slower than MPI on this project's VM. ``threshold`` (bytes, or
-    ``HPCCOMM_SHM_THRESHOLD``) sets one threshold for all three."""
+    Default ranges (``threshold=None``, ``DEFAULT_RANGES``), from the measurements in the
+    README, where they were faster than MPI in every run: reduce_scatter from 1 MiB;
+    all_reduce and reduce from 256 KiB up to 8 MiB in groups of 3 or more ranks, never in
+    groups of 2. Above 8 MiB, and for pairs, runs of the same command on this project's VM
+    ranged from 2-3x slower to 1.3-2x faster than MPI. ``threshold`` (bytes, or
+    ``HPCCOMM_SHM_THRESHOLD``) makes every size from it on take the path, for all three."""
 
     name = "shm"
 
@@ -243,12 +247,13 @@ class ShmBackend:
         self.host = host  # the group's MPIBackend: its communicator, barriers, fallback
         self.rank: int = host.rank
         self.size: int = host.size
+        self.ranges: dict[O.OpSpec, tuple[int, int]]
         if threshold is None:
-            reducing = DEFAULT_THRESHOLD if host.size >= 3 else NEVER
-            self.thresholds = {O.ALL_REDUCE: reducing, O.REDUCE: reducing,
-                               O.REDUCE_SCATTER: DEFAULT_THRESHOLD}  # fmt: skip
+            reducing = DEFAULT_RANGES["all_reduce" if host.size >= 3 else "pair"]
+            self.ranges = {O.ALL_REDUCE: reducing, O.REDUCE: reducing,
+                           O.REDUCE_SCATTER: DEFAULT_RANGES["reduce_scatter"]}  # fmt: skip
         else:
-            self.thresholds = dict.fromkeys(_SPECS, threshold)
+            self.ranges = dict.fromkeys(_SPECS, (threshold, NEVER))
         self.chunk = chunk
         self.calls = 0
         self.tick = 0  # chunks run so far (alike on every rank): picks the buffers
@@ -276,7 +281,7 @@ class ShmBackend:
             call.device is None
             and call.spec in self._bodies
             and info is not None
-            and call.nbytes >= self.thresholds[call.spec]
+            and self.ranges[call.spec][0] <= call.nbytes <= self.ranges[call.spec][1]
             and (info.category, call.redop.name) in _UFUNCS
             and self.failed is None
         )

@@ -170,20 +170,23 @@ def test_default_path_is_set_on_one_node(comm):
         return
     assert isinstance(fast, ShmBackend)
     for spec, method in ((ALL_REDUCE, comm.all_reduce), (REDUCE_SCATTER, comm.reduce_scatter)):
-        threshold = fast.thresholds[spec]
+        low, high = fast.ranges[spec]
         if shm_mod.settings().threshold is None:  # the defaults
-            twos = spec is not REDUCE_SCATTER and comm.size == 2
-            assert threshold == (shm_mod.NEVER if twos else shm_mod.DEFAULT_THRESHOLD)
-        if threshold >= shm_mod.NEVER:
+            pair = spec is not REDUCE_SCATTER and comm.size == 2
+            key = "pair" if pair else spec.name
+            assert (low, high) == shm_mod.DEFAULT_RANGES[key]
+        if low >= shm_mod.NEVER:
             continue
-        t = threshold // 4 // comm.size * comm.size
-        chunk = fast.chunk // 4 // comm.size * comm.size
-        for count in (t - comm.size, t, t + comm.size, chunk - comm.size, chunk + comm.size):
+        counts = [low // 4 - 1, low // 4, low // 4 + 1, fast.chunk // 4 + 1]
+        if high < shm_mod.NEVER:
+            counts += [high // 4, high // 4 + 1]
+        for count in counts:
+            count = count // comm.size * comm.size or comm.size
             before = fast.calls
             x = np.full(count, comm.rank + 1, np.float32)
             got = method(x)
             assert (got == comm.size * (comm.size + 1) / 2).all()
-            assert fast.calls == before + (count * 4 >= threshold), count
+            assert fast.calls == before + (low <= count * 4 <= high), count
 
 
 @pytest.mark.parametrize("dtype", ALL, ids=name)
