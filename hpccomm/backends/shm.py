@@ -2,8 +2,8 @@
 host arrays among ranks that share one node's memory.
 
 Open MPI moves a large intra-node reduction through its shared-memory transport in several
-copies per rank (about 4.5 times the array's bytes of memory traffic per rank on this
-project's machines) and, with the large temporaries of its reduction, leaves the caches. Here
+copies per rank (about 4.5 times the array's bytes of memory traffic per rank, by issue 12's
+count) and, with the large temporaries of its reduction, leaves the caches. Here
 every rank maps one shared segment and the work is split by rank, chunk by chunk:
 
 1. each rank copies a chunk of its input into its part of the segment;
@@ -15,8 +15,7 @@ every rank maps one shared segment and the work is split by rank, chunk by chunk
    has no copy-out.
 
 Memory traffic per rank for n bytes: all_reduce reads about 3n and writes about 2n + n/p
-(copy in, reduce, copy out), against Open MPI's ring/reduce-scatter-allgather through its
-bounce buffers. Input areas and result areas are double-buffered, and chunk k's copy-out runs
+(copy in, reduce, copy out); the segment's chunks stay in the caches. Input areas and result areas are double-buffered, and chunk k's copy-out runs
 in the same phase as chunk k+1's reduction and chunk k+2's copy-in, so one barrier separates
 the phases (``chunks + 1`` barriers per call, ``chunks`` for reduce_scatter). Chunk k uses
 buffer ``(tick + k) % 2`` where ``tick`` counts chunks over the communicator's calls, so
@@ -48,8 +47,9 @@ it mapped until the last body using it has returned. Its size is fixed (two chun
 and two result slices per rank), whatever the message size: nothing grows.
 
 Settings (read once per process; every rank must use the same): ``HPCCOMM_SHM=0`` turns the
-path off, ``HPCCOMM_SHM_THRESHOLD`` (bytes, K/M suffixes) is the smallest input it takes,
-``HPCCOMM_SHM_CHUNK`` the bytes of one chunk.
+path off, ``HPCCOMM_SHM_THRESHOLD`` (bytes, K/M suffixes) makes every input from that size
+take it (default: the measured ranges of :class:`ShmBackend`), ``HPCCOMM_SHM_CHUNK`` the
+bytes of one chunk (default 1 MiB).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ import numpy as np
 
 from .. import ops as O
 from ..dtypes import SUPPORTED_DTYPES
-from ..errors import HpccommError, InvalidArgumentError, MismatchError
+from ..errors import ClosedError, HpccommError, InvalidArgumentError, MismatchError
 from ..ops import Call
 
 __all__ = ["ShmBackend", "Settings", "settings", "ENV"]
@@ -259,6 +259,7 @@ class ShmBackend:
         self.tick = 0  # chunks run so far (alike on every rank): picks the buffers
         self.segment: _Segment | None = None
         self.failed: str | None = None  # why the segment could not be made (then MPI runs)
+        self.closed = False
         self._bodies: dict[O.OpSpec, Callable[..., Any]] = {
             O.ALL_REDUCE: self._all_reduce,
             O.REDUCE: self._all_reduce,
@@ -297,21 +298,25 @@ class ShmBackend:
         return self.host.error(call, seq, exc)
 
     def close(self) -> None:
-        """Drop the mapping (local; a body still running keeps it mapped through its views)."""
+        """Drop the mapping (local; a body still running keeps it mapped through its views).
+        A call still queued behind a stuck one then raises instead of making a new one."""
         self.segment = None
+        self.closed = True
 
     # -- the segment --------------------------------------------------------------------
 
     def _barrier(self) -> None:
         self.host.mpi.Barrier()
 
-    def _ensure(self) -> _Segment | None:
+    def _ensure(self, call: Call) -> _Segment | None:
         """The segment, made on the first call (collective: every rank's first fast-path
         call is the same call). None when some rank could not map it: the group then stays
-        on MPI (every rank learns it from the same allreduce)."""
+        on MPI (every rank learns it from the same allgather)."""
         seg = self.segment
         if seg is not None or self.failed is not None:
             return seg
+        if self.closed:
+            raise ClosedError(f"{call}: communicator {call.group.name} already freed")
         mpi = self.host.mpi
         total = _Segment.nbytes(self.size, self.chunk)
         path = None
@@ -326,6 +331,8 @@ class ShmBackend:
                     os.close(fd)
             except OSError as exc:
                 why = f"could not create {path} ({total} bytes): {exc}"
+                if os.path.exists(path):
+                    os.unlink(path)
                 path = None
         path = mpi.bcast(path, root=0)
         mm = None
@@ -394,7 +401,7 @@ class ShmBackend:
 
     def _all_reduce(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> np.ndarray:
         """all_reduce and reduce (only ``call.peer`` copies the result out)."""
-        seg = self._ensure()
+        seg = self._ensure(call)
         if seg is None:
             return self._fallback(call, x, out, stream)
         self.calls += 1
@@ -446,7 +453,7 @@ class ShmBackend:
     def _reduce_scatter(self, call: Call, x: np.ndarray, out: np.ndarray, stream: Any) -> Any:
         """Rank r reduces block r (``call.counts``: elements and offsets per rank) of every
         rank's input, a piece of every block per chunk, straight into its output."""
-        seg = self._ensure()
+        seg = self._ensure(call)
         if seg is None:
             return self._fallback(call, x, out, stream)
         self.calls += 1
