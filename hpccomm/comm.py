@@ -19,6 +19,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from .backends.shm import ShmBackend
 from .cuda_aware import CPU_ONLY, DeviceConfig
 from .debug import level_from
 from .dispatch import Dispatcher
@@ -145,6 +146,8 @@ class Communicator:
             self._group, backend, devices.backend_for, timeout=timeout, debug=debug
         )
         self._dispatch = self._dispatcher.dispatch
+        # large host reductions among ranks of one node: shared memory (HPCCOMM_SHM=0: off)
+        self._dispatcher.shm = ShmBackend.for_group(backend, nodes.num_nodes)
         devices.attach(self._dispatcher)  # NCCL creation: a bounded step of the group
         self._notices = notices
         self._dispatcher.notices = notices

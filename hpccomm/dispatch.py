@@ -77,6 +77,7 @@ class Dispatcher:
         "gid",
         "members",
         "debug",
+        "shm",
         "_timeout",
         "_slow",
     )
@@ -103,6 +104,9 @@ class Dispatcher:
         self.gid = group.name
         self.members: list[int] = []
         self.debug = debug  # "off", "check" or "detail" (see debug.py)
+        # The group's shared-memory fast path (set by the communicator when its ranks share
+        # one node): large host reductions take it instead of the host backend.
+        self.shm: Backend | None = None
         self._timeout = timeout
         self._slow = timeout is not None or debug != "off"
 
@@ -281,7 +285,14 @@ class Dispatcher:
                 o = resolve(out, call, "out")
                 out = o.array
             spec.validate(call, b, o)
-        backend = self.backend if call.device is None else self.device_backend(call)
+        # the one place a call's backend is chosen (a cached Call keeps the choice)
+        backend: Backend
+        if call.device is not None:
+            backend = self.device_backend(call)
+        elif self.shm is not None and self.shm.supports(call):
+            backend = self.shm
+        else:
+            backend = self.backend
         backend.prepare(call)
         return call, data, out
 
@@ -603,6 +614,8 @@ class Dispatcher:
         self.closed = True
         self.cache.clear()
         self._slow = True
+        if self.shm is not None:
+            self.shm.close()  # local: a body still running keeps its mapping
         ex = self.executor
         if ex is not None and not ex.close():
             return ex.stuck

@@ -65,6 +65,7 @@ class Record:
             "shape": c.shape,
             "count": c.count,
             "redop": None if c.redop is None else repr(c.redop),
+            "backend": getattr(c.backend, "name", None),
             "async": self.async_op,
             "t_start": self.t_start,
             "t_end": self.t_end,

@@ -328,3 +328,34 @@ def test_init_after_mpi_was_finalized(launch):
     assert (
         got["cls"] == "HpccommError" and "MPI was already finalized in this process" in got["msg"]
     )
+
+
+def test_shared_memory_path_with_a_rank_that_never_calls(launch):
+    # The fast path's body waits in MPI barriers on the worker thread: a rank that never
+    # joins gives the others a CommTimeoutError at the timeout, and the rank that did not
+    # call frees the group at once (the segment is dropped locally: no collective free).
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=2)
+        g = c.dup()
+        x = np.ones(1 << 16)
+        g.all_reduce(x)  # both ranks: the segment exists now
+        report(c, "first", calls=g._dispatcher.shm.calls, x=float(x[0]))
+        if c.rank == 0:
+            outcome(c, "call", lambda: g.all_reduce(x))
+        else:
+            outcome(c, "free", lambda: g.free())
+        """,
+        env={"HPCCOMM_SHM_THRESHOLD": "1K"},
+    )
+    for rank in (0, 1):
+        assert job.of(rank, "first") == {"calls": 1, "x": 2.0}
+    got = job.of(0, "call")
+    assert got["cls"] == "CommTimeoutError"
+    assert got["msg"].startswith("all_reduce #2 on world/dup (rank 0 of 2): not complete after 2 s")
+    assert 1.5 < got["s"] < 10
+    freed = job.of(1, "free")
+    assert freed["cls"] is None and freed["s"] < 1.5
+    assert job.rc != 0 and "never completed; aborting the job" in job.stderr
+    assert not job.crashed()

@@ -1,0 +1,555 @@
+"""The node-local shared-memory fast path: large all_reduce, reduce and reduce_scatter of
+host arrays among ranks that share one node's memory.
+
+Open MPI moves a large intra-node reduction through its shared-memory transport in several
+copies per rank (about 4.5 times the array's bytes of memory traffic per rank, by issue 12's
+count) and, with the large temporaries of its reduction, leaves the caches. Here
+every rank maps one shared segment and the work is split by rank, chunk by chunk:
+
+1. each rank copies a chunk of its input into its part of the segment;
+2. barrier;
+3. rank r reduces slice r of that chunk over every rank's copy, in the FIXED order rank 0,
+   1, ..., p-1, into its result area (ufuncs with ``out=``, no temporaries);
+4. barrier; every rank copies every rank's result slice into its output (all_reduce; only
+   the destination for reduce). reduce_scatter reduces straight into the caller's output and
+   has no copy-out.
+
+Memory traffic per rank for n bytes: all_reduce reads about 3n and writes about 2n + n/p
+(copy in, reduce, copy out); the segment's chunks stay in the caches. Input areas and result areas are double-buffered, and chunk k's copy-out runs
+in the same phase as chunk k+1's reduction and chunk k+2's copy-in, so one barrier separates
+the phases (``chunks + 1`` barriers per call, ``chunks`` for reduce_scatter). Chunk k uses
+buffer ``(tick + k) % 2`` where ``tick`` counts chunks over the communicator's calls, so
+consecutive calls never write what a slower rank may still be reading.
+
+Results: every rank computes the same slices in the same order, so all ranks get bitwise
+identical results, the same from run to run. Floating-point sums may differ from MPI's result
+in the last bits (MPI associates the operands in another order); integers are exact and wrap
+as NumPy's do; MIN/MAX propagate NaN (as hpccomm's MPI path does). float16/bfloat16 round to
+their type after each pairwise step, as on the MPI path.
+
+Across-rank checks: each call writes a header (op, dtype, count, root, tick) that every rank
+compares after the first barrier; ranks whose calls differ raise MismatchError on every rank
+instead of reading each other's memory out of step.
+
+Memory ordering: the segment is plain shared memory (``/dev/shm``, mmap); stores made before
+an MPI barrier are assumed visible to loads made after it on every rank. This holds for Open
+MPI's shared-memory barrier on x86-64 (total store order; the barrier's atomic operations are
+full fences) and on weakly ordered CPUs through the fences its transport issues around every
+fragment; it is the same assumption MPI's own unified memory model makes for
+``MPI_Win_sync`` + barrier on a shared window.
+
+Why not ``MPI_Win_allocate_shared``: freeing an MPI window is collective (Open MPI's osc/sm
+free runs a barrier), so freeing a communicator would block on a peer that is stuck or gone,
+and a rank that timed out must be able to free and exit. The segment here is created once per
+communicator on the first large call (rank 0 creates and sizes it, the others map it, rank 0
+unlinks the file once everyone has), and freeing drops the mapping locally: NumPy views keep
+it mapped until the last body using it has returned. Its size is fixed (two chunks of input
+and two result slices per rank), whatever the message size: nothing grows.
+
+Settings (read once per process; every rank must use the same): ``HPCCOMM_SHM=0`` turns the
+path off, ``HPCCOMM_SHM_THRESHOLD`` (bytes, K/M suffixes) makes every input from that size
+take it (default: the measured ranges of :class:`ShmBackend`), ``HPCCOMM_SHM_CHUNK`` the
+bytes of one chunk (default 1 MiB).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .. import ops as O
+from ..dtypes import SUPPORTED_DTYPES
+from ..errors import ClosedError, HpccommError, InvalidArgumentError, MismatchError
+from ..ops import Call
+
+__all__ = ["ShmBackend", "Settings", "settings", "ENV"]
+
+ENV = "HPCCOMM_SHM"
+THRESHOLD_ENV = "HPCCOMM_SHM_THRESHOLD"
+CHUNK_ENV = "HPCCOMM_SHM_CHUNK"
+NEVER = 2**63  # a size no call reaches
+# (smallest, largest) bytes of input the path takes by default, from the measurements in the
+# README: reduce_scatter from 1 MiB; all_reduce and reduce from 256 KiB up to 8 MiB in groups
+# of 3 or more ranks, never in groups of 2
+DEFAULT_RANGES = {"reduce_scatter": (1 << 20, NEVER), "all_reduce": (256 << 10, 8 << 20),
+                  "pair": (NEVER, NEVER)}  # fmt: skip
+DEFAULT_CHUNK = 1 << 20  # bytes of the array per chunk
+SHM_DIR = "/dev/shm"
+
+_HEADER = 128  # bytes per header slot (two slots per rank)
+_ALIGN = 64  # slice boundaries and areas on cache-line multiples
+
+_LOGICAL: dict[str, Any] = {
+    "SUM": np.logical_or,
+    "MAX": np.logical_or,
+    "BOR": np.logical_or,
+    "PRODUCT": np.logical_and,
+    "MIN": np.logical_and,
+    "BAND": np.logical_and,
+    "BXOR": np.logical_xor,
+}
+_ARITH: dict[str, Any] = {
+    "SUM": np.add,
+    "AVG": np.add,
+    "PREMUL_SUM": np.add,
+    "PRODUCT": np.multiply,
+    "MIN": np.minimum,
+    "MAX": np.maximum,
+}
+_BITWISE: dict[str, Any] = {"BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}
+# (dtype category, op name) -> ufunc; ALLOWED_CATEGORIES (dtypes.py) already refused the rest
+_UFUNCS: dict[tuple[str, str], Callable[..., Any]] = {}
+for _name, _f in _LOGICAL.items():
+    _UFUNCS[("bool", _name)] = _f
+for _cat in ("int", "float", "half", "complex"):
+    for _name, _f in _ARITH.items():
+        _UFUNCS[(_cat, _name)] = _f
+for _name, _f in _BITWISE.items():
+    _UFUNCS[("int", _name)] = _f
+
+_SPECS = (O.ALL_REDUCE, O.REDUCE, O.REDUCE_SCATTER)
+_DTYPE_CODES = {dt: i for i, dt in enumerate(SUPPORTED_DTYPES)}
+_OP_CODES = {n: i for i, n in enumerate(("SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR",
+                                         "BXOR", "PREMUL_SUM"))}  # fmt: skip
+
+
+class Settings:
+    """The fast path's settings: on or off, the smallest input (bytes) and the chunk (bytes)."""
+
+    __slots__ = ("enabled", "threshold", "chunk")
+
+    def __init__(self, enabled: bool, threshold: int | None, chunk: int) -> None:
+        self.enabled = enabled
+        self.threshold = threshold
+        self.chunk = chunk
+
+    def __repr__(self) -> str:
+        state = "on" if self.enabled else "off"
+        limit = "default" if self.threshold is None else f"{self.threshold} B"
+        return f"<shm {state}, threshold {limit}, chunk {self.chunk} B>"
+
+
+def _size(raw: str, name: str) -> int:
+    text = raw.strip().upper().removesuffix("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    digits = text[:-1] if scale > 1 else text
+    try:
+        value = int(digits) * scale
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InvalidArgumentError(
+            f"hpccomm: {name} is {raw!r}, expected a size in bytes (K/M/G suffixes allowed)"
+        )
+    return value
+
+
+_settings: Settings | None = None
+
+
+def settings(env: Any = None) -> Settings:
+    """The settings from the environment (read once per process unless ``env`` is given)."""
+    global _settings
+    if env is None and _settings is not None:
+        return _settings
+    e = os.environ if env is None else env
+    raw = e.get(ENV, "1").strip().lower()
+    if raw not in ("0", "1", "true", "false", "yes", "no", "on", "off", ""):
+        raise InvalidArgumentError(f"hpccomm: {ENV} is {raw!r}, expected 1 or 0")
+    enabled = raw not in ("0", "false", "no", "off")
+    raw_threshold = e.get(THRESHOLD_ENV)
+    threshold = None if raw_threshold is None else _size(raw_threshold, THRESHOLD_ENV)
+    chunk = _size(e.get(CHUNK_ENV, str(DEFAULT_CHUNK)), CHUNK_ENV)
+    if chunk < 4096:
+        raise InvalidArgumentError(f"hpccomm: {CHUNK_ENV} is {chunk}, expected at least 4096")
+    s = Settings(enabled, threshold, chunk)
+    if env is None:
+        _settings = s
+    return s
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+class _Segment:
+    """The mapped segment and its typed views: per rank two header slots (int64), two input
+    areas of one chunk and two result areas of one slice."""
+
+    __slots__ = ("mm", "size", "chunk", "res", "seg", "raw", "typed", "headers")
+
+    def __init__(self, mm: Any, size: int, chunk: int) -> None:
+        self.mm = mm
+        self.size = size
+        self.chunk = chunk
+        self.res = _round_up(chunk // size + 2 * _ALIGN, _ALIGN)
+        self.seg = _round_up(2 * _HEADER + 2 * chunk + 2 * self.res, 4096)
+        self.raw = np.frombuffer(mm, np.uint8)
+        # every rank's two header slots: (rank, slot, word), int64
+        self.headers = np.lib.stride_tricks.as_strided(
+            self.raw[:_HEADER].view(np.int64),
+            shape=(size, 2, _HEADER // 8),
+            strides=(self.seg, _HEADER, 8),
+            writeable=True,
+        )
+        self.typed: dict[np.dtype, tuple[list[list[np.ndarray]], list[list[np.ndarray]]]] = {}
+
+    @staticmethod
+    def nbytes(size: int, chunk: int) -> int:
+        res = _round_up(chunk // size + 2 * _ALIGN, _ALIGN)
+        return size * _round_up(2 * _HEADER + 2 * chunk + 2 * res, 4096)
+
+    def views(self, dtype: np.dtype) -> tuple[list[list[np.ndarray]], list[list[np.ndarray]]]:
+        """Per rank, its two input areas and its two result areas as arrays of ``dtype``."""
+        got = self.typed.get(dtype)
+        if got is None:
+            inputs, results = [], []
+            for r in range(self.size):
+                base = r * self.seg + 2 * _HEADER
+                inputs.append(
+                    [
+                        self.raw[base + i * self.chunk : base + (i + 1) * self.chunk].view(dtype)
+                        for i in (0, 1)
+                    ]
+                )
+                rbase = base + 2 * self.chunk
+                results.append(
+                    [
+                        self.raw[rbase + i * self.res : rbase + (i + 1) * self.res].view(dtype)
+                        for i in (0, 1)
+                    ]
+                )
+            got = self.typed[dtype] = (inputs, results)
+        return got
+
+
+class ShmBackend:
+    """Runs large reductions of host arrays through a segment shared by the group's ranks
+    (all on one node). ``supports`` takes all_reduce, reduce and reduce_scatter (even or
+    uneven) whose input has ``ranges[spec]`` bytes (smallest, largest); ``calls`` counts the
+    calls it ran.
+
+    Default ranges (``threshold=None``, ``DEFAULT_RANGES``), from the measurements in the
+    README, where they were faster than MPI in every run: reduce_scatter from 1 MiB;
+    all_reduce and reduce from 256 KiB up to 8 MiB in groups of 3 or more ranks, never in
+    groups of 2. Above 8 MiB, and for pairs, runs of the same command on this project's VM
+    ranged from 2-3x slower to 1.3-2x faster than MPI. ``threshold`` (bytes, or
+    ``HPCCOMM_SHM_THRESHOLD``) makes every size from it on take the path, for all three."""
+
+    name = "shm"
+
+    def __init__(self, host: Any, threshold: int | None, chunk: int) -> None:
+        self.host = host  # the group's MPIBackend: its communicator, barriers, fallback
+        self.rank: int = host.rank
+        self.size: int = host.size
+        self.ranges: dict[O.OpSpec, tuple[int, int]]
+        if threshold is None:
+            reducing = DEFAULT_RANGES["all_reduce" if host.size >= 3 else "pair"]
+            self.ranges = {O.ALL_REDUCE: reducing, O.REDUCE: reducing,
+                           O.REDUCE_SCATTER: DEFAULT_RANGES["reduce_scatter"]}  # fmt: skip
+        else:
+            self.ranges = dict.fromkeys(_SPECS, (threshold, NEVER))
+        self.chunk = chunk
+        self.calls = 0
+        self.tick = 0  # chunks run so far (alike on every rank): picks the buffers
+        self.segment: _Segment | None = None
+        self.failed: str | None = None  # why the segment could not be made (then MPI runs)
+        self.closed = False
+        self._bodies: dict[O.OpSpec, Callable[..., Any]] = {
+            O.ALL_REDUCE: self._all_reduce,
+            O.REDUCE: self._all_reduce,
+            O.REDUCE_SCATTER: self._reduce_scatter,
+        }
+
+    @classmethod
+    def for_group(cls, host: Any, num_nodes: int) -> ShmBackend | None:
+        """The fast path of a group on one node with at least two ranks, unless turned off."""
+        s = settings()
+        if not s.enabled or num_nodes != 1 or host.size < 2 or s.chunk // 16 < host.size:
+            return None
+        return cls(host, s.threshold, s.chunk)
+
+    # -- the interface ------------------------------------------------------------------
+
+    def supports(self, call: Call) -> bool:
+        info = call.info
+        return (
+            call.device is None
+            and call.spec in self._bodies
+            and info is not None
+            and self.ranges[call.spec][0] <= call.nbytes <= self.ranges[call.spec][1]
+            and (info.category, call.redop.name) in _UFUNCS
+            and self.failed is None
+        )
+
+    def prepare(self, call: Call) -> None:
+        self.host.prepare(call)  # refuses what MPI refuses (the fallback prepares again)
+        call.backend = self
+        call.body = self._bodies[call.spec]
+        call.mode = "blocking"
+        call.how = _Plan(call, self.size, self.rank, self.chunk)
+
+    def error(self, call: Call, seq: int, exc: BaseException) -> HpccommError:
+        return self.host.error(call, seq, exc)
+
+    def close(self) -> None:
+        """Drop the mapping (local; a body still running keeps it mapped through its views).
+        A call still queued behind a stuck one then raises instead of making a new one."""
+        self.segment = None
+        self.closed = True
+
+    # -- the segment --------------------------------------------------------------------
+
+    def _barrier(self) -> None:
+        self.host.mpi.Barrier()
+
+    def _ensure(self, call: Call) -> _Segment | None:
+        """The segment, made on the first call (collective: every rank's first fast-path
+        call is the same call). None when some rank could not map it: the group then stays
+        on MPI (every rank learns it from the same allgather)."""
+        seg = self.segment
+        if seg is not None or self.failed is not None:
+            return seg
+        if self.closed:
+            raise ClosedError(f"{call}: communicator {call.group.name} already freed")
+        mpi = self.host.mpi
+        total = _Segment.nbytes(self.size, self.chunk)
+        path = None
+        why = ""
+        if self.rank == 0:
+            path = os.path.join(SHM_DIR, f"hpccomm-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+                try:
+                    os.posix_fallocate(fd, 0, total)  # ENOSPC here, not SIGBUS on first touch
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                why = f"could not create {path} ({total} bytes): {exc}"
+                if os.path.exists(path):
+                    os.unlink(path)
+                path = None
+        path = mpi.bcast(path, root=0)
+        mm = None
+        if path is not None:
+            try:
+                fd = os.open(path, os.O_RDWR)
+                try:
+                    mm = mmap.mmap(fd, total)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                why = f"could not map {path}: {exc}"
+        reasons = mpi.allgather(why if mm is None else "")
+        if self.rank == 0 and path is not None:
+            try:
+                os.unlink(path)  # every rank has mapped it (or given up): nothing leaks
+            except OSError:
+                pass
+        bad = [f"rank {r}: {w}" for r, w in enumerate(reasons) if w]
+        if bad or mm is None:
+            self.failed = "; ".join(bad) or "no segment"
+            return None
+        seg = self.segment = _Segment(mm, self.size, self.chunk)
+        return seg
+
+    def _fallback(self, call: Call, x: Any, out: Any, stream: Any) -> Any:
+        plain = call.piece(call.count)
+        self.host.prepare(plain)
+        return plain.body(plain, x, out, stream)
+
+    # -- the header check -----------------------------------------------------------------
+
+    def _check(self, seg: _Segment, call: Call, mine: np.ndarray, slot: int) -> None:
+        """Every rank's header of this call equals this rank's, else MismatchError (on every
+        rank: all read the same headers)."""
+        rows = seg.headers[:, slot, : mine.size]
+        if (rows == mine).all():
+            return
+        self.tick += 1  # alike on every rank: the next call writes the other header slot
+        # and buffers, which no rank reads any more
+
+        def show(row: list[int]) -> str:
+            spec, dt, op, count, root, blocks, tick = row
+            name = _SPECS[spec].name if 0 <= spec < len(_SPECS) else f"op {spec}"
+            dtype = list(SUPPORTED_DTYPES)[dt].name if 0 <= dt < len(SUPPORTED_DTYPES) else dt
+            opname = list(_OP_CODES)[op] if 0 <= op < len(_OP_CODES) else op
+            where = f" to {root}" if root >= 0 else ""
+            sizes = f", blocks #{blocks:x}" if blocks else ""
+            return f"{name}{where} of {count} {dtype} ({opname}{sizes}, chunk tick {tick})"
+
+        diff = "; ".join(f"rank {r}: {show(row)}" for r, row in enumerate(rows.tolist()))
+        raise MismatchError(
+            f"{call}: the ranks' calls differ on the shared-memory path: {diff}; nothing "
+            f"was reduced"
+        )
+
+    def _start(self, seg: _Segment, call: Call, plan: _Plan) -> tuple[int, np.ndarray]:
+        """Write this call's header (its description and the tick) into this rank's slot."""
+        tick = self.tick
+        mine = plan.words.copy()
+        mine[-1] = tick
+        seg.headers[self.rank, tick % 2, : mine.size] = mine
+        return tick, mine
+
+    # -- bodies ---------------------------------------------------------------------------
+
+    def _all_reduce(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> np.ndarray:
+        """all_reduce and reduce (only ``call.peer`` copies the result out)."""
+        seg = self._ensure(call)
+        if seg is None:
+            return self._fallback(call, x, out, stream)
+        self.calls += 1
+        plan: _Plan = call.how
+        flat = x.reshape(-1)
+        p, me = self.size, self.rank
+        f, factor, avg = plan.f, plan.factor, plan.avg
+        inputs, results = seg.views(x.dtype)
+        mine_in, mine_res = inputs[me], results[me]
+        chunks = plan.chunks
+        tick, mine = self._start(seg, call, plan)
+        copyto, multiply, divide = np.copyto, np.multiply, np.divide
+        with np.errstate(all="ignore"):  # overflow to inf, inf - inf: as MPI, no warnings
+            for k in range(-1, chunks):
+                if k >= 0:
+                    self._barrier()
+                    if k == 0:
+                        self._check(seg, call, mine, tick % 2)
+                    # copy out chunk k-1: every rank's result slice
+                    if k >= 1 and plan.receives:
+                        b = (tick + k - 1) % 2
+                        for into, j, m in plan.copy_out[k - 1]:
+                            copyto(flat[into], results[j][b][:m])
+                    # reduce chunk k: this rank's slice, ranks in order 0, 1, ..., p-1
+                    b = (tick + k) % 2
+                    lo_hi = plan.mine[k]
+                    acc = mine_res[b][: lo_hi.stop - lo_hi.start]
+                    f(inputs[0][b][lo_hi], inputs[1][b][lo_hi], out=acc)
+                    for j in range(2, p):
+                        f(acc, inputs[j][b][lo_hi], out=acc)
+                    if avg:
+                        divide(acc, p, out=acc)
+                # copy in chunk k+1
+                if k + 1 < chunks:
+                    src, m = plan.copy_in[k + 1]
+                    dst = mine_in[(tick + k + 1) % 2][:m]
+                    if factor is None:
+                        copyto(dst, flat[src])
+                    else:  # PREMUL_SUM: the scaled input, rounded to the dtype as MPI's path
+                        multiply(flat[src], factor, out=dst, casting="unsafe")
+            self._barrier()
+            if plan.receives:  # the last chunk's copy-out
+                b = (tick + chunks - 1) % 2
+                for into, j, m in plan.copy_out[chunks - 1]:
+                    copyto(flat[into], results[j][b][:m])
+        self.tick = tick + chunks
+        return x
+
+    def _reduce_scatter(self, call: Call, x: np.ndarray, out: np.ndarray, stream: Any) -> Any:
+        """Rank r reduces block r (``call.counts``: elements and offsets per rank) of every
+        rank's input, a piece of every block per chunk, straight into its output."""
+        seg = self._ensure(call)
+        if seg is None:
+            return self._fallback(call, x, out, stream)
+        self.calls += 1
+        plan: _Plan = call.how
+        flat = x.reshape(-1)
+        dest = out.reshape(-1)
+        p, me = self.size, self.rank
+        f, factor, avg = plan.f, plan.factor, plan.avg
+        inputs, _ = seg.views(x.dtype)
+        mine_in = inputs[me]
+        chunks = plan.chunks
+        tick, mine = self._start(seg, call, plan)
+        copyto, multiply, divide = np.copyto, np.multiply, np.divide
+        with np.errstate(all="ignore"):
+            for k in range(-1, chunks):
+                if k >= 0:
+                    self._barrier()
+                    if k == 0:
+                        self._check(seg, call, mine, tick % 2)
+                    reduced = plan.mine[k]
+                    if reduced is not None:
+                        b = (tick + k) % 2
+                        dst, lo_hi = reduced
+                        acc = dest[dst]
+                        f(inputs[0][b][lo_hi], inputs[1][b][lo_hi], out=acc)
+                        for j in range(2, p):
+                            f(acc, inputs[j][b][lo_hi], out=acc)
+                        if avg:
+                            divide(acc, p, out=acc)
+                if k + 1 < chunks:
+                    area = mine_in[(tick + k + 1) % 2]
+                    for src, dst in plan.copy_in[k + 1]:
+                        if factor is None:
+                            copyto(area[dst], flat[src])
+                        else:
+                            multiply(flat[src], factor, out=area[dst], casting="unsafe")
+        self.tick = tick + chunks
+        return out
+
+
+class _Plan:
+    """What a call's body needs, computed once per call description (kept in ``call.how``):
+    the ufunc, PREMUL_SUM's factor, AVG, the header words, and per chunk the slices to copy
+    in, to reduce and to copy out."""
+
+    __slots__ = ("f", "factor", "avg", "words", "chunks", "copy_in", "mine", "copy_out",
+                 "receives")  # fmt: skip
+
+    def __init__(self, call: Call, size: int, rank: int, chunk: int) -> None:
+        info = call.dtype_info()
+        name = call.redop.name
+        self.f = _UFUNCS[(info.category, name)]
+        self.factor = call.redop.factor if name == "PREMUL_SUM" else None
+        self.avg = name == "AVG"
+        itemsize = info.dtype.itemsize
+        align = max(1, _ALIGN // itemsize)
+        n = call.count
+        root = call.peer if call.spec is O.REDUCE else -1
+        # uneven reduce_scatter: the blocks too (hash of ints: the same in every process)
+        blocks = hash(tuple(call.counts[0])) & 0x3FFFFFFFFFFFFFFF if call.uneven else 0
+        self.receives = call.spec is not O.REDUCE or root == rank
+        self.copy_in: list[Any] = []
+        self.mine: list[Any] = []
+        self.copy_out: list[list[tuple[slice, int, int]]] = []
+        if call.spec is O.REDUCE_SCATTER:
+            counts, displs = call.counts
+            piece = chunk // itemsize // size  # elements per block and chunk
+            piece = piece // align * align or piece
+            self.chunks = max(1, -(-max(counts) // piece))
+            for k in range(self.chunks):
+                t = k * piece
+                moves = []
+                for j in range(size):
+                    m = min(piece, counts[j] - t)
+                    if m > 0:
+                        src = slice(displs[j] + t, displs[j] + t + m)
+                        moves.append((src, slice(j * piece, j * piece + m)))
+                self.copy_in.append(moves)
+                m = min(piece, counts[rank] - t)
+                lo = rank * piece
+                self.mine.append((slice(t, t + m), slice(lo, lo + m)) if m > 0 else None)
+        else:
+            per = chunk // itemsize  # elements per chunk
+            self.chunks = -(-n // per)
+            for k in range(self.chunks):
+                start = k * per
+                m = min(per, n - start)
+                cuts = [0] + [(r * m // size) // align * align for r in range(1, size)] + [m]
+                self.copy_in.append((slice(start, start + m), m))
+                self.mine.append(slice(cuts[rank], cuts[rank + 1]))
+                self.copy_out.append(
+                    [
+                        (slice(start + cuts[j], start + cuts[j + 1]), j, cuts[j + 1] - cuts[j])
+                        for j in range(size)
+                    ]
+                )
+        words = [_SPECS.index(call.spec), _DTYPE_CODES[info.dtype], _OP_CODES[name], n, root,
+                 blocks, 0]  # fmt: skip
+        self.words = np.array(words, np.int64)  # the last word: the tick, set per call

@@ -1,0 +1,36 @@
+"""The shared-memory fast path's settings (HPCCOMM_SHM, HPCCOMM_SHM_THRESHOLD,
+HPCCOMM_SHM_CHUNK): parsed without MPI."""
+
+import pytest
+
+from hpccomm import InvalidArgumentError
+from hpccomm.backends.shm import DEFAULT_CHUNK, settings
+
+
+def test_defaults():
+    s = settings({})
+    assert s.enabled and s.threshold is None and s.chunk == DEFAULT_CHUNK
+
+
+@pytest.mark.parametrize("raw", ["0", "off", "false", "no"])
+def test_off(raw):
+    assert not settings({"HPCCOMM_SHM": raw}).enabled
+
+
+def test_sizes():
+    s = settings({"HPCCOMM_SHM_THRESHOLD": "64K", "HPCCOMM_SHM_CHUNK": "2M"})
+    assert s.threshold == 64 << 10 and s.chunk == 2 << 20
+    assert settings({"HPCCOMM_SHM_THRESHOLD": "0"}).threshold == 0
+
+
+@pytest.mark.parametrize(
+    ("env", "text"),
+    [
+        ({"HPCCOMM_SHM": "maybe"}, "HPCCOMM_SHM is 'maybe', expected 1 or 0"),
+        ({"HPCCOMM_SHM_THRESHOLD": "lots"}, "HPCCOMM_SHM_THRESHOLD is 'lots', expected a size"),
+        ({"HPCCOMM_SHM_CHUNK": "1K"}, "HPCCOMM_SHM_CHUNK is 1024, expected at least 4096"),
+    ],
+)
+def test_refused(env, text):
+    with pytest.raises(InvalidArgumentError, match=text):
+        settings(env)
