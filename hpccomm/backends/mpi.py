@@ -496,6 +496,17 @@ class _ObjectSend:
         return None
 
 
+# Open MPI 5.0.11's single-copy path (smsc/cma, messages above the eager limit) copies a
+# truncated message whole, past the receive buffer: measured, an 8 MiB send into a 4 MiB
+# receive wrote 4 MiB beyond it (a segfault where that memory is unmapped).
+_TRUNCATED = (
+    "the sender's message was larger than this rank's buffer (a size that differs across "
+    "ranks: debug='check' names it before MPI is called), and Open MPI's single-copy "
+    "transport may have written past the buffer: end the job (OMPI_MCA_smsc=^cma avoids "
+    "that, at a cost for large messages)"
+)
+
+
 class MPIBackend:
     """Runs calls on an mpi4py intracommunicator (which it owns: :meth:`free` frees it)."""
 
@@ -587,6 +598,8 @@ class MPIBackend:
         where = call.where(seq)
         if isinstance(exc, MPI.Exception) and exc.Get_error_class() in _PROC_FAILED:
             return PeerError(f"{where}: {self.failed_ranks()}; MPI reports {exc}")
+        if isinstance(exc, MPI.Exception) and exc.Get_error_class() == MPI.ERR_TRUNCATE:
+            return BackendError(f"{where}: {self.name} failed: {exc}; {_TRUNCATED}")
         return BackendError(f"{where}: {self.name} failed: {exc}")
 
     # -- point-to-point under the debug check (a header before every message) -----------

@@ -359,3 +359,33 @@ def test_shared_memory_path_with_a_rank_that_never_calls(launch):
     assert freed["cls"] is None and freed["s"] < 1.5
     assert job.rc != 0 and "never completed; aborting the job" in job.stderr
     assert not job.crashed()
+
+
+def test_a_larger_broadcast_than_the_buffer_is_named_and_check_prevents_it(launch):
+    """8 MiB from the root into 4 MiB elsewhere: Open MPI's single-copy transport reports
+    MPI_ERR_TRUNCATE after writing past the buffer (a segfault where that memory is
+    unmapped), so the error says to end the job and how to avoid it; under debug='check' the
+    sizes are compared first and nothing reaches MPI."""
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=20)
+        x = np.ones((8 << 20) // 4 if c.rank == 0 else (4 << 20) // 4, np.float32)
+        checked = c.dup()
+        checked.debug = "check"
+        outcome(c, "checked", lambda: checked.broadcast(x, 0))
+        outcome(c, "plain", lambda: c.broadcast(x, 0))
+        import os
+        os._exit(0)  # rank 1's heap past the buffer is overwritten: no normal teardown
+        """,
+    )
+    for rank in (0, 1):
+        got = job.of(rank, "checked")
+        assert got["cls"] == "MismatchError", got
+    got = job.of(1, "plain")
+    assert got["cls"] == "BackendError", got
+    assert got["msg"].startswith(
+        "broadcast #2 on world (rank 1 of 2): mpi failed: MPI_ERR_TRUNCATE"
+    )
+    assert "may have written past the buffer: end the job" in got["msg"]
+    assert "debug='check' names it" in got["msg"] and "OMPI_MCA_smsc=^cma" in got["msg"]
