@@ -407,13 +407,10 @@ class ShmBackend:
         self.calls += 1
         plan: _Plan = call.how
         flat = x.reshape(-1)
-        p, me = self.size, self.rank
-        f, factor, avg = plan.f, plan.factor, plan.avg
         inputs, results = seg.views(x.dtype)
-        mine_in, mine_res = inputs[me], results[me]
+        mine_in, mine_res = inputs[self.rank], results[self.rank]
         chunks = plan.chunks
         tick, mine = self._start(seg, call, plan)
-        copyto, multiply, divide = np.copyto, np.multiply, np.divide
         with np.errstate(all="ignore"):  # overflow to inf, inf - inf: as MPI, no warnings
             for k in range(-1, chunks):
                 if k >= 0:
@@ -422,31 +419,18 @@ class ShmBackend:
                         self._check(seg, call, mine, tick % 2)
                     # copy out chunk k-1: every rank's result slice
                     if k >= 1 and plan.receives:
-                        b = (tick + k - 1) % 2
-                        for into, j, m in plan.copy_out[k - 1]:
-                            copyto(flat[into], results[j][b][:m])
+                        _copy_out(plan, k - 1, results, (tick + k - 1) % 2, flat)
                     # reduce chunk k: this rank's slice, ranks in order 0, 1, ..., p-1
                     b = (tick + k) % 2
                     lo_hi = plan.mine[k]
-                    acc = mine_res[b][: lo_hi.stop - lo_hi.start]
-                    f(inputs[0][b][lo_hi], inputs[1][b][lo_hi], out=acc)
-                    for j in range(2, p):
-                        f(acc, inputs[j][b][lo_hi], out=acc)
-                    if avg:
-                        divide(acc, p, out=acc)
+                    _fold(plan, inputs, b, lo_hi, mine_res[b][: lo_hi.stop - lo_hi.start])
                 # copy in chunk k+1
                 if k + 1 < chunks:
                     src, m = plan.copy_in[k + 1]
-                    dst = mine_in[(tick + k + 1) % 2][:m]
-                    if factor is None:
-                        copyto(dst, flat[src])
-                    else:  # PREMUL_SUM: the scaled input, rounded to the dtype as MPI's path
-                        multiply(flat[src], factor, out=dst, casting="unsafe")
+                    _copy_in(plan, mine_in[(tick + k + 1) % 2][:m], flat[src])
             self._barrier()
             if plan.receives:  # the last chunk's copy-out
-                b = (tick + chunks - 1) % 2
-                for into, j, m in plan.copy_out[chunks - 1]:
-                    copyto(flat[into], results[j][b][:m])
+                _copy_out(plan, chunks - 1, results, (tick + chunks - 1) % 2, flat)
         self.tick = tick + chunks
         return x
 
@@ -460,13 +444,10 @@ class ShmBackend:
         plan: _Plan = call.how
         flat = x.reshape(-1)
         dest = out.reshape(-1)
-        p, me = self.size, self.rank
-        f, factor, avg = plan.f, plan.factor, plan.avg
         inputs, _ = seg.views(x.dtype)
-        mine_in = inputs[me]
+        mine_in = inputs[self.rank]
         chunks = plan.chunks
         tick, mine = self._start(seg, call, plan)
-        copyto, multiply, divide = np.copyto, np.multiply, np.divide
         with np.errstate(all="ignore"):
             for k in range(-1, chunks):
                 if k >= 0:
@@ -475,23 +456,44 @@ class ShmBackend:
                         self._check(seg, call, mine, tick % 2)
                     reduced = plan.mine[k]
                     if reduced is not None:
-                        b = (tick + k) % 2
                         dst, lo_hi = reduced
-                        acc = dest[dst]
-                        f(inputs[0][b][lo_hi], inputs[1][b][lo_hi], out=acc)
-                        for j in range(2, p):
-                            f(acc, inputs[j][b][lo_hi], out=acc)
-                        if avg:
-                            divide(acc, p, out=acc)
+                        _fold(plan, inputs, (tick + k) % 2, lo_hi, dest[dst])
                 if k + 1 < chunks:
                     area = mine_in[(tick + k + 1) % 2]
                     for src, dst in plan.copy_in[k + 1]:
-                        if factor is None:
-                            copyto(area[dst], flat[src])
-                        else:
-                            multiply(flat[src], factor, out=area[dst], casting="unsafe")
+                        _copy_in(plan, area[dst], flat[src])
         self.tick = tick + chunks
         return out
+
+
+def _fold(
+    plan: _Plan, inputs: list[list[np.ndarray]], b: int, part: slice, acc: np.ndarray
+) -> None:
+    """Reduce ``part`` of buffer ``b`` over every rank's input into ``acc``, in the fixed
+    order rank 0, 1, ..., p-1 (then AVG's division), with ufuncs writing into ``acc``."""
+    f = plan.f
+    f(inputs[0][b][part], inputs[1][b][part], out=acc)
+    for j in range(2, len(inputs)):
+        f(acc, inputs[j][b][part], out=acc)
+    if plan.avg:
+        np.divide(acc, len(inputs), out=acc)
+
+
+def _copy_in(plan: _Plan, dst: np.ndarray, src: np.ndarray) -> None:
+    """This rank's input into its area of the segment (PREMUL_SUM: the scaled input, rounded
+    to the dtype as MPI's path rounds it)."""
+    if plan.factor is None:
+        np.copyto(dst, src)
+    else:
+        np.multiply(src, plan.factor, out=dst, casting="unsafe")
+
+
+def _copy_out(
+    plan: _Plan, k: int, results: list[list[np.ndarray]], b: int, flat: np.ndarray
+) -> None:
+    """Chunk ``k``'s result slices of every rank (buffer ``b``) into this rank's array."""
+    for into, j, m in plan.copy_out[k]:
+        np.copyto(flat[into], results[j][b][:m])
 
 
 class _Plan:
