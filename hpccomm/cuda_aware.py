@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from .errors import InvalidArgumentError
+from .switches import FALSE, TRUE
 
 __all__ = [
     "DevicePath",
@@ -28,8 +29,6 @@ __all__ = [
 ]
 
 ENV = "HPCCOMM_CUDA_AWARE_MPI"
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
 
 
 class DevicePath(NamedTuple):
@@ -132,8 +131,8 @@ def decide(
     raw = env.get(ENV)
     if raw is not None and raw.strip():
         value = raw.strip().lower()
-        if value in _TRUE | _FALSE:
-            return DevicePath(value in _TRUE, f"{ENV}={raw}")
+        if value in TRUE | FALSE:
+            return DevicePath(value in TRUE, f"{ENV}={raw}")
         raise InvalidArgumentError(f"init: {ENV}={raw!r}, expected 1 or 0 (true/false)")
     kinds = alloc_kinds()
     if kinds is not None:
@@ -144,5 +143,5 @@ def decide(
         return DevicePath(answer == 1, f"MPIX_Query_cuda_support() = {answer}")
     ompi = env.get("OMPI_MCA_opal_cuda_support")
     if ompi is not None:
-        return DevicePath(ompi.lower() in _TRUE, f"OMPI_MCA_opal_cuda_support={ompi}")
+        return DevicePath(ompi.lower() in TRUE, f"OMPI_MCA_opal_cuda_support={ompi}")
     return DevicePath(False, "the MPI library gives no answer, so hpccomm is unsure")

@@ -20,6 +20,7 @@ from .discovery import LaunchInfo, discover
 from .errors import GpuBindingError, HpccommError, InvalidArgumentError, LaunchMismatchError
 from .gpuselect import choose_on_node, format_uuid, sharing_allowed
 from .notices import NoticeBoard
+from .switches import switch
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -531,12 +532,13 @@ def _reuse_memory(value: bool | None) -> bool:
                 f"init: reuse_memory is {value!r}, expected True, False or None"
             )
         return value
-    raw = os.environ.get(memory.ENV, "1").strip().lower()
-    if raw not in ("0", "1", "true", "false", "yes", "no", "on", "off", ""):
-        raise InvalidArgumentError(
-            f"init: {memory.ENV} is {raw!r}, expected 1 or 0 (keep freed memory mapped or not)"
-        )
-    return raw not in ("0", "false", "no", "off")
+    return switch(
+        os.environ,
+        memory.ENV,
+        default=True,
+        where="init",
+        meaning=" (keep freed memory mapped or not)",
+    )
 
 
 _INIT_DEFAULTS: dict[str, object] = {

@@ -66,6 +66,7 @@ from .. import ops as O
 from ..dtypes import SUPPORTED_DTYPES
 from ..errors import ClosedError, HpccommError, InvalidArgumentError, MismatchError
 from ..ops import Call
+from ..switches import switch
 
 __all__ = ["ShmBackend", "Settings", "settings", "ENV"]
 
@@ -158,10 +159,7 @@ def settings(env: Any = None) -> Settings:
     if env is None and _settings is not None:
         return _settings
     e = os.environ if env is None else env
-    raw = e.get(ENV, "1").strip().lower()
-    if raw not in ("0", "1", "true", "false", "yes", "no", "on", "off", ""):
-        raise InvalidArgumentError(f"hpccomm: {ENV} is {raw!r}, expected 1 or 0")
-    enabled = raw not in ("0", "false", "no", "off")
+    enabled = switch(e, ENV, default=True, where="hpccomm")
     raw_threshold = e.get(THRESHOLD_ENV)
     threshold = None if raw_threshold is None else _size(raw_threshold, THRESHOLD_ENV)
     chunk = _size(e.get(CHUNK_ENV, str(DEFAULT_CHUNK)), CHUNK_ENV)
