@@ -15,7 +15,6 @@ what a long-running HPC rank usually wants anyway; ``MALLOC_MMAP_MAX_`` and
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 __all__ = ["ENV", "keep_freed_memory", "state"]
 
@@ -44,13 +43,12 @@ def state() -> str:
 
 
 def _apply() -> str:
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
+    try:  # the C library already loaded in this process (find_library would run ldconfig)
+        libc = ctypes.CDLL(None)
         mallopt = libc.mallopt
         version = libc.gnu_get_libc_version
-    except (OSError, AttributeError, TypeError):
-        return f"not available: the C library ({name or 'unknown'}) is not glibc"
+    except (OSError, AttributeError):
+        return "not available: this process's C library is not glibc"
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     if not (mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, _TRIM_NEVER)):
