@@ -137,7 +137,7 @@ class Communicator:
         node: Any = None,
         notices: NoticeBoard | None = None,
         gid: str = "world",
-        debug: str = "off",
+        debug: str = "large",
     ) -> None:
         self._backend = backend
         self._devices = devices
@@ -214,9 +214,10 @@ class Communicator:
 
     @property
     def debug(self) -> str:
-        """The debug level: "off", "check" (every collective compared across ranks before
-        MPI, headers on point-to-point messages) or "detail" (plus call sites). Set it to
-        the same level on every rank of the group."""
+        """The debug level: "off", "large" (the default: collectives whose buffers exceed
+        MPI's eager limit compared across ranks before MPI), "check" (every collective, and
+        headers on point-to-point messages) or "detail" (plus call sites). Set it to the
+        same level on every rank of the group."""
         return self._dispatcher.debug
 
     @debug.setter

@@ -1,4 +1,16 @@
-"""Debug levels: ``off`` (default), ``check`` and ``detail``.
+"""Debug levels: ``off``, ``large`` (default), ``check`` and ``detail``.
+
+``large`` checks the collectives that could make MPI write past a buffer when the ranks'
+sizes differ, and only those: the embedded Open MPI moves a message above its eager limit
+between ranks of a node with a single-copy transport (smsc/cma) that copies a longer
+message than the receive buffer whole, past its end (measured: 128 KiB into a 64 KiB
+receive wrote 64 KiB beyond it), while a message within the eager limit is cut cleanly
+(MPI_ERR_TRUNCATE, nothing written past). So every collective on the host MPI path whose
+largest buffer, as this rank sees it, exceeds :func:`large_bytes` gets the ``check``
+exchange below. A rank whose buffers are all smaller sends no message larger than the eager
+limit; a rank with a larger one sends nothing before the check, which runs on a
+communicator of its own, so a mismatch that straddles the threshold waits (or times out)
+instead of matching the other rank's data.
 
 ``check`` compares every collective across the ranks of its group before MPI is called: all
 ranks exchange a fingerprint (op, sequence number, dtype, shape or counts, root, reduce op,
@@ -27,9 +39,14 @@ from .ops import Call
 
 __all__ = [
     "LEVELS",
+    "DEFAULT",
+    "CHECKING",
     "level_from",
+    "large_bytes",
     "fingerprint",
     "crc",
+    "crc_base",
+    "with_seq",
     "disagreement",
     "call_site",
     "HEADER_WORDS",
@@ -37,20 +54,44 @@ __all__ = [
     "decode_header",
 ]
 
-LEVELS = ("off", "check", "detail")
+LEVELS = ("off", "large", "check", "detail")
+DEFAULT = "large"
+CHECKING = frozenset({"check", "detail"})  # levels that check every collective
 ENV = "HPCCOMM_DEBUG"
+# Open MPI's eager limit for ranks of one node, as init sets it before MPI starts
+# (runtime.tune_open_mpi), and Open MPI's own default where MPI was started by someone else.
+EAGER_ENV = ("OMPI_MCA_btl_sm_eager_limit", "OMPI_MCA_btl_vader_eager_limit")
+EAGER_DEFAULT = 4096
+# Measured: with an eager limit of 4,096 (32,768) bytes a 4,000 (32,600)-byte message was
+# cut cleanly and a 4,040 (32,700)-byte one overwrote; the limit counts Open MPI's headers.
+_HEADROOM = 1024
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 
 
 def level_from(value: Any, what: str) -> str:
-    """A debug level: the argument, else ``$HPCCOMM_DEBUG``, else "off"."""
+    """A debug level: the argument, else ``$HPCCOMM_DEBUG``, else "large"."""
     if value is None:
-        value = os.environ.get(ENV, "off").strip() or "off"
+        value = os.environ.get(ENV, DEFAULT).strip() or DEFAULT
     if not isinstance(value, str) or value.lower() not in LEVELS:
         raise InvalidArgumentError(
             f"{what}: debug is {value!r}, expected one of {', '.join(LEVELS)} (or {ENV})"
         )
     return value.lower()
+
+
+def large_bytes(environ: Any = os.environ) -> int:
+    """The size above which the ``large`` level checks a collective: the node's eager limit
+    (from the environment MPI started with) less room for Open MPI's headers."""
+    eager = EAGER_DEFAULT
+    for name in EAGER_ENV:
+        value = str(environ.get(name, "")).strip()
+        if value:
+            try:
+                eager = int(value, 0)
+            except ValueError:
+                pass  # Open MPI refuses it at start-up
+            break
+    return max(eager - _HEADROOM, 0)
 
 
 def call_site() -> str:
@@ -87,6 +128,8 @@ def fingerprint(call: Call | None, op: str, seq: int, site: str | None = None) -
                 fp["row shape"] = tuple(shape[1:])
             if call.sizes is not None:
                 fp["sizes"] = tuple(call.sizes)
+            elif spec.name == "scatter":  # the source's array and the others' blocks
+                fp["elements per rank"] = tuple(call.counts[0])
         if spec.root is not None:
             fp[spec.root] = call.peer
         if spec.reducing:
@@ -97,8 +140,21 @@ def fingerprint(call: Call | None, op: str, seq: int, site: str | None = None) -
 
 
 def crc(fp: dict[str, Any]) -> int:
-    """A stable CRC-32 of a fingerprint (the same on every rank for equal fingerprints)."""
-    return zlib.crc32(repr(sorted((k, v) for k, v in fp.items() if k != "site")).encode())
+    """A stable CRC-32 of a fingerprint (the same on every rank for equal fingerprints):
+    ``with_seq(crc_base(fp), fp["seq"])``."""
+    return with_seq(crc_base(fp), fp.get("seq", 0))
+
+
+def crc_base(fp: dict[str, Any]) -> int:
+    """The CRC-32 of a fingerprint's fields but its sequence number (and call site): the
+    same for every run of one cached call."""
+    items = sorted((k, v) for k, v in fp.items() if k not in ("site", "seq"))
+    return zlib.crc32(repr(items).encode())
+
+
+def with_seq(base: int, seq: int) -> int:
+    """``base`` continued over the sequence number."""
+    return zlib.crc32(int(seq).to_bytes(8, "little", signed=True), base)
 
 
 def _ranks(ranks: Sequence[int]) -> str:
@@ -112,7 +168,7 @@ def disagreement(fps: Sequence[dict[str, Any]]) -> str:
     refused = [(r, fp["refused"]) for r, fp in enumerate(fps) if "refused" in fp]
     parts = [f"rank {r} refused it: {why}" for r, why in refused]
     fields = ["op", "seq", "dtype", "device", "shape", "row shape", "src", "dst", "reduce op"]
-    fields += ["sizes", "ranks", "expect"]
+    fields += ["sizes", "elements per rank", "ranks", "expect"]
     for field in fields:
         values: dict[Any, list[int]] = {}
         for r, fp in enumerate(fps):

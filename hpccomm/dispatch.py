@@ -31,7 +31,16 @@ import numpy as np
 from . import record
 from .backends.base import Backend, HostBackend
 from .buffers import allocate, resolve
-from .debug import call_site, crc, disagreement, fingerprint
+from .debug import (
+    CHECKING,
+    call_site,
+    crc,
+    crc_base,
+    disagreement,
+    fingerprint,
+    large_bytes,
+    with_seq,
+)
 from .errors import (
     ClosedError,
     CommTimeoutError,
@@ -78,6 +87,8 @@ class Dispatcher:
         "members",
         "debug",
         "shm",
+        "large",
+        "_checking",
         "_timeout",
         "_slow",
     )
@@ -89,7 +100,7 @@ class Dispatcher:
         device_backend: Callable[[Call], Backend],
         *,
         timeout: float | None = None,
-        debug: str = "off",
+        debug: str = "large",
     ) -> None:
         self.group = group
         self.backend = backend
@@ -103,12 +114,15 @@ class Dispatcher:
         self.notices: NoticeBoard | None = None
         self.gid = group.name
         self.members: list[int] = []
-        self.debug = debug  # "off", "check" or "detail" (see debug.py)
+        self.debug = debug  # "off", "large", "check" or "detail" (see debug.py)
+        # "large": calls on the host MPI path whose largest buffer exceeds this are checked
+        self.large = large_bytes()
+        self._checking = 0  # the sequence number of the call in its debug check, else 0
         # The group's shared-memory fast path (set by the communicator when its ranks share
         # one node): large host reductions take it instead of the host backend.
         self.shm: Backend | None = None
         self._timeout = timeout
-        self._slow = timeout is not None or debug != "off"
+        self._slow = timeout is not None or debug in CHECKING
 
     # -- settings ---------------------------------------------------------------------------
 
@@ -128,12 +142,13 @@ class Dispatcher:
         self._slow = (
             self._timeout is not None
             or self.broken is not None
-            or self.debug != "off"
+            or self.debug in CHECKING
             or (ex is not None and ex.pending > 0)
         )
 
     def set_debug(self, level: str) -> None:
         self.debug = level
+        self.cache.clear()  # cached calls hold whether the "large" level checks them
         self._update_slow()
 
     # -- the path ---------------------------------------------------------------------------
@@ -222,6 +237,8 @@ class Dispatcher:
         mode = call.mode
         if mode == "blocking":
             try:
+                if call.checked:
+                    self.verify(call, seq)
                 return call.body(call, data, out, stream)
             except HpccommError as exc:
                 self.report(call, seq, exc)
@@ -294,6 +311,14 @@ class Dispatcher:
         else:
             backend = self.backend
         backend.prepare(call)
+        call.checked = (
+            self.debug == "large"
+            and backend is self.backend
+            and spec.arrays
+            and not spec.p2p
+            # every rank must decide alike: an uneven all_to_all's totals differ by rank
+            and ((spec.name == "all_to_all" and call.uneven) or call.largest_bytes() > self.large)
+        )
         return call, data, out
 
     def run(
@@ -323,9 +348,10 @@ class Dispatcher:
             watch = notices.watch(self.gid, seq, partial(call.where, seq))
             on_failure = partial(self.report, call)
         pending: Any = None
-        checked = self.debug != "off" and not call.spec.p2p
+        checking = self.debug in CHECKING
+        checked = (checking and not call.spec.p2p) or call.checked
         guard = None
-        if async_op and self.debug != "off" and call.device is None and call.spec.arrays:
+        if async_op and checking and call.device is None and call.spec.arrays:
             guard = ReadOnlyWhileRunning(data, out)  # a write before wait() raises at once
             data, out = guard.data, guard.out
         try:
@@ -347,7 +373,7 @@ class Dispatcher:
                     )
                     self._slow = True  # later plain calls queue behind it until it is done
             elif mode == "requests":
-                headers = self.debug != "off" and not call.spec.objects
+                headers = checking and not call.spec.objects
                 if headers and call.backend is self.backend:  # host arrays: checked headers
                     pending = self.backend.start_checked(call, seq, data, out)
                 else:
@@ -428,7 +454,7 @@ class Dispatcher:
         seq = self.group.seq
         if self.notices is not None:
             self._post(spec.name, seq, exc)
-        if self.debug != "off":  # the others compare fingerprints: join with the reason
+        if self.debug in CHECKING:  # the others compare fingerprints: join with the reason
             g = self.group
             where_ = f"{spec.name} #{seq} on {g.name} (rank {g.rank} of {g.size})"
             fp = {"op": spec.name, "seq": seq, "refused": f"{type(exc).__name__}: {exc}"}
@@ -456,9 +482,18 @@ class Dispatcher:
 
     def verify(self, call: Call, seq: int, site: str | None = None) -> None:
         """``check``: every rank of the group compares this call's fingerprint before MPI is
-        called; a difference raises the same MismatchError on every rank."""
+        called; a difference raises the same MismatchError on every rank. The fingerprint's
+        CRC without the sequence number is kept with the (cached) call."""
         where_ = call.where(seq)
-        self.agree(where_, fingerprint(call, call.spec.name, seq, site))
+        base = call.crc
+        if base is None:
+            base = call.crc = crc_base(fingerprint(call, call.spec.name, seq))
+        self._checking = seq
+        crcs = self.backend.allgather_int(with_seq(base, seq))
+        self._checking = 0
+        if len(set(crcs)) > 1:
+            fps = self.backend.allgather_object(fingerprint(call, call.spec.name, seq, site))
+            raise MismatchError(f"{where_}: the ranks' calls differ: {disagreement(fps)}")
         if call.spec.name == "all_to_all" and call.uneven:
             self.check_splits(call, where_)
 
@@ -548,6 +583,13 @@ class Dispatcher:
                 return CommTimeoutError(
                     f"{exc}; it is queued behind {running.what}, which has not completed"
                 )
+        if self._checking == seq and self.debug == "large":
+            return CommTimeoutError(
+                f"{exc}; this rank waits in the check that compares the call across ranks, "
+                f"which debug 'large' runs for calls with more than {self.large:,} bytes in "
+                f"a buffer: a rank with smaller buffers goes straight to MPI, so the ranks' "
+                f"sizes may differ (debug='check' on every rank compares every call)"
+            )
         return exc
 
     def worker(self) -> Executor:
@@ -573,7 +615,7 @@ class Dispatcher:
         name = f"{what} #{group.seq} on {group.name} (rank {group.rank} of {group.size})"
         if self.broken is not None:
             raise ClosedError(f"{name}: {self.broken}")
-        if self.debug != "off":
+        if self.debug in CHECKING:
             fp = {"op": what, "seq": group.seq, **(agree or {})}
             if self.debug == "detail":
                 fp["site"] = call_site()

@@ -155,6 +155,8 @@ class Call:
         "body",
         "how",
         "mode",
+        "checked",
+        "crc",
     )
 
     def __init__(
@@ -191,6 +193,8 @@ class Call:
         self.body: Callable[..., Any] = _unprepared
         self.how: Any = None
         self.mode = "blocking"
+        self.checked = False  # compared across ranks before it runs (debug "large")
+        self.crc: int | None = None  # its fingerprint's CRC without the sequence number
 
     def piece(self, count: int) -> Call:
         """A copy of this call for a part of its buffer of ``count`` elements (the MPI
@@ -224,6 +228,30 @@ class Call:
     def nbytes(self) -> int:
         """Bytes of this rank's input (of its output where it has no input)."""
         return 0 if self.info is None else self.count * self.info.dtype.itemsize
+
+    def largest_bytes(self) -> int:
+        """Bytes of the largest message this rank could send in this call, bounded by its
+        largest buffer: input, output, all ranks' blocks of a gather or scatter (which MPI's
+        tree algorithms forward through intermediate ranks). The same on every rank of a
+        correct call, except for an uneven all_to_all (whose per-rank totals differ)."""
+        if self.info is None:
+            return 0
+        elements = max(
+            self.count,
+            sum(self.counts[0]),
+            sum(self.send_counts[0]),
+            0 if self.shape is None else math.prod(self.shape),
+            0 if self.out_shape is None else math.prod(self.out_shape),
+        )
+        if self.spec.name in _BLOCKS_PER_RANK and not self.uneven:
+            elements = max(elements, self.count * self.group.size)
+        shape = self.shape if self.shape is not None else self.out_shape
+        if self.sizes is not None and shape:  # the rows of every rank (a gather's too)
+            elements = max(elements, sum(self.sizes) * math.prod(shape[1:]))
+        return elements * self.info.dtype.itemsize
+
+
+_BLOCKS_PER_RANK = frozenset({"gather"})  # the others know every rank's blocks (counts)
 
 
 # ---- shared checks ----------------------------------------------------------------------

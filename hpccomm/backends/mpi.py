@@ -498,12 +498,21 @@ class _ObjectSend:
 
 # Open MPI 5.0.11's single-copy path (smsc/cma, messages above the eager limit) copies a
 # truncated message whole, past the receive buffer: measured, an 8 MiB send into a 4 MiB
-# receive wrote 4 MiB beyond it (a segfault where that memory is unmapped).
+# receive wrote 4 MiB beyond it (a segfault where that memory is unmapped). Within the eager
+# limit the cut is clean; debug "large" keeps longer collective messages from mismatching.
 _TRUNCATED = (
-    "the sender's message was larger than this rank's buffer (a size that differs across "
-    "ranks: debug='check' names it before MPI is called), and Open MPI's single-copy "
-    "transport may have written past the buffer: end the job (OMPI_MCA_smsc=^cma avoids "
-    "that, at a cost for large messages)"
+    "the sender's message was longer than this rank's buffer: a size that differs across "
+    "ranks (debug='check' names it before MPI is called)"
+)
+_TRUNCATED_P2P = (
+    "; a message above Open MPI's eager limit may have been copied past the buffer by its "
+    "single-copy transport: end the job (debug='check' compares the sizes before the data "
+    "moves; OMPI_MCA_smsc=^cma avoids the overwrite, at a cost for large messages)"
+)
+_TRUNCATED_UNCHECKED = (
+    "; with debug='off', or an MPI started before hpccomm.init, a message above Open MPI's "
+    "eager limit may have been copied past the buffer by its single-copy transport: end the "
+    "job"
 )
 
 
@@ -523,6 +532,10 @@ class MPIBackend:
         # every member is creating the group, a rank that never joins a later object
         # transfer cannot freeze this process past its timeout.
         MPI._commctx_intra(self.mpi)
+        # The debug checks' exchanges run on a communicator of their own: a rank checking a
+        # call can never match another rank's data (a mismatch that straddles the ``large``
+        # level's threshold waits, or times out, instead of exchanging wrong bytes).
+        self.checks = self.mpi.Dup()
         self._pkl5: pkl5.Intracomm | None = None
         self._bodies: dict[O.OpSpec, Callable[..., Any]] = {
             O.ALL_REDUCE: self._all_reduce,
@@ -599,7 +612,8 @@ class MPIBackend:
         if isinstance(exc, MPI.Exception) and exc.Get_error_class() in _PROC_FAILED:
             return PeerError(f"{where}: {self.failed_ranks()}; MPI reports {exc}")
         if isinstance(exc, MPI.Exception) and exc.Get_error_class() == MPI.ERR_TRUNCATE:
-            return BackendError(f"{where}: {self.name} failed: {exc}; {_TRUNCATED}")
+            more = _TRUNCATED_P2P if call.spec.p2p else _TRUNCATED_UNCHECKED
+            return BackendError(f"{where}: {self.name} failed: {exc}; {_TRUNCATED}{more}")
         return BackendError(f"{where}: {self.name} failed: {exc}")
 
     # -- point-to-point under the debug check (a header before every message) -----------
@@ -640,15 +654,15 @@ class MPIBackend:
 
     def allgather_int(self, value: int) -> list[int]:
         got = np.empty(self.size, np.int64)
-        self.mpi.Allgather([np.array([value], np.int64), MPI.INT64_T], [got, MPI.INT64_T])
+        self.checks.Allgather([np.array([value], np.int64), MPI.INT64_T], [got, MPI.INT64_T])
         return got.tolist()
 
     def allgather_object(self, obj: Any) -> list[Any]:
-        return self.mpi.allgather(obj)
+        return self.checks.allgather(obj)
 
     def alltoall_ints(self, values: list[int]) -> list[int]:
         got = np.empty(self.size, np.int64)
-        self.mpi.Alltoall([np.array(values, np.int64), MPI.INT64_T], [got, MPI.INT64_T])
+        self.checks.Alltoall([np.array(values, np.int64), MPI.INT64_T], [got, MPI.INT64_T])
         return got.tolist()
 
     def failed_ranks(self) -> str:
@@ -877,5 +891,7 @@ class MPIBackend:
     def free(self) -> None:
         """Free the communicator (idempotent; nothing once MPI is finalized)."""
         self.close()
-        if not MPI.Is_finalized() and self.mpi != MPI.COMM_NULL:
-            self.mpi.Free()
+        if not MPI.Is_finalized():
+            for comm in (self.checks, self.mpi):
+                if comm != MPI.COMM_NULL:
+                    comm.Free()

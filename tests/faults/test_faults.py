@@ -361,31 +361,71 @@ def test_shared_memory_path_with_a_rank_that_never_calls(launch):
     assert not job.crashed()
 
 
-def test_a_larger_broadcast_than_the_buffer_is_named_and_check_prevents_it(launch):
-    """8 MiB from the root into 4 MiB elsewhere: Open MPI's single-copy transport reports
-    MPI_ERR_TRUNCATE after writing past the buffer (a segfault where that memory is
-    unmapped), so the error says to end the job and how to avoid it; under debug='check' the
-    sizes are compared first and nothing reaches MPI."""
+def test_a_larger_broadcast_than_the_buffer_is_refused_by_default(launch):
+    """8 MiB from the root into 4 MiB elsewhere: Open MPI's single-copy transport would copy
+    the message whole, past the 4 MiB buffer (a segfault where that memory is unmapped). By
+    default (debug "large") the sizes are compared first and nothing reaches MPI, as under
+    debug='check'; with debug='off' MPI reports MPI_ERR_TRUNCATE after the overwrite, and
+    the error says to end the job."""
     job = launch(
         2,
         """
         c = hpccomm.init(timeout=20)
         x = np.ones((8 << 20) // 4 if c.rank == 0 else (4 << 20) // 4, np.float32)
+        outcome(c, "level", lambda: c.debug)
+        outcome(c, "default", lambda: c.broadcast(x, 0))
         checked = c.dup()
         checked.debug = "check"
         outcome(c, "checked", lambda: checked.broadcast(x, 0))
-        outcome(c, "plain", lambda: c.broadcast(x, 0))
+        c.all_reduce(np.ones(3))  # the group stays usable after a MismatchError
+        unchecked = c.dup()
+        unchecked.debug = "off"
+        outcome(c, "off", lambda: unchecked.broadcast(x, 0))
         import os
-        os._exit(0)  # rank 1's heap past the buffer is overwritten: no normal teardown
+        os._exit(0)  # rank 1's heap past the buffer may be overwritten: no normal teardown
         """,
     )
+    assert job.of(0, "level")["value"] == "'large'"
     for rank in (0, 1):
-        got = job.of(rank, "checked")
-        assert got["cls"] == "MismatchError", got
-    got = job.of(1, "plain")
+        for name in ("default", "checked"):
+            got = job.of(rank, name)
+            assert got["cls"] == "MismatchError", got
+            assert "shape is (2097152,) on rank 0 but (1048576,) on rank 1" in got["msg"]
+    got = job.of(1, "off")
     assert got["cls"] == "BackendError", got
-    assert got["msg"].startswith(
-        "broadcast #2 on world (rank 1 of 2): mpi failed: MPI_ERR_TRUNCATE"
+    assert got["msg"].startswith("broadcast #1 on world/dup")
+    assert "MPI_ERR_TRUNCATE" in got["msg"] and "debug='check' names it" in got["msg"]
+    assert "may have been copied past the buffer" in got["msg"] and "end the job" in got["msg"]
+
+
+def test_sizes_either_side_of_the_large_threshold_time_out_instead_of_matching(launch):
+    """40,000 bytes on rank 0 (checked: above the threshold) against 20,000 on rank 1 (not
+    checked: every message within the eager limit): the check runs on a communicator of
+    its own, so rank 0 never sends its data into rank 1's smaller buffer; both ranks' calls
+    time out, rank 0's saying that the sizes may differ. Below the threshold a longer
+    message is cut cleanly: MPI_ERR_TRUNCATE and nothing written past the buffer."""
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=3)
+        block = np.zeros(8000, np.uint8)
+        x = block[: 4000 if c.rank == 0 else 2000]
+        x[:] = 1
+        outcome(c, "small", lambda: c.broadcast(x, 0))
+        outcome(c, "past", lambda: int(np.count_nonzero(block[x.size:])))
+        y = np.ones(40000 if c.rank == 0 else 20000, np.uint8)
+        outcome(c, "straddle", lambda: c.broadcast(y, 0))
+        """,
     )
-    assert "may have written past the buffer: end the job" in got["msg"]
-    assert "debug='check' names it" in got["msg"] and "OMPI_MCA_smsc=^cma" in got["msg"]
+    got = job.of(1, "small")
+    assert got["cls"] == "BackendError" and "MPI_ERR_TRUNCATE" in got["msg"], got
+    assert job.of(1, "past")["value"] == "0"
+    for rank in (0, 1):
+        got = job.of(rank, "straddle")
+        assert got["cls"] == "CommTimeoutError", got
+        assert got["msg"].startswith(f"broadcast #2 on world (rank {rank} of 2): not complete")
+        assert 2.5 < got["s"] < 10
+    assert "waits in the check that compares the call" in job.of(0, "straddle")["msg"]
+    assert "the ranks' sizes may differ" in job.of(0, "straddle")["msg"]
+    assert job.rc != 0 and "never completed; aborting the job" in job.stderr
+    assert not job.crashed()

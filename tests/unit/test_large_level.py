@@ -1,0 +1,73 @@
+"""The default debug level "large": its threshold follows the eager limit MPI started with,
+and init raises Open MPI's eager limit between ranks of a node (unless the user set it)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hpccomm import debug
+from hpccomm.errors import InvalidArgumentError
+from hpccomm.runtime import SM_EAGER_LIMIT, tune_open_mpi
+
+
+def test_default_level_is_large(monkeypatch):
+    monkeypatch.delenv(debug.ENV, raising=False)
+    assert debug.level_from(None, "init") == "large"
+    monkeypatch.setenv(debug.ENV, "off")
+    assert debug.level_from(None, "init") == "off"
+    assert debug.level_from("LARGE", "init") == "large"
+    with pytest.raises(InvalidArgumentError, match="off, large, check, detail"):
+        debug.level_from("big", "init")
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({}, 4096 - 1024),  # Open MPI's own default: MPI started before hpccomm.init
+        ({"OMPI_MCA_btl_sm_eager_limit": "32768"}, 32768 - 1024),
+        ({"OMPI_MCA_btl_vader_eager_limit": "8192"}, 8192 - 1024),  # the old name
+        ({"OMPI_MCA_btl_sm_eager_limit": "0x1000"}, 4096 - 1024),
+        ({"OMPI_MCA_btl_sm_eager_limit": "512"}, 0),  # below the headroom: check everything
+        ({"OMPI_MCA_btl_sm_eager_limit": "lots"}, 4096 - 1024),  # Open MPI refuses it anyway
+    ],
+)
+def test_threshold_follows_the_eager_limit(environ, expected):
+    assert debug.large_bytes(environ) == expected
+
+
+def test_tune_sets_the_eager_limit_and_keeps_the_users(monkeypatch):
+    monkeypatch.delitem(sys.modules, "mpi4py.MPI", raising=False)
+    env: dict[str, str] = {}
+    tune_open_mpi(env)
+    assert env == {"OMPI_MCA_op": "^avx", "OMPI_MCA_btl_sm_eager_limit": str(SM_EAGER_LIMIT)}
+    env = {"OMPI_MCA_btl_vader_eager_limit": "8192", "OMPI_MCA_op": "^sve"}
+    tune_open_mpi(env)
+    assert env == {"OMPI_MCA_btl_vader_eager_limit": "8192", "OMPI_MCA_op": "^sve"}
+    env = {"OMPI_MCA_btl_sm_max_send_size": "16384"}  # the limit may not exceed a fragment
+    tune_open_mpi(env)
+    assert env["OMPI_MCA_btl_sm_eager_limit"] == "16384"
+
+
+def test_tune_does_nothing_once_mpi4py_loaded_mpi(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mpi4py.MPI", object())
+    env: dict[str, str] = {}
+    tune_open_mpi(env)
+    assert env == {}
+
+
+def test_init_starts_mpi_with_the_raised_limit():
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    for name in debug.EAGER_ENV + (debug.ENV,):
+        env.pop(name, None)
+    code = (
+        "import os, hpccomm\n"
+        "c = hpccomm.init()\n"
+        "print(os.environ['OMPI_MCA_btl_sm_eager_limit'], c.debug, c._dispatcher.large)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [str(SM_EAGER_LIMIT), "large", str(SM_EAGER_LIMIT - 1024)]
