@@ -14,7 +14,7 @@ instead of matching the other rank's data.
 
 ``check`` compares every collective across the ranks of its group before MPI is called: all
 ranks exchange a fingerprint (op, sequence number, dtype, shape or counts, root, reduce op,
-split sizes) with one 8-byte allgather of its CRC-32; when the CRCs differ, a second
+split sizes) with one 16-byte allreduce comparing its CRC-32; when the CRCs differ, a second
 exchange of the full fingerprints names the field and the ranks that differ, e.g.
 ``all_reduce #12 on world/tp: shape (1024,) on ranks 0,1 but (512,) on rank 2``, and every
 rank raises the same MismatchError. A rank whose validation refused the call takes part too,

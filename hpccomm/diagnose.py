@@ -3,6 +3,7 @@ check of every operation on the job's own ranks, each against a NumPy reference.
 
 from __future__ import annotations
 
+import os
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ import numpy as np
 
 from . import memory
 from .comm import Communicator
+from .debug import EAGER_ENV, large_bytes
 from .dtypes import ReduceOp
 from .errors import HpccommError
 from .ops import P2POp
@@ -33,7 +35,20 @@ def gather_launch(comm: Communicator) -> list[dict] | None:
     info: dict[str, Any] = comm.launch.to_dict() if comm.launch is not None else {"rank": comm.rank}
     info["device"] = comm.device.describe()
     info["memory"] = f"freed memory kept mapped (reuse_memory): {memory.state()}"
+    info["checks"] = _checks(comm)
     return comm.gather_object(info, dst=0)
+
+
+def _checks(comm: Communicator) -> str:
+    """The debug level and, for "large", from which size collectives are compared."""
+    level = comm.debug
+    if level != "large":
+        return f"debug level: {level}"
+    eager = next((os.environ[n] for n in EAGER_ENV if n in os.environ), "Open MPI's default")
+    return (
+        f"debug level: large (collectives above {large_bytes():,} bytes compared across "
+        f"ranks; node eager limit: {eager})"
+    )
 
 
 _COLUMNS = ("rank", "local", "node", "hostname", "launcher", "gpu", "job")
@@ -66,6 +81,7 @@ def format_launch_table(infos: list[dict]) -> str:
     devices = sorted({d["device"] for d in infos if "device" in d})
     lines.extend(devices)
     lines.extend(sorted({d["memory"] for d in infos if "memory" in d}))
+    lines.extend(sorted({d["checks"] for d in infos if "checks" in d}))
     notes = sorted({w for d in infos for w in d.get("warnings", ())})
     lines.extend(f"warning: {w}" for w in notes)
     return "\n".join(lines)

@@ -484,24 +484,23 @@ class Dispatcher:
         """``check``: every rank of the group compares this call's fingerprint before MPI is
         called; a difference raises the same MismatchError on every rank. The fingerprint's
         CRC without the sequence number is kept with the (cached) call."""
-        where_ = call.where(seq)
         base = call.crc
         if base is None:
             base = call.crc = crc_base(fingerprint(call, call.spec.name, seq))
         self._checking = seq
-        crcs = self.backend.allgather_int(with_seq(base, seq))
+        same = self.backend.same_int(with_seq(base, seq))
         self._checking = 0
-        if len(set(crcs)) > 1:
+        if not same:
             fps = self.backend.allgather_object(fingerprint(call, call.spec.name, seq, site))
+            where_ = call.where(seq)
             raise MismatchError(f"{where_}: the ranks' calls differ: {disagreement(fps)}")
         if call.spec.name == "all_to_all" and call.uneven:
-            self.check_splits(call, where_)
+            self.check_splits(call, call.where(seq))
 
     def agree(self, where_: str, fp: dict[str, Any]) -> None:
-        """One 8-byte allgather of the fingerprint's CRC; the full fingerprints only when
-        they differ (every rank sees the same CRCs, so all take the same path)."""
-        crcs = self.backend.allgather_int(crc(fp))
-        if len(set(crcs)) > 1:
+        """One tiny allreduce comparing the fingerprint's CRC; the full fingerprints only
+        when they differ (every rank learns the same outcome, so all take the same path)."""
+        if not self.backend.same_int(crc(fp)):
             fps = self.backend.allgather_object(fp)
             raise MismatchError(f"{where_}: the ranks' calls differ: {disagreement(fps)}")
 

@@ -536,6 +536,10 @@ class MPIBackend:
         # call can never match another rank's data (a mismatch that straddles the ``large``
         # level's threshold waits, or times out, instead of exchanging wrong bytes).
         self.checks = self.mpi.Dup()
+        # the check's buffers, made once (a group's calls never check concurrently)
+        self._mine = np.zeros(2, np.int64)
+        self._most = np.zeros(2, np.int64)
+        self._check_args = ([self._mine, MPI.INT64_T], [self._most, MPI.INT64_T], MPI.MAX)
         self._pkl5: pkl5.Intracomm | None = None
         self._bodies: dict[O.OpSpec, Callable[..., Any]] = {
             O.ALL_REDUCE: self._all_reduce,
@@ -652,10 +656,14 @@ class MPIBackend:
 
     # -- small exchanges for the debug checks -------------------------------------------
 
-    def allgather_int(self, value: int) -> list[int]:
-        got = np.empty(self.size, np.int64)
-        self.checks.Allgather([np.array([value], np.int64), MPI.INT64_T], [got, MPI.INT64_T])
-        return got.tolist()
+    def same_int(self, value: int) -> bool:
+        """Whether every rank passed the same value: one allreduce (MAX) of (v, -v)."""
+        mine = self._mine
+        mine[0] = value
+        mine[1] = -value
+        self.checks.Allreduce(*self._check_args)
+        most = self._most
+        return bool(most[0] == -most[1])
 
     def allgather_object(self, obj: Any) -> list[Any]:
         return self.checks.allgather(obj)

@@ -17,13 +17,13 @@ def exchanges(comm):
     """The debug-check exchanges this communicator's calls make (a list that grows)."""
     backend = comm._dispatcher.backend
     seen: list[int] = []
-    original = backend.allgather_int
+    original = backend.same_int
 
     def counted(value):
         seen.append(value)
         return original(value)
 
-    backend.allgather_int = counted
+    backend.same_int = counted
     return seen
 
 

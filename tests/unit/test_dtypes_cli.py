@@ -81,6 +81,8 @@ def test_cli_reports_bad_environment(monkeypatch, capsys):
 
 
 def test_info_table_under_mpiexec_4_ranks(mpiexec, venv_bin, mpi_env):
+    for name in ("HPCCOMM_DEBUG", "OMPI_MCA_btl_sm_eager_limit", "OMPI_MCA_btl_vader_eager_limit"):
+        mpi_env.pop(name, None)
     out = subprocess.run(
         [mpiexec, "--oversubscribe", "-n", "4", str(venv_bin / "hpccomm"), "info"],
         capture_output=True,
@@ -95,6 +97,10 @@ def test_info_table_under_mpiexec_4_ranks(mpiexec, venv_bin, mpi_env):
     assert [r[0] for r in rows] == ["0", "1", "2", "3"]
     assert sorted(r[1] for r in rows) == ["0/4", "1/4", "2/4", "3/4"]
     assert {r[2] for r in rows} == {"0/1"} and {r[4] for r in rows} == {"openmpi"}
+    assert (
+        "debug level: large (collectives above 31,744 bytes compared across ranks; node "
+        "eager limit: 32768)" in lines
+    )
 
 
 @pytest.mark.usefixtures("mpiexec")  # skips without one
