@@ -638,7 +638,7 @@ class Communicator:
         that: :meth:`zeros` says it.
 
         A call takes the symmetric path when every rank passes its array (or the same
-        C-contiguous part of it) from the same ``empty`` call, from 64 KiB of input
+        C-contiguous part of it) from the same ``empty`` call, from 256 KiB of input
         (``HPCCOMM_SHM_THRESHOLD`` when set); ranks passing different buffers get a
         MismatchError. Between the call's two barriers another rank may read and write
         this rank's array: do not touch it until the call has returned (or its Work has

@@ -82,7 +82,7 @@ DEFAULT_RANGES = {"reduce_scatter": (1 << 20, NEVER), "all_reduce": (256 << 10, 
                   "pair": (NEVER, NEVER)}  # fmt: skip
 DEFAULT_CHUNK = 1 << 20  # bytes of the array per chunk
 # symmetric buffers: calls on them take the path from this size of input (measured: README)
-SYM_MIN = 64 << 10
+SYM_MIN = 256 << 10
 SYM_PIECE = 256 << 10  # bytes each rank reduces at a time from symmetric buffers (in cache)
 SHM_DIR = "/dev/shm"
 
