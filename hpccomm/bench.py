@@ -213,6 +213,7 @@ class BenchOptions:
     rounds: int = 5
     group: str | None = None
     device: bool = False
+    symmetric: bool = False  # reductions' inputs from comm.empty (symmetric buffers)
     peers: list[str] = field(default_factory=list)
     progress: TextIO | None = None
 
@@ -707,6 +708,8 @@ def _run(world: Any, raw_world: Any, opts: BenchOptions, me: int, n: int) -> dic
                 if case.nbytes == last:  # rounded to the same element count as the last size
                     continue
                 last = case.nbytes
+                if opts.symmetric and op in _SYMMETRIC and case.x is not None and xp is np:
+                    case.x = hp.zeros(case.x.shape, dtype)  # collective: every rank is here
                 _say(opts, f"\rbench: {op} {_human(case.nbytes)} ({done}/{total}), "
                      f"{time.perf_counter() - started:.0f} s", end="")  # fmt: skip
                 row = _measure(case, group, gloo, sides, opts, raw_world, sync, notes)
@@ -722,6 +725,10 @@ def _run(world: Any, raw_world: Any, opts: BenchOptions, me: int, n: int) -> dic
     if me != 0:
         return None
     return _document(world, opts, results, everyone, dim, notes, sorted(set(hosts)))
+
+
+# the ops whose input --symmetric takes from comm.zeros (the peers use the same arrays)
+_SYMMETRIC = ("all_reduce", "reduce", "reduce_scatter")
 
 
 def _nothing() -> None:
@@ -903,7 +910,9 @@ def format_table(doc: dict[str, Any]) -> str:
         f"# hpccomm bench: {doc['ranks']} ranks, {doc['mpi']}",
         f"# {','.join(o['ops'])}, -d {o['dtype']}, -r {o['redop']}, -n {o['iters'] or 'auto'}, "
         f"-w {o['warmup']}, -c {int(o['check'])}, time = {doc['average']} over ranks of the "
-        f"mean of n calls, median of {o['rounds']} rounds" + (", --device" if o["device"] else ""),
+        f"mean of n calls, median of {o['rounds']} rounds"
+        + (", --device" if o["device"] else "")
+        + (", --symmetric" if o.get("symmetric") else ""),
     ]
     if peers:
         lines.append(

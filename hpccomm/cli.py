@@ -150,6 +150,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         group=args.group,
         device=args.device,
+        symmetric=args.symmetric,
         peers=args.peer or [],
         progress=None if args.quiet else sys.stderr,
     ).normalized()  # a bad flag fails here, before MPI starts
@@ -302,6 +303,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="run on every group of a layout dimension at once: tp=2, or tp=2,pp=2:pp",
     )
     p.add_argument("--device", action="store_true", help="CuPy arrays (NCCL or the MPI path)")
+    p.add_argument(
+        "--symmetric",
+        action="store_true",
+        help="reductions on symmetric buffers (comm.empty; the mpi4py peer uses them too)",
+    )
     p.add_argument(
         "--peer",
         action="append",

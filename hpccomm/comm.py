@@ -19,12 +19,14 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
+
 from .backends.shm import ShmBackend
 from .cuda_aware import CPU_ONLY, DeviceConfig
 from .debug import level_from
 from .dispatch import Dispatcher
-from .dtypes import ReduceOp
-from .errors import ClosedError, HpccommError, InvalidArgumentError, where
+from .dtypes import ReduceOp, dtype_info
+from .errors import ClosedError, HpccommError, InvalidArgumentError, MismatchError, where
 from .layout import Layout
 from .notices import NoticeBoard
 from .ops import (
@@ -147,7 +149,7 @@ class Communicator:
         )
         self._dispatch = self._dispatcher.dispatch
         # large host reductions among ranks of one node: shared memory (HPCCOMM_SHM=0: off)
-        self._dispatcher.shm = ShmBackend.for_group(backend, nodes.num_nodes)
+        self._dispatcher.shm = ShmBackend.for_group(backend, nodes)
         devices.attach(self._dispatcher)  # NCCL creation: a bounded step of the group
         self._notices = notices
         self._dispatcher.notices = notices
@@ -621,6 +623,86 @@ class Communicator:
     def recv_object(self, src: int | None = None, *, tag: int | None = 0) -> Any:
         """Receive an object from ``src`` (None: any source)."""
         return self._dispatch(RECV_OBJECT, None, peer=src, tag=tag)
+
+    # -- symmetric buffers ----------------------------------------------------------------
+
+    def empty(self, shape: int | Sequence[int], dtype: Any = np.float32) -> np.ndarray:
+        """A symmetric buffer: a NumPy array in memory the group's ranks share, so that
+        ``all_reduce``, ``reduce`` and ``reduce_scatter`` on it need no copy in (peers read
+        it in place) and ``all_reduce`` writes its result straight into every rank's array.
+
+        All ranks of the group must call this, in the same order, with the same shape and
+        dtype. The group must be on one node with the shared-memory path on; otherwise
+        (several nodes, ``HPCCOMM_SHM=0``, a rank that cannot map the memory: the same on
+        every rank) it returns an ordinary array, on which every operation works as usual
+        (:meth:`is_symmetric` tells). The contents are zero (fresh pages), but do not rely on
+        that: :meth:`zeros` says it.
+
+        A call takes the symmetric path when every rank passes its array (or the same
+        C-contiguous part of it) from the same ``empty`` call, from 256 KiB of input
+        (``HPCCOMM_SHM_THRESHOLD`` when set); ranks passing different buffers get a
+        MismatchError. Between the call's two barriers another rank may read and write
+        this rank's array: do not touch it until the call has returned (or its Work has
+        completed). The memory lives as long as the array or any view of it; after
+        :meth:`free` the array stays valid, an ordinary array no longer shared by calls.
+
+        Args:
+            shape: the array's shape.
+            dtype: a dtype hpccomm reduces (default float32).
+
+        Returns:
+            this rank's array (symmetric when the group can share memory).
+
+        Raises:
+            DtypeError: an unsupported dtype.
+            MismatchError: the ranks asked for different shapes or dtypes (on every rank).
+
+        Example (2 ranks): ``x = comm.empty(1 << 20); x[:] = rank; comm.all_reduce(x)``:
+        both ranks' ``x`` hold 1.0 everywhere.
+        """
+        self._check_open("empty")
+        here = where("empty", self.rank, self.size)
+        dt = np.dtype(dtype)
+        dtype_info(dt, here, "dtype")
+        dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        if not all(isinstance(d, (int, np.integer)) and d >= 0 for d in dims):
+            raise InvalidArgumentError(f"{here}: shape is {shape!r}, expected integers >= 0")
+        dims = tuple(int(d) for d in dims)
+        shm = self._shm()
+        mpi = self._backend.mpi
+
+        def job() -> np.ndarray | None:
+            asked = mpi.allgather((dims, dt.name))
+            if any(a != asked[0] for a in asked):
+                wants = "; ".join(f"rank {r}: {a[0]} {a[1]}" for r, a in enumerate(asked))
+                raise MismatchError(
+                    f"{here}: the ranks ask for different arrays ({wants}); expected the "
+                    f"same shape and dtype on every rank"
+                )
+            return None if shm is None else shm.allocate(here, dims, dt)
+
+        made = self._dispatcher.collective(
+            "empty", job, agree={"shape": list(dims), "dtype": dt.name}
+        )
+        if made is None:
+            return np.zeros(dims, dt)
+        self._dispatcher.cache.clear()  # calls of any description may now take the path
+        return made
+
+    def zeros(self, shape: int | Sequence[int], dtype: Any = np.float32) -> np.ndarray:
+        """:meth:`empty`, filled with zeros (free: its memory is fresh pages). Collective,
+        like :meth:`empty`."""
+        return self.empty(shape, dtype)
+
+    def is_symmetric(self, array: Any) -> bool:
+        """True when ``array`` (a C-contiguous NumPy array) lies in this rank's part of one
+        of this group's symmetric buffers (:meth:`empty`). Local: no communication."""
+        shm = self._shm()
+        return not self._freed and shm is not None and shm.locate(array) is not None
+
+    def _shm(self) -> ShmBackend | None:
+        shm = self._dispatcher.shm
+        return shm if isinstance(shm, ShmBackend) else None
 
     # -- groups -------------------------------------------------------------------------
 

@@ -57,13 +57,14 @@ from __future__ import annotations
 import mmap
 import os
 import uuid
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from .. import ops as O
-from ..dtypes import SUPPORTED_DTYPES
+from ..dtypes import SUPPORTED_DTYPES, ReduceOp
 from ..errors import ClosedError, HpccommError, InvalidArgumentError, MismatchError
 from ..ops import Call
 from ..switches import switch
@@ -80,6 +81,9 @@ NEVER = 2**63  # a size no call reaches
 DEFAULT_RANGES = {"reduce_scatter": (1 << 20, NEVER), "all_reduce": (256 << 10, 8 << 20),
                   "pair": (NEVER, NEVER)}  # fmt: skip
 DEFAULT_CHUNK = 1 << 20  # bytes of the array per chunk
+# symmetric buffers: calls on them take the path from this size of input (measured: README)
+SYM_MIN = 256 << 10
+SYM_PIECE = 256 << 10  # bytes each rank reduces at a time from symmetric buffers (in cache)
 SHM_DIR = "/dev/shm"
 
 _HEADER = 128  # bytes per header slot (two slots per rank)
@@ -241,23 +245,46 @@ class ShmBackend:
 
     name = "shm"
 
-    def __init__(self, host: Any, threshold: int | None, chunk: int) -> None:
+    def __init__(
+        self,
+        host: Any,
+        threshold: int | None,
+        chunk: int,
+        *,
+        node: tuple[int, int, int] | None = None,
+    ) -> None:
         self.host = host  # the group's MPIBackend: its communicator, barriers, fallback
-        self.rank: int = host.rank
-        self.size: int = host.size
+        # A group spanning nodes (``node``: this rank's node index, local rank and local
+        # size) runs all_reduce hierarchically: shared memory among the node's ranks, MPI
+        # among the ranks holding the same slice on every node (``cross``). Both
+        # communicators are made by the first call (see _ensure).
+        self.hier = node
+        self.rank: int = host.rank if node is None else node[1]
+        self.size: int = host.size if node is None else node[2]
+        self.node: Any = host if node is None else None  # the segment's ranks (MPIBackend)
+        self.cross: Any = None
         self.ranges: dict[O.OpSpec, tuple[int, int]]
-        if threshold is None:
+        if node is not None:  # not measured across real nodes: only with a threshold
+            self.ranges = dict.fromkeys(_SPECS, (NEVER, NEVER))
+            self.ranges[O.ALL_REDUCE] = (NEVER if threshold is None else threshold, NEVER)
+        elif threshold is None:
             reducing = DEFAULT_RANGES["all_reduce" if host.size >= 3 else "pair"]
             self.ranges = {O.ALL_REDUCE: reducing, O.REDUCE: reducing,
                            O.REDUCE_SCATTER: DEFAULT_RANGES["reduce_scatter"]}  # fmt: skip
         else:
             self.ranges = dict.fromkeys(_SPECS, (threshold, NEVER))
+        # symmetric buffers (allocate): from this size of input their calls take the path
+        self.sym_min = SYM_MIN if threshold is None else threshold
         self.chunk = chunk
         self.calls = 0
+        self.sym_calls = 0  # calls that ran on symmetric buffers (no copy in)
         self.tick = 0  # chunks run so far (alike on every rank): picks the buffers
         self.segment: _Segment | None = None
         self.failed: str | None = None  # why the segment could not be made (then MPI runs)
         self.closed = False
+        self.allocs: dict[int, _Allocation] = {}  # live symmetric allocations, by id
+        self.allocated = 0  # allocations made so far (alike on every rank): their ids
+        self._scratch: dict[np.dtype, tuple[np.ndarray, np.ndarray]] = {}
         self._bodies: dict[O.OpSpec, Callable[..., Any]] = {
             O.ALL_REDUCE: self._all_reduce,
             O.REDUCE: self._all_reduce,
@@ -265,32 +292,49 @@ class ShmBackend:
         }
 
     @classmethod
-    def for_group(cls, host: Any, num_nodes: int) -> ShmBackend | None:
-        """The fast path of a group on one node with at least two ranks, unless turned off."""
+    def for_group(cls, host: Any, nodes: Any) -> ShmBackend | None:
+        """The fast path of a group with at least two ranks, unless turned off: on one node
+        the shared-memory path; across nodes (``nodes``: the rank's NodeInfo) the
+        hierarchical all_reduce, which the first call checks (every node the same number
+        of ranks, at least two) before it runs."""
         s = settings()
-        if not s.enabled or num_nodes != 1 or host.size < 2 or s.chunk // 16 < host.size:
+        if not s.enabled or host.size < 2:
             return None
-        return cls(host, s.threshold, s.chunk)
+        if nodes.num_nodes == 1:
+            if s.chunk // 16 < host.size:
+                return None
+            return cls(host, s.threshold, s.chunk)
+        node = (nodes.node_index, nodes.local_rank, nodes.local_size)
+        return cls(host, s.threshold, s.chunk, node=node)
 
     # -- the interface ------------------------------------------------------------------
 
     def supports(self, call: Call) -> bool:
+        """A host reduction this path serves, of a size in its range; once the group has
+        symmetric buffers (allocate), also every such call from ``sym_min`` bytes: the body
+        then runs calls on symmetric buffers here and hands the others to MPI."""
         info = call.info
         return (
             call.device is None
             and call.spec in self._bodies
             and info is not None
-            and self.ranges[call.spec][0] <= call.nbytes <= self.ranges[call.spec][1]
+            and (self._copies(call) or (self.allocated > 0 and call.nbytes >= self.sym_min))
             and (info.category, call.redop.name) in _UFUNCS
             and self.failed is None
         )
+
+    def _copies(self, call: Call) -> bool:
+        """True when the call's size is in the copy path's range."""
+        lo, hi = self.ranges[call.spec]
+        return lo <= call.nbytes <= hi
 
     def prepare(self, call: Call) -> None:
         self.host.prepare(call)  # refuses what MPI refuses (the fallback prepares again)
         call.backend = self
         call.body = self._bodies[call.spec]
         call.mode = "blocking"
-        call.how = _Plan(call, self.size, self.rank, self.chunk)
+        call.how = _Plan(call, self.size, self.rank, self.chunk, self._copies(call),
+                         self.host.size)  # fmt: skip
 
     def error(self, call: Call, seq: int, exc: BaseException) -> HpccommError:
         return self.host.error(call, seq, exc)
@@ -300,65 +344,51 @@ class ShmBackend:
         A call still queued behind a stuck one then raises instead of making a new one."""
         self.segment = None
         self.closed = True
+        self.allocs = {}  # the arrays handed out keep their memory (their views map it)
 
     # -- the segment --------------------------------------------------------------------
 
     def _barrier(self) -> None:
         self.host.mpi.Barrier()
 
-    def _ensure(self, call: Call) -> _Segment | None:
+    def _ensure(self, call: Any) -> _Segment | None:
         """The segment, made on the first call (collective: every rank's first fast-path
-        call is the same call). None when some rank could not map it: the group then stays
-        on MPI (every rank learns it from the same allgather)."""
+        call is the same call, or the same allocate). None when some rank could not map it:
+        the group then stays on MPI (every rank learns it from the same allgather). Across
+        nodes the first call also checks the layout and makes the node's and the cross-node
+        communicators."""
         seg = self.segment
         if seg is not None or self.failed is not None:
             return seg
         if self.closed:
             raise ClosedError(f"{call}: communicator {call.group.name} already freed")
-        mpi = self.host.mpi
+        if self.hier is not None and self.node is None:
+            index, local_rank, _ = self.hier
+            sizes = self.host.mpi.allgather(self.size)
+            if len(set(sizes)) > 1 or sizes[0] < 2 or self.chunk // 16 < sizes[0]:
+                self.failed = f"ranks per node {sizes}: not the same on every node, or < 2"
+                return None
+            self.node = self.host.split(index, local_rank)
+            self.cross = self.host.split(local_rank, index)
         total = _Segment.nbytes(self.size, self.chunk)
-        path = None
-        why = ""
-        if self.rank == 0:
-            path = os.path.join(SHM_DIR, f"hpccomm-{os.getpid()}-{uuid.uuid4().hex[:12]}")
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-                try:
-                    os.posix_fallocate(fd, 0, total)  # ENOSPC here, not SIGBUS on first touch
-                finally:
-                    os.close(fd)
-            except OSError as exc:
-                why = f"could not create {path} ({total} bytes): {exc}"
-                if os.path.exists(path):
-                    os.unlink(path)
-                path = None
-        path = mpi.bcast(path, root=0)
-        mm = None
-        if path is not None:
-            try:
-                fd = os.open(path, os.O_RDWR)
-                try:
-                    mm = mmap.mmap(fd, total)
-                finally:
-                    os.close(fd)
-            except OSError as exc:
-                why = f"could not map {path}: {exc}"
-        reasons = mpi.allgather(why if mm is None else "")
-        if self.rank == 0 and path is not None:
-            try:
-                os.unlink(path)  # every rank has mapped it (or given up): nothing leaks
-            except OSError:
-                pass
-        bad = [f"rank {r}: {w}" for r, w in enumerate(reasons) if w]
-        if bad or mm is None:
-            self.failed = "; ".join(bad) or "no segment"
+        mm, why = _map_shared(self.node.mpi, self.rank, total)
+        if self.hier is not None:  # every node must have its segment, or none runs
+            whys = self.host.mpi.allgather(why)
+            why = "; ".join(f"rank {r}: {w}" for r, w in enumerate(whys) if w)
+            if why:
+                mm = None
+        if mm is None:
+            self.failed = why or "no segment"
             return None
         seg = self.segment = _Segment(mm, self.size, self.chunk)
         return seg
 
     def _fallback(self, call: Call, x: Any, out: Any, stream: Any) -> Any:
-        plain = call.piece(call.count)
-        self.host.prepare(plain)
+        plan: _Plan = call.how
+        plain = plan.plain
+        if plain is None:
+            plain = plan.plain = call.piece(call.count)
+            self.host.prepare(plain)
         return plain.body(plain, x, out, stream)
 
     # -- the header check -----------------------------------------------------------------
@@ -373,13 +403,14 @@ class ShmBackend:
         # and buffers, which no rank reads any more
 
         def show(row: list[int]) -> str:
-            spec, dt, op, count, root, blocks, tick = row
+            spec, dt, op, count, root, blocks, sym, off, tick = row
             name = _SPECS[spec].name if 0 <= spec < len(_SPECS) else f"op {spec}"
             dtype = list(SUPPORTED_DTYPES)[dt].name if 0 <= dt < len(SUPPORTED_DTYPES) else dt
             opname = list(_OP_CODES)[op] if 0 <= op < len(_OP_CODES) else op
             where = f" to {root}" if root >= 0 else ""
             sizes = f", blocks #{blocks:x}" if blocks else ""
-            return f"{name}{where} of {count} {dtype} ({opname}{sizes}, chunk tick {tick})"
+            buf = f"symmetric buffer {sym} at byte {off}" if sym else "an ordinary array"
+            return f"{name}{where} of {count} {dtype} ({opname}{sizes}, {buf}, chunk tick {tick})"
 
         diff = "; ".join(f"rank {r}: {show(row)}" for r, row in enumerate(rows.tolist()))
         raise MismatchError(
@@ -387,23 +418,130 @@ class ShmBackend:
             f"was reduced"
         )
 
-    def _start(self, seg: _Segment, call: Call, plan: _Plan) -> tuple[int, np.ndarray]:
-        """Write this call's header (its description and the tick) into this rank's slot."""
+    def _start(
+        self, seg: _Segment, call: Call, plan: _Plan, sym: int = 0, off: int = -1
+    ) -> tuple[int, np.ndarray]:
+        """Write this call's header (its description, the symmetric buffer and offset, and
+        the tick) into this rank's slot."""
         tick = self.tick
         mine = plan.words.copy()
-        mine[-1] = tick
+        mine[-3:] = (sym, off, tick)
         seg.headers[self.rank, tick % 2, : mine.size] = mine
         return tick, mine
+
+    # -- symmetric buffers ----------------------------------------------------------------
+
+    def allocate(self, call: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+        """A symmetric buffer: collective over the group (one node). Every rank gets an
+        array of ``shape`` and ``dtype`` in one new shared file that every rank maps whole,
+        so each rank can read and write every rank's array; None on every rank when the
+        group spans nodes or some rank could not map it (the caller then hands out an
+        ordinary array). ``call`` names the step in errors. The memory is zero-filled."""
+        if self.hier is not None or self._ensure(call) is None:
+            return None
+        count = int(np.prod(shape, dtype=np.int64))
+        region = max(4096, _round_up(count * dtype.itemsize, 4096))
+        mm, _ = _map_shared(self.node.mpi, self.rank, region * self.size)
+        if mm is None:
+            return None
+        self.allocated += 1  # alike on every rank: the allocation's id
+        alloc = _Allocation(self.allocated, mm, self.size, region, self.rank)
+        # an array of its own (not a view of alloc.raws): the base of every view of it
+        mine = np.frombuffer(mm, dtype, count, self.rank * region)
+        self.allocs[alloc.id] = alloc
+        # the array and its views keep the mapping; when the last is gone, so is the entry
+        weakref.finalize(mine, self.allocs.pop, alloc.id, None)
+        return mine.reshape(shape)
+
+    def locate(self, x: Any) -> tuple[_Allocation, int] | None:
+        """(allocation, byte offset) of a C-contiguous NumPy array lying inside this rank's
+        part of one of the group's symmetric buffers; None otherwise."""
+        if not self.allocs or type(x) is not np.ndarray or not x.flags.c_contiguous:
+            return None
+        return self._locate(x)
+
+    def _locate(self, x: np.ndarray) -> tuple[_Allocation, int] | None:
+        addr = x.ctypes.data
+        for alloc in self.allocs.values():
+            off = addr - alloc.start
+            if 0 <= off and off + x.nbytes <= alloc.region:
+                return alloc, off
+        return None
+
+    def _symmetric(
+        self, call: Call, x: np.ndarray, out: Any, seg: _Segment, alloc: _Allocation, off: int
+    ) -> Any:
+        """A call on symmetric buffers: no copy in, no segment chunks. Barrier (every rank's
+        buffer holds its input); rank r reduces its part straight from every rank's buffer,
+        a piece (in cache) at a time, in the order rank 0, 1, ..., p-1, and writes each
+        piece of the result into every rank's buffer (all_reduce), the destination's
+        (reduce) or its output (reduce_scatter); barrier (every result written; nobody
+        reads a buffer any more, so the caller may overwrite it). Only rank r reads or
+        writes part r of any buffer between the barriers."""
+        self.sym_calls += 1
+        plan: _Plan = call.how
+        arrays = alloc.arrays(off, x.dtype, x.size)
+        parts = plan.parts
+        if parts is None:
+            parts = plan.parts = _symmetric_parts(call, self.size, self.rank)
+        acc, tmp = self._scratch_for(x.dtype)
+        tick, mine = self._start(seg, call, plan, alloc.id, off)
+        with np.errstate(all="ignore"):
+            self._barrier()
+            self._check(seg, call, mine, tick % 2)
+            if call.spec is O.REDUCE_SCATTER:
+                dest = out.reshape(-1)
+                for src, dst in parts:
+                    into = dest[dst]
+                    _fold_from(plan, arrays, src, into, tmp[: dst.stop - dst.start])
+                    _finish(plan, into)
+            else:
+                targets = arrays if call.spec is O.ALL_REDUCE else [arrays[call.peer]]
+                for src, _ in parts:
+                    m = src.stop - src.start
+                    a = acc[:m]
+                    _fold_from(plan, arrays, src, a, tmp[:m])
+                    _finish(plan, a)
+                    for t in targets:
+                        np.copyto(t[src], a)
+            self._barrier()
+        self.tick = tick + 1
+        return out if call.spec is O.REDUCE_SCATTER else x
+
+    def _scratch_for(self, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+        """Two private arrays of one piece (the accumulator and PREMUL_SUM's scaled input)."""
+        got = self._scratch.get(dtype)
+        if got is None:
+            n = max(1, SYM_PIECE // dtype.itemsize)
+            got = self._scratch[dtype] = (np.empty(n, dtype), np.empty(n, dtype))
+        return got
+
+    def _cross_call(self, call: Call) -> Call:
+        """The cross-node all_reduce of a slice: the same call, prepared on the cross
+        communicator, with AVG and PREMUL_SUM summing (scaling happened at copy-in, the
+        division comes after)."""
+        cross = call.piece(call.count)
+        if call.redop.name in ("AVG", "PREMUL_SUM"):
+            cross.redop = ReduceOp.SUM
+        self.cross.prepare(cross)
+        return cross
 
     # -- bodies ---------------------------------------------------------------------------
 
     def _all_reduce(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> np.ndarray:
         """all_reduce and reduce (only ``call.peer`` copies the result out)."""
+        plan: _Plan = call.how
+        found = self._locate(x) if self.allocs else None
+        if found is None and not plan.copies:
+            return self._fallback(call, x, out, stream)
         seg = self._ensure(call)
         if seg is None:
             return self._fallback(call, x, out, stream)
+        if found is not None:
+            return self._symmetric(call, x, out, seg, *found)
         self.calls += 1
-        plan: _Plan = call.how
+        if self.cross is not None and plan.cross is None:
+            plan.cross = self._cross_call(call)
         flat = x.reshape(-1)
         inputs, results = seg.views(x.dtype)
         mine_in, mine_res = inputs[self.rank], results[self.rank]
@@ -421,7 +559,9 @@ class ShmBackend:
                     # reduce chunk k: this rank's slice, ranks in order 0, 1, ..., p-1
                     b = (tick + k) % 2
                     lo_hi = plan.mine[k]
-                    _fold(plan, inputs, b, lo_hi, mine_res[b][: lo_hi.stop - lo_hi.start])
+                    acc = mine_res[b][: lo_hi.stop - lo_hi.start]
+                    _fold(plan, inputs, b, lo_hi, acc)
+                    _finish(plan, acc)
                 # copy in chunk k+1
                 if k + 1 < chunks:
                     src, m = plan.copy_in[k + 1]
@@ -435,11 +575,16 @@ class ShmBackend:
     def _reduce_scatter(self, call: Call, x: np.ndarray, out: np.ndarray, stream: Any) -> Any:
         """Rank r reduces block r (``call.counts``: elements and offsets per rank) of every
         rank's input, a piece of every block per chunk, straight into its output."""
+        plan: _Plan = call.how
+        found = self._locate(x) if self.allocs else None
+        if found is None and not plan.copies:
+            return self._fallback(call, x, out, stream)
         seg = self._ensure(call)
         if seg is None:
             return self._fallback(call, x, out, stream)
+        if found is not None:
+            return self._symmetric(call, x, out, seg, *found)
         self.calls += 1
-        plan: _Plan = call.how
         flat = x.reshape(-1)
         dest = out.reshape(-1)
         inputs, _ = seg.views(x.dtype)
@@ -456,6 +601,7 @@ class ShmBackend:
                     if reduced is not None:
                         dst, lo_hi = reduced
                         _fold(plan, inputs, (tick + k) % 2, lo_hi, dest[dst])
+                        _finish(plan, dest[dst])
                 if k + 1 < chunks:
                     area = mine_in[(tick + k + 1) % 2]
                     for src, dst in plan.copy_in[k + 1]:
@@ -464,17 +610,131 @@ class ShmBackend:
         return out
 
 
+def _map_shared(mpi: Any, rank: int, total: int) -> tuple[Any, str]:
+    """Collective over ``mpi``: rank 0 creates a file of ``total`` bytes in /dev/shm (sized
+    with ``posix_fallocate``: ENOSPC here, not SIGBUS on first touch; zero-filled), every rank
+    maps it, rank 0 unlinks it once all have (nothing leaks; the mappings stay). Returns the
+    mapping, or None on every rank with the reasons when some rank failed."""
+    path = None
+    why = ""
+    if rank == 0:
+        path = os.path.join(SHM_DIR, f"hpccomm-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, total)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            why = f"could not create {path} ({total} bytes): {exc}"
+            if os.path.exists(path):
+                os.unlink(path)
+            path = None
+    path = mpi.bcast(path, root=0)
+    mm = None
+    if path is not None:
+        try:
+            fd = os.open(path, os.O_RDWR)
+            try:
+                mm = mmap.mmap(fd, total)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            why = f"could not map {path}: {exc}"
+    reasons = mpi.allgather(why if mm is None else "")
+    if rank == 0 and path is not None:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    bad = "; ".join(f"rank {r}: {w}" for r, w in enumerate(reasons) if w)
+    if bad or mm is None:
+        if mm is not None:
+            mm.close()  # nothing exported yet
+        return None, bad or "no segment"
+    return mm, ""
+
+
+class _Allocation:
+    """One symmetric buffer: every rank's region of the shared file (``raws``, bytes), this
+    rank's region's address range, and typed views of the parts calls have used."""
+
+    __slots__ = ("id", "raws", "start", "region", "views")
+
+    def __init__(self, ident: int, mm: Any, size: int, region: int, rank: int) -> None:
+        self.id = ident
+        self.region = region
+        self.raws = [np.frombuffer(mm, np.uint8, region, r * region) for r in range(size)]
+        self.start: int = self.raws[rank].ctypes.data
+        self.views: dict[tuple[int, np.dtype, int], list[np.ndarray]] = {}
+
+    def arrays(self, off: int, dtype: np.dtype, count: int) -> list[np.ndarray]:
+        """Every rank's ``count`` elements of ``dtype`` at byte ``off`` of its region."""
+        key = (off, dtype, count)
+        got = self.views.get(key)
+        if got is None:
+            if len(self.views) >= 64:
+                self.views.clear()
+            end = off + count * dtype.itemsize
+            got = self.views[key] = [raw[off:end].view(dtype) for raw in self.raws]
+        return got
+
+
+def _symmetric_parts(call: Call, size: int, rank: int) -> list[tuple[slice, slice]]:
+    """The pieces this rank reduces from symmetric buffers: (elements of the buffers, the
+    same piece's place in the output). all_reduce/reduce: part ``rank`` of the array (cut as
+    the copy path cuts a chunk, on cache lines); reduce_scatter: block ``rank``."""
+    itemsize = call.dtype_info().dtype.itemsize
+    piece = max(1, SYM_PIECE // itemsize)
+    if call.spec is O.REDUCE_SCATTER:
+        counts, displs = call.counts
+        lo, hi, base = displs[rank], displs[rank] + counts[rank], displs[rank]
+    else:
+        align = max(1, _ALIGN // itemsize)
+        n = call.count
+        cuts = [0] + [(r * n // size) // align * align for r in range(1, size)] + [n]
+        lo, hi, base = cuts[rank], cuts[rank + 1], 0
+    return [
+        (slice(t, min(t + piece, hi)), slice(t - base, min(t + piece, hi) - base))
+        for t in range(lo, hi, piece)
+    ]
+
+
 def _fold(
     plan: _Plan, inputs: list[list[np.ndarray]], b: int, part: slice, acc: np.ndarray
 ) -> None:
     """Reduce ``part`` of buffer ``b`` over every rank's input into ``acc``, in the fixed
-    order rank 0, 1, ..., p-1 (then AVG's division), with ufuncs writing into ``acc``."""
+    order rank 0, 1, ..., p-1, with ufuncs writing into ``acc`` (AVG: see _finish)."""
     f = plan.f
     f(inputs[0][b][part], inputs[1][b][part], out=acc)
     for j in range(2, len(inputs)):
         f(acc, inputs[j][b][part], out=acc)
+
+
+def _fold_from(plan: _Plan, arrays: list[np.ndarray], part: slice, acc: np.ndarray,
+               tmp: np.ndarray) -> None:  # fmt: skip
+    """Reduce ``part`` of every rank's symmetric buffer into ``acc``, in the fixed order
+    rank 0, 1, ..., p-1, as _copy_in + _fold do (PREMUL_SUM scales each input into ``tmp``,
+    rounded to the dtype), so the result is bitwise the copy path's."""
+    f, factor = plan.f, plan.factor
+    if factor is None:
+        f(arrays[0][part], arrays[1][part], out=acc)
+        for j in range(2, len(arrays)):
+            f(acc, arrays[j][part], out=acc)
+        return
+    np.multiply(arrays[0][part], factor, out=acc, casting="unsafe")
+    for j in range(1, len(arrays)):
+        np.multiply(arrays[j][part], factor, out=tmp, casting="unsafe")
+        f(acc, tmp, out=acc)
+
+
+def _finish(plan: _Plan, acc: np.ndarray) -> None:
+    """After the node's fold: the cross-node all_reduce of the slice (hierarchical path),
+    then AVG's division by the group's size."""
+    if plan.cross is not None:
+        plan.cross.body(plan.cross, acc, None, None)
     if plan.avg:
-        np.divide(acc, len(inputs), out=acc)
+        np.divide(acc, plan.divisor, out=acc)
 
 
 def _copy_in(plan: _Plan, dst: np.ndarray, src: np.ndarray) -> None:
@@ -500,9 +760,15 @@ class _Plan:
     in, to reduce and to copy out."""
 
     __slots__ = ("f", "factor", "avg", "words", "chunks", "copy_in", "mine", "copy_out",
-                 "receives")  # fmt: skip
+                 "receives", "copies", "divisor", "plain", "cross", "parts")  # fmt: skip
 
-    def __init__(self, call: Call, size: int, rank: int, chunk: int) -> None:
+    def __init__(self, call: Call, size: int, rank: int, chunk: int, copies: bool,
+                 divisor: int) -> None:  # fmt: skip
+        self.copies = copies  # False: in range only for symmetric buffers (others: MPI)
+        self.divisor = divisor  # AVG: the group's size
+        self.plain: Call | None = None  # the MPI call of the fallback (made on first use)
+        self.cross: Call | None = None  # the cross-node all_reduce (hierarchical path)
+        self.parts: list[tuple[slice, slice]] | None = None  # symmetric buffers' pieces
         info = call.dtype_info()
         name = call.redop.name
         self.f = _UFUNCS[(info.category, name)]
@@ -551,5 +817,7 @@ class _Plan:
                     ]
                 )
         words = [_SPECS.index(call.spec), _DTYPE_CODES[info.dtype], _OP_CODES[name], n, root,
-                 blocks, 0]  # fmt: skip
-        self.words = np.array(words, np.int64)  # the last word: the tick, set per call
+                 blocks, 0, -1, 0]  # fmt: skip
+        # the last three words, set per call: symmetric buffer id (0: none), its byte
+        # offset, and the tick
+        self.words = np.array(words, np.int64)

@@ -8,6 +8,8 @@ small chunk and threshold (``small``), so a few KiB cross many chunk boundaries;
 runs the default settings. Each test checks that the fast path ran (its call counter), so
 none can pass by testing MPI instead."""
 
+import gc
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -387,3 +389,296 @@ def test_a_late_rank_times_out_the_others_then_the_group_goes_on(small):
     assert (y == total).all()
     assert (x == total).all()  # the timed-out call did complete on rank 0 too
     assert fast.calls == 2
+
+
+# -- symmetric buffers (comm.empty) --------------------------------------------------------
+
+PIECE = 4096  # bytes each rank reduces at a time from symmetric buffers, in these tests
+
+
+@pytest.fixture
+def sym(small, monkeypatch):
+    """``small`` with pieces of 4 KiB for symmetric buffers, so small sizes cross many."""
+    monkeypatch.setattr(shm_mod, "SYM_PIECE", PIECE)
+    return small
+
+
+def sym_sizes(dtype, size):
+    """Element counts around the threshold and the piece boundaries of one rank's part
+    (all_reduce cuts the array into ``size`` parts), odd ones."""
+    item = np.dtype(dtype).itemsize
+    t, c = -(-THRESHOLD // item), PIECE // item
+    return sorted({t, t + 1, c - 1, c + 1, size * c - 1, size * c, size * c + 1,
+                   3 * size * c + 7, 5 * c + size + 2})  # fmt: skip
+
+
+def written(x, values, offset=0):
+    """``values`` into ``x`` from element ``offset``; returns that part of ``x``."""
+    part = x[offset : offset + values.size]
+    part[...] = values
+    return part
+
+
+@pytest.mark.parametrize("dtype", ALL, ids=name)
+def test_symmetric_all_reduce_every_op_and_size(sym, dtype):
+    comm, fast = sym
+    counts = sym_sizes(dtype, comm.size)
+    x = comm.empty(max(counts) + 1, dtype)
+    assert comm.is_symmetric(x)
+    seed = 0
+    check = Checks()
+    for opname in ops_for(dtype):
+        for count in counts:
+            seed += 1
+            offset = seed % 2  # the same part of every rank's buffer, at byte 0 or 1 element
+            before, copies = fast.sym_calls, fast.calls
+            y = written(x, inputs(comm.rank, count, dtype, seed), offset)
+            got = comm.all_reduce(y, op=op_of(opname))
+            what = f"{opname} {count}+{offset}"
+            check(what, got, expected(comm.size, count, dtype, opname, seed))
+            check.count(what, fast.sym_calls - before + fast.calls - copies, 1)
+            check.count(what + " copies", fast.calls - copies, 0)
+    check.done()
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint16, np.int64, np.float32, np.float64,
+                                   ml_dtypes.bfloat16, np.complex64, np.bool_], ids=name)  # fmt: skip
+def test_symmetric_reduce_scatter_every_op_and_size(sym, dtype):
+    comm, fast = sym
+    n = comm.size
+    item = np.dtype(dtype).itemsize
+    blocks = sorted({-(-THRESHOLD // item // n) + 1, PIECE // item - 1, PIECE // item + 1,
+                     3 * PIECE // item + 5})  # fmt: skip
+    x = comm.zeros(n * max(blocks), dtype)
+    seed = 0
+    check = Checks()
+    for opname in ops_for(dtype):
+        for k in blocks:
+            seed += 1
+            before = fast.sym_calls
+            y = written(x, inputs(comm.rank, n * k, dtype, seed))
+            out = comm.reduce_scatter(y, op=op_of(opname))
+            want = expected(n, n * k, dtype, opname, seed)[comm.rank * k : (comm.rank + 1) * k]
+            check(f"{opname} {k}", out, want)
+            check(f"{opname} {k} input kept", y, inputs(comm.rank, n * k, dtype, seed))
+            check.count(f"{opname} {k}", fast.sym_calls, before + 1)
+    check.done()
+
+
+def test_symmetric_reduce_scatter_uneven_and_2d(sym):
+    comm, fast = sym
+    n = comm.size
+    sizes = [PIECE // 4 + 3 * r + 1 for r in range(n)]  # rows of 2 float32 per rank
+    total = sum(sizes)
+    x = comm.empty((total, 2), np.float32)
+    x[...] = inputs(comm.rank, 2 * total, np.float32, 5).reshape(total, 2)
+    out = comm.reduce_scatter(x, sizes=sizes)
+    start = sum(sizes[: comm.rank])
+    want = expected(n, 2 * total, np.float32, "SUM", 5).reshape(total, 2)
+    same(out, want[start : start + sizes[comm.rank]])
+    assert fast.sym_calls == 1
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32], ids=name)
+def test_symmetric_reduce_to_each_root(sym, dtype):
+    comm, fast = sym
+    count = 3 * PIECE + 5
+    x = comm.empty(count, dtype)
+    check = Checks()
+    for root in range(comm.size):
+        before = fast.sym_calls
+        written(x, inputs(comm.rank, count, dtype, root))
+        comm.reduce(x, root, op=ReduceOp.SUM)
+        check.count(root, fast.sym_calls, before + 1)
+        if comm.rank == root:
+            check(root, x, expected(comm.size, count, dtype, "SUM", root))
+        else:
+            check(root, x, inputs(comm.rank, count, dtype, root))  # non-roots keep their input
+    check.done()
+
+
+def test_symmetric_async_op_and_repeated_calls(sym):
+    comm, fast = sym
+    n = comm.size
+    x = comm.empty(4 * PIECE, np.float64)
+    check = Checks()
+    for i in range(10):  # symmetric calls between copy-path calls: the ticks interleave
+        count = (i % 4 + 1) * PIECE // 8 + i
+        y = written(x, inputs(comm.rank, count, np.float64, i))
+        if i % 3 == 0:
+            got = comm.all_reduce(y, async_op=True).wait()
+        else:
+            got = comm.all_reduce(y)
+        check(i, got, expected(n, count, np.float64, "SUM", i))
+        z = inputs(comm.rank, CHUNK + i, np.int32, i)  # an ordinary array: the copy path
+        comm.all_reduce(z)
+        check(f"{i} ordinary", z, expected(n, CHUNK + i, np.int32, "SUM", i))
+    check.done()
+    assert (fast.sym_calls, fast.calls) == (10, 10)
+
+
+def test_symmetric_results_bitwise_equal_to_the_copy_path(sym):
+    comm, fast = sym
+    count = 5 * PIECE // 8 + 3
+    x = comm.empty(count, np.float32)
+    written(x, inputs(comm.rank, count, np.float32, 9))
+    comm.all_reduce(x, op=ReduceOp.AVG)
+    y = inputs(comm.rank, count, np.float32, 9)
+    comm.all_reduce(y, op=ReduceOp.AVG)
+    same(x, y)
+    digests = comm.all_gather_object(x.tobytes())
+    assert all(d == digests[0] for d in digests)
+    assert (fast.sym_calls, fast.calls) == (1, 1)
+
+
+def test_symmetric_buffers_that_differ_raise_a_mismatch_on_every_rank(sym):
+    comm, fast = sym
+    count = 2 * PIECE
+    a = comm.empty(count, np.float32)
+    b = comm.empty(count, np.float32)
+    mine = a if comm.rank == 0 else b  # rank 0 passes buffer 1, the others buffer 2
+    with pytest.raises(MismatchError, match=r"rank 0: all_reduce of 8192 float32 \(SUM, "
+                       r"symmetric buffer \d+ at byte 0.*rank 1: all_reduce of 8192 float32 "
+                       r"\(SUM, symmetric buffer \d+ at byte 0"):  # fmt: skip
+        comm.all_reduce(mine)
+    # a symmetric buffer on rank 0, an ordinary array (on the copy path) on the others
+    mine = a if comm.rank == 0 else np.ones(count, np.float32)
+    with pytest.raises(MismatchError, match=r"symmetric buffer \d+ at byte 0.*an ordinary array"):
+        comm.all_reduce(mine)
+    # another part of the same buffer on rank 0
+    mine = a[4:] if comm.rank == 0 else a[: count - 4]
+    with pytest.raises(MismatchError, match=r"at byte 16.*at byte 0"):
+        comm.all_reduce(mine)
+    # the group goes on
+    a[...] = comm.rank + 1
+    comm.all_reduce(a)
+    assert (a == comm.size * (comm.size + 1) / 2).all()
+
+
+def test_empty_with_different_shapes_is_a_mismatch_on_every_rank(sym):
+    comm, fast = sym
+    with pytest.raises(MismatchError, match=r"empty \(rank \d+ of \d+\): the ranks ask for "
+                       r"different arrays \(rank 0: \(4,\) float32; rank 1: \(5,\) float32"):  # fmt: skip
+        comm.empty(4 + comm.rank, np.float32)
+    with pytest.raises(hpccomm.DtypeError, match=r"empty \(rank \d+ of \d+\): dtype has dtype"):
+        comm.empty(4, np.dtype("U4"))
+    assert comm.is_symmetric(comm.empty((3, 5), np.int16))
+
+
+def test_symmetric_array_outlives_free(sym):
+    comm, fast = sym
+    g = comm.dup()
+    g._dispatcher.shm = gf = ShmBackend(g._backend, THRESHOLD, CHUNK)
+    x = g.empty(3 * PIECE, np.float32)
+    x[...] = g.rank + 1
+    g.all_reduce(x)
+    view = x[5:]
+    g.free()
+    assert gf.allocs == {} and not g.is_symmetric(x)
+    del x
+    total = g.size * (g.size + 1) / 2
+    assert (view == total).all()  # still mapped: the view keeps the memory
+    view[...] = 7  # and writable, as any array
+    assert (view == 7).all()
+
+
+def test_symmetric_entry_goes_with_the_last_view(sym):
+    comm, fast = sym
+    x = comm.empty(PIECE, np.float32)
+    v = x[8:]
+    del x
+    assert comm.is_symmetric(v) and len(fast.allocs) == 1
+    del v
+    comm.barrier()  # the worker thread (bounded runs) lets go of the last call's result
+    gc.collect()
+    assert fast.allocs == {}
+
+
+@pytest.mark.mpi(min_size=2)
+def test_symmetric_late_rank_times_out_the_others_then_the_group_goes_on(sym):
+    import time
+
+    comm, fast = sym
+    x = comm.empty(4 * PIECE, np.float64)
+    x[...] = comm.rank + 1
+    comm.timeout = 0.5
+    if comm.rank == 0:
+        with pytest.raises(CommTimeoutError, match=r"all_reduce #\d+ on .*not complete after"):
+            comm.all_reduce(x)
+    else:
+        time.sleep(1.5)
+        comm.all_reduce(x)
+    comm.timeout = 30
+    comm.barrier()  # the late call has completed everywhere (rank 0: queued behind it)
+    total = comm.size * (comm.size + 1) / 2
+    assert (x == total).all()
+    assert fast.sym_calls == 1
+
+
+# -- the hierarchical all_reduce, with ranks pretending to be on two nodes -----------------
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int64, np.float32, np.float16, np.complex64,
+                                   np.bool_], ids=name)  # fmt: skip
+def test_hierarchical_all_reduce_on_pretend_nodes(comm, dtype):
+    # Ranks 0..p/2-1 play node 0, the others node 1. With an even rank count the path runs
+    # (node-local shared memory, MPI between the two nodes' ranks holding the same slice);
+    # with an odd one the nodes differ in size and every rank stays on MPI.
+    n = comm.size
+    if n < 2:
+        pytest.skip("needs 2 or more ranks")
+    half = -(-n // 2)
+    node = comm.rank // half
+    local = [r for r in range(n) if r // half == node]
+    fast = ShmBackend(comm._backend, THRESHOLD, CHUNK,
+                      node=(node, local.index(comm.rank), len(local)))  # fmt: skip
+    comm._dispatcher.shm = fast
+    comm._dispatcher.cache.clear()
+    runs = n % 2 == 0 and n >= 4
+    seed = 0
+    check = Checks()
+    for opname in ops_for(dtype):
+        for count in sizes_for(dtype, comm.size):
+            seed += 1
+            x = inputs(comm.rank, count, dtype, seed)
+            comm.all_reduce(x, op=op_of(opname))
+            want = hierarchical(n, half, count, dtype, opname, seed)
+            if not runs and np.dtype(dtype).kind in "fc":  # MPI's own order: not bitwise
+                wide = np.complex128 if np.dtype(dtype).kind == "c" else np.float64
+                if np.dtype(dtype).itemsize == 2 and opname == "PRODUCT":
+                    continue  # overflow to inf depends on the order
+                tol = 0.1 if np.dtype(dtype).itemsize == 2 else 1e-5  # float16: per-step rounding
+                if not np.allclose(
+                    x.astype(wide), want.astype(wide), rtol=tol, atol=1.0, equal_nan=True
+                ):
+                    check.bad.append(f"{opname} {count}: not close to NumPy's result")
+                continue
+            check(f"{opname} {count}", x, want)
+    check.done()
+    if runs:
+        assert fast.failed is None and fast.cross is not None and fast.calls == seed
+    else:
+        assert fast.calls == 0 and "ranks per node" in fast.failed
+
+
+def hierarchical(size, half, count, dtype, opname, seed):
+    """The hierarchical path's order: each node's ranks in order, then node 0's result with
+    node 1's; AVG divides by the group's size at the end."""
+    dt = np.dtype(dtype)
+    f = BOOL_UFUNC[opname] if dt == np.bool_ else UFUNC[opname]
+    xs = [inputs(r, count, dtype, seed) for r in range(size)]
+    if opname == "PREMUL_SUM":
+        xs = [(x * 0.5).astype(dt) for x in xs]
+    with np.errstate(all="ignore"):
+        nodes = []
+        for lo in range(0, size, half):
+            acc = xs[lo].copy()
+            for x in xs[lo + 1 : lo + half]:
+                acc = f(acc, x).astype(dt)
+            nodes.append(acc)
+        if size % 2:  # uneven nodes: MPI's all_reduce, the copy path's order
+            return expected(size, count, dtype, opname, seed)
+        acc = f(nodes[0], nodes[1]).astype(dt)
+        if opname == "AVG":
+            acc = np.divide(acc, size).astype(dt)
+    return acc

@@ -1,0 +1,83 @@
+"""The hierarchical all_reduce (hpccomm/backends/shm.py) across the two nodes of the test
+cluster: 2 nodes x 2 ranks, node-local shared memory, MPI between the nodes' ranks holding the
+same slice; results against NumPy in the path's order, bitwise."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(300)
+ROOT = Path(__file__).resolve().parents[2]  # this checkout's hpccomm, whatever is installed
+
+SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+import ml_dtypes
+import numpy as np
+import hpccomm
+from hpccomm import ReduceOp
+assert hpccomm.__file__.startswith({root!r}), hpccomm.__file__
+c = hpccomm.init(timeout=60)
+fast = c._dispatcher.shm
+assert (c.size, c.num_nodes, c.local_size) == (4, 2, 2), (c.size, c.num_nodes, c.local_size)
+UF = {{"SUM": np.add, "AVG": np.add, "PREMUL_SUM": np.add, "PRODUCT": np.multiply,
+      "MIN": np.minimum, "MAX": np.maximum, "BXOR": np.bitwise_xor}}
+BOOL = {{"SUM": np.logical_or, "MIN": np.logical_and, "BXOR": np.logical_xor}}
+def inputs(r, n, dt, seed):
+    rng = np.random.default_rng(1000 * seed + r)
+    if dt == np.bool_:
+        return rng.integers(0, 2, n).astype(bool)
+    if dt.kind in "iu":
+        return rng.integers(-100, 100, n).astype(dt)
+    return (rng.standard_normal(n) * 100).astype(dt)
+bad, seed, calls = [], 0, 0
+cases = [(np.float32, ["SUM", "AVG", "MIN", "PREMUL_SUM"]), (np.float64, ["SUM", "MAX"]),
+         (np.int8, ["SUM", "BXOR"]), (np.int64, ["SUM", "PRODUCT"]),
+         (ml_dtypes.bfloat16, ["SUM"]), (np.float16, ["SUM", "MAX"]), (np.bool_, ["SUM", "MIN"])]
+for dtype, ops in cases:
+    dt = np.dtype(dtype)
+    per = 4096 // dt.itemsize  # elements per chunk (HPCCOMM_SHM_CHUNK=4096)
+    for name in ops:
+        for n in sorted({{1024 // dt.itemsize, per - 1, per, per + 1, 2 * per + 3, 5 * per + 7}}):
+            seed += 1
+            op = ReduceOp.PREMUL_SUM(0.5) if name == "PREMUL_SUM" else getattr(ReduceOp, name)
+            x = inputs(c.rank, n, dt, seed)
+            before = fast.calls
+            c.all_reduce(x, op=op)
+            calls += fast.calls - before
+            xs = [inputs(r, n, dt, seed) for r in range(4)]
+            if name == "PREMUL_SUM":
+                xs = [(v * 0.5).astype(dt) for v in xs]
+            f = BOOL[name] if dt == np.bool_ else UF[name]
+            with np.errstate(all="ignore"):
+                want = f(f(xs[0], xs[1]).astype(dt), f(xs[2], xs[3]).astype(dt)).astype(dt)
+                if name == "AVG":
+                    want = np.divide(want, 4).astype(dt)
+            if x.tobytes() != want.tobytes():
+                bad.append(f"{{dt.name}} {{name}} {{n}}: {{int((x != want).sum())}} differ")
+digests = c.all_gather_object(x.tobytes())
+print(f"rank {{c.rank}} on node {{c.node_index}}: {{seed}} calls, {{calls}} hierarchical, "
+      f"wrong: {{bad[:5] or 'none'}}, same on every rank: {{len(set(digests)) == 1}}", flush=True)
+"""
+
+
+def test_hierarchical_all_reduce_two_nodes_two_ranks_each(cluster, tmp_path):
+    script = tmp_path / "hier.py"
+    script.write_text(SCRIPT.format(root=str(ROOT)))
+    env = cluster.env()
+    env.update(HPCCOMM_SHM_THRESHOLD="1K", HPCCOMM_SHM_CHUNK="4096")
+    out = subprocess.run(
+        ["srun", "-N2", "-n4", "--ntasks-per-node=2", "--mpi=pmix", "--kill-on-bad-exit=1",
+         str(cluster.bin / "python"), str(script)],
+        capture_output=True, text=True, timeout=240, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, f"{out.stdout}\n{out.stderr}"
+    lines = sorted(line for line in out.stdout.splitlines() if line.startswith("rank "))
+    assert len(lines) == 4, out.stdout
+    for r, line in enumerate(lines):
+        node = r // 2
+        assert line.startswith(f"rank {r} on node {node}: "), line
+        assert "wrong: none, same on every rank: True" in line, line
+        done, hier = line.split(": ")[1].split(", ")[:2]
+        assert done.split()[0] == hier.split()[0], line  # every call took the path
