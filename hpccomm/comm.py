@@ -966,10 +966,13 @@ class Communicator:
         for child in reversed(self._children):
             child.free()
         self._children.clear()
+        shm = self._shm()
         stuck = self._dispatcher.close()
         self._devices.close()
         self._freed = True
         if stuck is None:
+            if shm is not None:
+                shm.free()
             self._backend.free()
 
     def __enter__(self) -> Communicator:

@@ -346,6 +346,15 @@ class ShmBackend:
         self.closed = True
         self.allocs = {}  # the arrays handed out keep their memory (their views map it)
 
+    def free(self) -> None:
+        """Free the hierarchical path's node and cross-node communicators (collective: with
+        the group's own free, on every rank that made them)."""
+        for sub in (self.cross, None if self.node is self.host else self.node):
+            if sub is not None:
+                sub.free()
+        self.cross = None
+        self.node = None if self.hier is not None else self.host
+
     # -- the segment --------------------------------------------------------------------
 
     def _barrier(self) -> None:
