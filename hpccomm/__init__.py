@@ -4,7 +4,7 @@ Importing hpccomm initializes nothing: MPI starts in :func:`init`, CuPy is impor
 device arrays.
 """
 
-from .comm import Communicator
+from .comm import Communicator, NotMember
 from .discovery import LaunchInfo, discover
 from .dtypes import ReduceOp
 from .errors import (
@@ -43,6 +43,7 @@ __all__ = [
     "LaunchInfo",
     "LaunchMismatchError",
     "MismatchError",
+    "NotMember",
     "PeerError",
     "UnwaitedWorkWarning",
     "Layout",

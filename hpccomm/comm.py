@@ -103,6 +103,37 @@ def check_timeout(value: Any, what: str) -> float | None:
     return float(value)
 
 
+class NotMember:
+    """What ``split`` (color None), ``new_group`` and ``leaders`` return on a rank that is not
+    in the new group: falsy (test ``if group:``), and every operation on it raises an
+    InvalidArgumentError naming the operation, this rank and the group it is not in, instead
+    of an AttributeError on None. ``free()`` does nothing, so code that frees every handle
+    runs unchanged."""
+
+    __slots__ = ("_what", "_rank", "_size", "_parent")
+
+    def __init__(self, what: str, rank: int, size: int, parent: str) -> None:
+        self._what, self._rank, self._size, self._parent = what, rank, size, parent
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"<hpccomm.NotMember: rank {self._rank} of {self._parent} is not in {self._what}>"
+
+    def free(self) -> None:
+        """Nothing to free."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise InvalidArgumentError(
+            f"{name} (rank {self._rank} of {self._size} in {self._parent}): this rank is not "
+            f"a member of the group {self._what} made, and got a non-member handle (falsy: "
+            f"test `if group:` before using it)"
+        )
+
+
 class Communicator:
     """A group of ranks and the operations among them.
 
@@ -169,7 +200,7 @@ class Communicator:
         self._device = device
         self._node_backend = node  # the world's node communicator, from init
         self._node: Communicator | None = None
-        self._leaders: Communicator | None | bool = False  # False: not made yet
+        self._leaders: Communicator | NotMember | bool = False  # False: not made yet
         self._children: list[Communicator] = []
         self._freed = False
 
@@ -752,8 +783,9 @@ class Communicator:
 
     def split(
         self, color: int | None, *, key: int | None = None, expect: Any = None
-    ) -> Communicator | None:
-        """Split into groups by ``color`` (None: this rank joins no group and gets None),
+    ) -> Communicator | NotMember:
+        """Split into groups by ``color`` (None: this rank joins no group and gets a
+        :class:`NotMember`, which is falsy and refuses every operation),
         ordered by ``key`` (default: this rank). All ranks of the group must call this.
         Under the debug check the ranks compare ``expect`` (any value every rank should
         agree on, such as the layout and dimension the groups are for) and raise a
@@ -785,7 +817,10 @@ class Communicator:
             self.rank if key is None else key,
             agree=None if expect is None else {"expect": expect},
         )
-        return self._adopt(made, f"{self.name}/split({color})")
+        child = self._adopt(made, f"{self.name}/split({color})")
+        if child is None:
+            return NotMember("split(None)", self.rank, self.size, self.name)
+        return child
 
     def _check_ranks(self, what: str, ranks: Sequence[int]) -> list[int]:
         values = [as_int(r) for r in ranks]
@@ -797,8 +832,8 @@ class Communicator:
             )
         return values  # type: ignore[return-value]
 
-    def new_group(self, ranks: Sequence[int]) -> Communicator | None:
-        """A group of ``ranks`` (in that order); ranks outside get None.
+    def new_group(self, ranks: Sequence[int]) -> Communicator | NotMember:
+        """A group of ``ranks`` (in that order); ranks outside get a :class:`NotMember`.
 
         All ranks of this communicator must call this, with the same list (see
         :meth:`create_group` for a call made by the members only).
@@ -806,7 +841,10 @@ class Communicator:
         self._check_open("new_group")
         ranks = self._check_ranks("new_group", ranks)
         made = self._make("new_group", self._backend.create, ranks, agree={"ranks": ranks})
-        return self._adopt(made, f"{self.name}/group{ranks}")
+        child = self._adopt(made, f"{self.name}/group{ranks}")
+        if child is None:
+            return NotMember(f"new_group({ranks})", self.rank, self.size, self.name)
+        return child
 
     def create_group(self, ranks: Sequence[int], *, tag: int = 0) -> Communicator:
         """A group of ``ranks`` (in that order), made by those ranks alone
@@ -930,16 +968,19 @@ class Communicator:
             raise HpccommError(f"{where('node', self.rank, self.size)}: MPI returned no group")
         return self._node
 
-    def leaders(self) -> Communicator | None:
-        """The group's node leaders (local rank 0 of each node), ordered by node; None on
-        ranks that are not leaders. Collective over the group on its first call."""
+    def leaders(self) -> Communicator | NotMember:
+        """The group's node leaders (local rank 0 of each node), ordered by node; a
+        :class:`NotMember` on ranks that are not leaders. Collective over the group on its
+        first call."""
         self._check_open("leaders")
         if self._leaders is False:
             leader = self.local_rank == 0
             made = self._make(
                 "leaders", self._backend.split, 0 if leader else None, self.node_index
             )
-            self._leaders = self._adopt(made, f"{self.name}/leaders")
+            self._leaders = self._adopt(made, f"{self.name}/leaders") or NotMember(
+                "leaders()", self.rank, self.size, self.name
+            )
         return self._leaders  # type: ignore[return-value]
 
     # -- lifecycle ----------------------------------------------------------------------

@@ -135,7 +135,12 @@ def test_split_none_and_key(comm):
     n, r = comm.size, comm.rank
     sub = comm.split(None if r == 0 else 1, key=-r)
     if r == 0:
-        assert sub is None
+        assert not sub and isinstance(sub, hpccomm.NotMember)
+        with pytest.raises(hpccomm.InvalidArgumentError) as err:
+            sub.all_reduce(np.ones(2))
+        assert str(err.value).startswith(f"all_reduce (rank 0 of {n} in {comm.name}): this rank ")
+        assert "not a member of the group split(None) made" in str(err.value)
+        sub.free()  # nothing to free, no error
     else:
         assert sub.size == n - 1 and sub.rank == n - 1 - r  # reversed by key
 
@@ -152,7 +157,9 @@ def test_new_group(comm):
         assert g.world_rank() == hpccomm.world().rank
         assert comm.translate(ranks, g) == list(range(len(ranks)))
     else:
-        assert g is None
+        assert not g and "not in new_group" in repr(g)
+        with pytest.raises(hpccomm.InvalidArgumentError, match=r"^broadcast \(rank .*not a member"):
+            g.broadcast(np.ones(1), 0)
 
 
 def test_group_rank_translation(comm, world):
@@ -189,7 +196,9 @@ def test_node_and_leaders(comm):
     if comm.local_rank == 0:
         assert leaders.size == comm.num_nodes and leaders.rank == comm.node_index
     else:
-        assert leaders is None
+        assert not leaders and isinstance(leaders, hpccomm.NotMember)
+        with pytest.raises(hpccomm.InvalidArgumentError, match="rank"):
+            leaders.size  # noqa: B018
 
 
 def test_node_facts_of_a_subgroup_never_communicate(comm):
