@@ -1179,7 +1179,7 @@ assert set(RUNNERS) == set(ALL_OPS), set(ALL_OPS) ^ set(RUNNERS)
 
 def run_side(case: Case, side: str, comm: Any, members: list[int], cache: dict) -> list[str]:
     """Run ``case`` on one side; return this rank's problems (never raises)."""
-    if comm is None:  # this rank is not in the case's group
+    if not comm:  # this rank is not in the case's group (None, or a NotMember)
         return []
     t = Trial(case, side, comm, members, cache)
     if case.mode == "timeout":
