@@ -17,7 +17,26 @@ import numpy as np
 
 from .errors import DtypeError
 
-__all__ = ["DtypeInfo", "ReduceOp", "SUPPORTED_DTYPES", "dtype_info", "check_op", "as_reduce_op"]
+__all__ = [
+    "DtypeInfo",
+    "ReduceOp",
+    "SUPPORTED_DTYPES",
+    "ARITHMETIC_UFUNCS",
+    "dtype_info",
+    "check_op",
+    "as_reduce_op",
+]
+
+# The NumPy ufunc that folds two operands of an arithmetic reduce op (AVG and PREMUL_SUM sum;
+# their division or scaling is applied separately), used wherever hpccomm reduces itself.
+ARITHMETIC_UFUNCS: dict[str, np.ufunc] = {
+    "SUM": np.add,
+    "AVG": np.add,
+    "PREMUL_SUM": np.add,
+    "PRODUCT": np.multiply,
+    "MIN": np.minimum,
+    "MAX": np.maximum,
+}
 
 
 class DtypeInfo(NamedTuple):

@@ -21,7 +21,7 @@ from mpi4py.util import pkl5
 
 from .. import ops as O
 from ..debug import HEADER_WORDS, decode_header, encode_header
-from ..dtypes import SUPPORTED_DTYPES
+from ..dtypes import ARITHMETIC_UFUNCS, SUPPORTED_DTYPES
 from ..errors import BackendError, HpccommError, InvalidArgumentError, MismatchError, PeerError
 from ..ops import Call, P2POp
 from ..work import wait_bounded
@@ -69,14 +69,6 @@ _BOOL_OPS = {
     "BAND": MPI.LAND,
     "BXOR": MPI.LXOR,
 }
-_UFUNCS = {
-    "SUM": np.add,
-    "AVG": np.add,
-    "PREMUL_SUM": np.add,
-    "PRODUCT": np.multiply,
-    "MIN": np.minimum,
-    "MAX": np.maximum,
-}
 _numpy_ops: dict[tuple[np.dtype, str], MPI.Op] = {}
 
 
@@ -87,7 +79,7 @@ def _numpy_op(dtype: np.dtype, name: str) -> MPI.Op:
     key = (dtype, name)
     op = _numpy_ops.get(key)
     if op is None:
-        ufunc = _UFUNCS[name]
+        ufunc = ARITHMETIC_UFUNCS[name]
 
         def combine(
             inbuf: Any, inoutbuf: Any, datatype: Any, _dt: np.dtype = dtype, _f: Any = ufunc

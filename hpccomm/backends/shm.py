@@ -64,7 +64,7 @@ from typing import Any
 import numpy as np
 
 from .. import ops as O
-from ..dtypes import SUPPORTED_DTYPES, ReduceOp
+from ..dtypes import ARITHMETIC_UFUNCS, SUPPORTED_DTYPES, ReduceOp
 from ..errors import ClosedError, HpccommError, InvalidArgumentError, MismatchError
 from ..ops import Call
 from ..switches import switch
@@ -98,21 +98,13 @@ _LOGICAL: dict[str, Any] = {
     "BAND": np.logical_and,
     "BXOR": np.logical_xor,
 }
-_ARITH: dict[str, Any] = {
-    "SUM": np.add,
-    "AVG": np.add,
-    "PREMUL_SUM": np.add,
-    "PRODUCT": np.multiply,
-    "MIN": np.minimum,
-    "MAX": np.maximum,
-}
 _BITWISE: dict[str, Any] = {"BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}
 # (dtype category, op name) -> ufunc; ALLOWED_CATEGORIES (dtypes.py) already refused the rest
 _UFUNCS: dict[tuple[str, str], Callable[..., Any]] = {}
 for _name, _f in _LOGICAL.items():
     _UFUNCS[("bool", _name)] = _f
 for _cat in ("int", "float", "half", "complex"):
-    for _name, _f in _ARITH.items():
+    for _name, _f in ARITHMETIC_UFUNCS.items():
         _UFUNCS[(_cat, _name)] = _f
 for _name, _f in _BITWISE.items():
     _UFUNCS[("int", _name)] = _f
@@ -537,18 +529,29 @@ class ShmBackend:
 
     # -- bodies ---------------------------------------------------------------------------
 
+    def _enter(
+        self, call: Call, x: np.ndarray, out: Any, stream: Any, plan: _Plan
+    ) -> tuple[_Segment | None, Any]:
+        """Where a body's call runs: (the segment, None) for the copy path, else (None, the
+        result) after running it on MPI (outside the copy path's sizes, or no segment) or on
+        symmetric buffers (``x`` inside one of the group's allocations)."""
+        found = self._locate(x) if self.allocs else None
+        if found is None and not plan.copies:
+            return None, self._fallback(call, x, out, stream)
+        seg = self._ensure(call)
+        if seg is None:
+            return None, self._fallback(call, x, out, stream)
+        if found is not None:
+            return None, self._symmetric(call, x, out, seg, *found)
+        self.calls += 1
+        return seg, None
+
     def _all_reduce(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> np.ndarray:
         """all_reduce and reduce (only ``call.peer`` copies the result out)."""
         plan: _Plan = call.how
-        found = self._locate(x) if self.allocs else None
-        if found is None and not plan.copies:
-            return self._fallback(call, x, out, stream)
-        seg = self._ensure(call)
+        seg, done = self._enter(call, x, out, stream, plan)
         if seg is None:
-            return self._fallback(call, x, out, stream)
-        if found is not None:
-            return self._symmetric(call, x, out, seg, *found)
-        self.calls += 1
+            return done
         if self.cross is not None and plan.cross is None:
             plan.cross = self._cross_call(call)
         flat = x.reshape(-1)
@@ -585,15 +588,9 @@ class ShmBackend:
         """Rank r reduces block r (``call.counts``: elements and offsets per rank) of every
         rank's input, a piece of every block per chunk, straight into its output."""
         plan: _Plan = call.how
-        found = self._locate(x) if self.allocs else None
-        if found is None and not plan.copies:
-            return self._fallback(call, x, out, stream)
-        seg = self._ensure(call)
+        seg, done = self._enter(call, x, out, stream, plan)
         if seg is None:
-            return self._fallback(call, x, out, stream)
-        if found is not None:
-            return self._symmetric(call, x, out, seg, *found)
-        self.calls += 1
+            return done
         flat = x.reshape(-1)
         dest = out.reshape(-1)
         inputs, _ = seg.views(x.dtype)
