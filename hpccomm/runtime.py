@@ -8,6 +8,7 @@ import os
 import select
 import signal
 import sys
+import threading
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -606,23 +607,81 @@ def _at_exit() -> None:
     world = _world
     if world is None or world.freed:
         return
-    stuck = _stuck_calls(world)
-    if not stuck and (_uncaught is None or world.size == 1):
-        return
     from mpi4py import MPI
 
     if MPI.Is_finalized():
         return
-    if stuck:
-        why = f"exiting while {'; '.join(stuck)} never completed"
-    else:
-        why = f"{_uncaught} not caught"
+    stuck = _stuck_calls(world)
+    failed = _failed_world_ranks()
+    if not stuck and not failed and (_uncaught is None or world.size == 1):
+        return
+    if failed and not stuck:
+        # Under ``--with-ft ulfm`` the survivors get a PeerError and may exit normally, but
+        # MPI_Finalize then may wait on the dead rank (measured: 1 job in 12-23 hung there),
+        # and MPI_Abort may leave the launcher itself stuck (1 job in 13). So the survivors
+        # meet (shrink + barrier, bounded) and leave without either: the first to leave
+        # early got the others killed before they had reported (1 job in 2-24).
+        sys.stderr.write(
+            f"hpccomm (rank {world.rank} of {world.size}): world rank(s) {failed} failed "
+            f"during the job; exiting with status 1 without finalizing MPI (MPI_Finalize "
+            f"would wait for the failed rank(s))\n"
+        )
+        sys.stderr.flush()
+        sys.stdout.flush()
+        _meet_survivors(world.timeout or _SURVIVOR_WAIT)
+        os._exit(1)
+    why = (
+        f"exiting while {'; '.join(stuck)} never completed" if stuck else f"{_uncaught} not caught"
+    )
     sys.stderr.write(
         f"hpccomm (rank {world.rank} of {world.size}): {why}; aborting the job instead of "
         f"finalizing MPI (its other ranks would wait for this one forever)\n"
     )
     sys.stderr.flush()
     MPI.COMM_WORLD.Abort(1)
+
+
+_SURVIVOR_WAIT = 60.0  # seconds the survivors of a failed rank wait for each other at exit
+
+
+def _meet_survivors(bound: float) -> None:
+    """Wait, at most ``bound`` seconds, until every live world rank has reached this point
+    (ULFM's MPI_Comm_shrink, then a barrier among the survivors, on a daemon thread: the
+    non-blocking shrink of Open MPI 5.0 fails at once); give up quietly on any error."""
+    from mpi4py import MPI
+
+    def meet() -> None:
+        try:
+            live = MPI.COMM_WORLD.Shrink()
+            live.Barrier()
+        except Exception:  # pragma: no cover - a failure during the shrink: leave anyway
+            pass
+
+    thread = threading.Thread(target=meet, name="hpccomm-exit", daemon=True)
+    thread.start()
+    thread.join(bound)
+
+
+def _failed_world_ranks() -> list[int]:
+    """The world ranks MPI knows to have failed (ULFM's MPI_Comm_get_failed; empty when the
+    job does not run with ``--with-ft ulfm`` or the MPI lacks the call)."""
+    from mpi4py import MPI
+
+    try:
+        failed = MPI.COMM_WORLD.Get_failed()
+    except Exception:  # pragma: no cover - an MPI without ULFM's calls
+        return []
+    try:
+        n = failed.Get_size()
+        if n == 0:
+            return []
+        world = MPI.COMM_WORLD.Get_group()
+        try:
+            return sorted(MPI.Group.Translate_ranks(failed, list(range(n)), world))
+        finally:
+            world.Free()
+    finally:
+        failed.Free()
 
 
 def _stuck_calls(comm: Communicator) -> list[str]:

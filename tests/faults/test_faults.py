@@ -265,6 +265,10 @@ def test_peer_killed_with_ulfm_is_a_peer_error_naming_it(launch):
         assert got["msg"].startswith(f"all_reduce #1 on world (rank {rank} of 3)")
         assert "rank(s) [1] of this group failed" in got["msg"]
         assert got["s"] < 20
+    # The survivors leave without MPI_Finalize, which could wait on the dead rank for good.
+    assert job.rc != 0
+    for rank in (0, 2):
+        assert f"hpccomm (rank {rank} of 3): world rank(s) [1] failed during the job" in job.stderr
 
 
 def test_peer_that_exits_before_init(launch):
