@@ -491,9 +491,7 @@ class Dispatcher:
         same = self.backend.same_int(with_seq(base, seq))
         self._checking = 0
         if not same:
-            fps = self.backend.allgather_object(fingerprint(call, call.spec.name, seq, site))
-            where_ = call.where(seq)
-            raise MismatchError(f"{where_}: the ranks' calls differ: {disagreement(fps)}")
+            raise self._differ(call.where(seq), fingerprint(call, call.spec.name, seq, site))
         if call.spec.name == "all_to_all" and call.uneven:
             self.check_splits(call, call.where(seq))
 
@@ -501,8 +499,12 @@ class Dispatcher:
         """One tiny allreduce comparing the fingerprint's CRC; the full fingerprints only
         when they differ (every rank learns the same outcome, so all take the same path)."""
         if not self.backend.same_int(crc(fp)):
-            fps = self.backend.allgather_object(fp)
-            raise MismatchError(f"{where_}: the ranks' calls differ: {disagreement(fps)}")
+            raise self._differ(where_, fp)
+
+    def _differ(self, where_: str, fp: dict[str, Any]) -> MismatchError:
+        """The fingerprints differ somewhere: gather them all and say how (every rank)."""
+        fps = self.backend.allgather_object(fp)
+        return MismatchError(f"{where_}: the ranks' calls differ: {disagreement(fps)}")
 
     def check_splits(self, call: Call, where_: str) -> None:
         """all_to_all_single: what rank i sends to j must be what j expects from i."""
