@@ -250,7 +250,7 @@ class Dispatcher:
         if mode != "requests":
             return self.run(call, seq, data, out, async_op, stream, key)
         try:
-            pending = call.body(call, data, out, stream)
+            pending = (call.blocking_body or call.body)(call, data, out, stream)
             pending.seq = seq
             pending.wait(None)
             return pending.outcome()
@@ -377,7 +377,8 @@ class Dispatcher:
                 if headers and call.backend is self.backend:  # host arrays: checked headers
                     pending = self.backend.start_checked(call, seq, data, out)
                 else:
-                    pending = call.body(call, data, out, stream)
+                    body = call.body if async_op else (call.blocking_body or call.body)
+                    pending = body(call, data, out, stream)
                 pending.seq = seq  # names the call in its errors
             else:  # "stream": enqueued on a CUDA stream
                 ex = self.executor

@@ -153,6 +153,7 @@ class Call:
         "device",
         "backend",
         "body",
+        "blocking_body",
         "how",
         "mode",
         "checked",
@@ -191,6 +192,9 @@ class Call:
         self.device: int | None = None
         self.backend: Any = None
         self.body: Callable[..., Any] = _unprepared
+        # the body for a call that is waited for at once (not async_op), where a backend
+        # has a safer one (the MPI backend's probed receive); None: ``body``
+        self.blocking_body: Callable[..., Any] | None = None
         self.how: Any = None
         self.mode = "blocking"
         self.checked = False  # compared across ranks before it runs (debug "large")

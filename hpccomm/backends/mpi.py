@@ -317,6 +317,76 @@ class _Received:
         return st.Get_source()
 
 
+class _ProbedRecv(_Received):
+    """A blocking receive: the message is matched first (MPI_Mprobe, or MPI_Improbe polled
+    under a timeout), its size compared with the buffer, and only then received. A posted
+    receive cannot do this: above the eager limit Open MPI's single-copy transport copies a
+    longer message whole, past the end of the buffer, before it reports MPI_ERR_TRUNCATE
+    (README "Failures"). Here a longer message is received into scratch memory and dropped,
+    and the call raises a MismatchError naming sender, tag and both sizes; the buffer is
+    unchanged. Not for async receives: a receive must be posted when the call returns, or
+    two ranks that each irecv and then send a large message would wait for each other."""
+
+    __slots__ = ("comm", "src", "tag", "longer")
+
+    def __init__(
+        self, call: Call, comm: MPI.Comm, x: np.ndarray, mt: MPI.Datatype, src: int, tag: int
+    ) -> None:
+        super().__init__(call, MPI.REQUEST_NULL, x, mt)
+        self.comm = comm
+        self.src = src
+        self.tag = tag
+        self.longer = 0  # bytes of a message too long for the buffer (dropped)
+
+    def _fits(self, msg: MPI.Message) -> bool:
+        """Whether the matched message fits the buffer; if not, it is received into
+        scratch memory (and so taken off the queue) and dropped."""
+        size = self.status.Get_count(MPI.BYTE)
+        if size <= self.call.count * self.mt.Get_size():
+            return True
+        msg.Recv([np.empty(size, np.uint8), MPI.BYTE])
+        self.longer = size
+        return False
+
+    def test(self) -> bool:
+        if self.req == MPI.REQUEST_NULL and not self.longer:
+            msg = self.comm.Improbe(self.src, self.tag, self.status)
+            if msg is None:
+                return False
+            if not self._fits(msg):
+                return True
+            self.req = msg.Irecv([self.keep, self.mt])
+        return self.longer > 0 or self.req.Test(self.status)
+
+    def wait(self, timeout: float | None) -> bool:
+        if timeout is not None:
+            return wait_bounded(self.test, timeout)
+        if self.longer:
+            return True
+        if self.req != MPI.REQUEST_NULL:  # matched by an earlier test()
+            self.req.Wait(self.status)
+            return True
+        msg = self.comm.Mprobe(self.src, self.tag, self.status)
+        if self._fits(msg):
+            msg.Recv([self.keep, self.mt], self.status)
+        return True
+
+    def outcome(self) -> int:
+        if self.longer:
+            self.keep = None
+            st = self.status
+            item = self.mt.Get_size()
+            n = self.call.count
+            raise MismatchError(
+                f"{self.call.where(self.seq)}: the receive matched a message of "
+                f"{self.longer // item:,} elements ({self.longer:,} bytes) from rank "
+                f"{st.Get_source()} (tag {st.Get_tag()}), longer than the buffer's {n:,} "
+                f"elements ({n * item:,} bytes); the message was received into scratch memory "
+                f"and dropped, the buffer is unchanged"
+            )
+        return super().outcome()
+
+
 _CODES = {dt: i for i, dt in enumerate(SUPPORTED_DTYPES)}  # dtype <-> number in a header
 _DTYPES = list(SUPPORTED_DTYPES)
 
@@ -566,6 +636,7 @@ class MPIBackend:
         call.backend = self
         call.body = self._bodies[spec]
         call.mode = "requests" if spec.p2p else "blocking"
+        call.blocking_body = self._recv_blocking if spec is O.RECV else None
         if call.info is None:
             call.how = None
         elif spec.reducing:
@@ -591,6 +662,7 @@ class MPIBackend:
             spec is O.RECV and call.peer is not None
         ):
             call.body = partial(_in_pieces, self._bodies[spec])
+            call.blocking_body = None
             return
         counts = [call.count, *call.counts[0], *call.send_counts[0]]
         raise InvalidArgumentError(
@@ -802,6 +874,11 @@ class MPIBackend:
         tag = _ANY_TAG if call.tag is None else call.tag
         mt = call.how
         return _Received(call, self.mpi.Irecv([x, mt], src, tag), x, mt)
+
+    def _recv_blocking(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> _ProbedRecv:
+        src = _ANY_SOURCE if call.peer is None else call.peer
+        tag = _ANY_TAG if call.tag is None else call.tag
+        return _ProbedRecv(call, self.mpi, x, call.how, src, tag)
 
     def _sendrecv(self, call: Call, x: np.ndarray, out: np.ndarray, stream: Any) -> Requests:
         mt = call.how

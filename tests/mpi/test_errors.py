@@ -231,28 +231,42 @@ def test_bool_is_not_a_rank(comm):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_short_receive_is_a_backend_error_naming_the_op(comm):
-    # A mismatch only visible across ranks: rank 0 sends 4 elements, rank 1 receives 2.
-    from hpccomm import BackendError
+@pytest.mark.parametrize("nbytes", [32, 40_000, 8 << 20])  # eager; above the 32 KiB limit
+def test_a_longer_message_never_reaches_a_blocking_receives_buffer(comm, nbytes):
+    """A blocking recv matches the message first and compares sizes: a longer message is
+    dropped and the call is a MismatchError naming sender, tag and both sizes, with the
+    buffer and the memory after it unchanged (Open MPI's single-copy transport would copy a
+    message above its eager limit whole, past a posted buffer). With and without the
+    timeout's polling; an async recv is posted at once and gets MPI_ERR_TRUNCATE."""
+    from hpccomm import BackendError, MismatchError
 
+    half = nbytes // 2
+    longer = (
+        rf"{where_run(comm, 'recv')}: the receive matched a message of {nbytes:,} elements "
+        rf"\({nbytes:,} bytes\) from rank 0 \(tag 3\), longer than the buffer's {half:,} "
+        rf"elements \({half:,} bytes\); the message was received into scratch memory and "
+        rf"dropped, the buffer is unchanged"
+    )
+    for timeout in (comm.timeout, None):
+        comm.timeout = timeout
+        if comm.rank == 0:
+            comm.send(np.full(nbytes, 7, np.uint8), 1, tag=3)
+            comm.send(np.arange(4.0), 1, tag=4)  # the next message still arrives whole
+        elif comm.rank == 1:
+            block = np.zeros(nbytes + 4096, np.uint8)
+            with pytest.raises(MismatchError, match=longer):
+                comm.recv(block[:half], 0, tag=3)
+            assert not block.any()  # neither the buffer nor the 4 KiB + half after it
+            got = np.empty(4)
+            assert comm.recv(got, 0, tag=4) == 0
+            assert got.tolist() == [0.0, 1.0, 2.0, 3.0]
+        comm.barrier()
     if comm.rank == 0:
-        comm.send(np.arange(4.0), 1, tag=3)
-    elif comm.rank == 1:
-        with pytest.raises(
-            BackendError, match=where_run(comm, "recv") + r": .*failed.*(TRUNCATE|truncat)"
-        ):
-            comm.recv(np.empty(2), 0, tag=3)
-        comm.timeout = None  # the same through the blocking call, without the timeout's polling
-        comm.send(np.zeros(1), 0, tag=4)
-    if comm.rank == 0:
-        comm.timeout = None
-        comm.recv(np.empty(1), 1, tag=4)
         comm.send(np.arange(4.0), 1, tag=5)
     elif comm.rank == 1:
-        with pytest.raises(
-            BackendError, match=where_run(comm, "recv") + r": .*failed.*(TRUNCATE|truncat)"
-        ):
-            comm.recv(np.empty(2), 0, tag=5)
+        work = comm.recv(np.empty(2), 0, tag=5, async_op=True)  # eager: cut cleanly
+        with pytest.raises(BackendError, match=where_run(comm, "recv") + r": .*TRUNCATE"):
+            work.wait()
 
 
 @pytest.mark.mpi(min_size=2)

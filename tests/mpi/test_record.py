@@ -51,7 +51,8 @@ def test_records_backend_errors(comm):
             comm.send(np.ones(8), 1, tag=3)
         elif r == 1:
             with pytest.raises(hpccomm.BackendError, match="MPI_ERR_TRUNCATE"):
-                comm.recv(np.empty(2), 0, tag=3)
+                # async: posted at once (a blocking recv probes first: a MismatchError)
+                comm.recv(np.empty(2), 0, tag=3, async_op=True).wait()
     comm.barrier()  # every rank is past the pair before anything is asserted
     if r == 1:
         (rec,) = log.records
