@@ -284,7 +284,7 @@ class _Received:
     """One started receive: returns the source rank; a message shorter than the buffer is a
     MismatchError naming sender, tag and both sizes."""
 
-    __slots__ = ("req", "status", "keep", "call", "mt", "seq")
+    __slots__ = ("req", "status", "keep", "call", "mt", "seq", "count")
 
     def __init__(self, call: Call, req: MPI.Request, keep: Any, mt: MPI.Datatype) -> None:
         self.call = call
@@ -293,6 +293,7 @@ class _Received:
         self.keep = keep
         self.mt = mt
         self.seq = 0
+        self.count = keep.size  # the buffer's elements
 
     def test(self) -> bool:
         return self.req.Test(self.status)
@@ -307,7 +308,7 @@ class _Received:
         self.keep = None
         st = self.status
         got = st.Get_count(self.mt)
-        expected = self.call.count
+        expected = self.count
         if got != expected:
             raise MismatchError(
                 f"{self.call.where(self.seq)}: the receive got {got} elements from rank "
@@ -327,7 +328,7 @@ class _ProbedRecv(_Received):
     unchanged. Not for async receives: a receive must be posted when the call returns, or
     two ranks that each irecv and then send a large message would wait for each other."""
 
-    __slots__ = ("comm", "src", "tag", "longer")
+    __slots__ = ("comm", "src", "tag", "longer", "matched", "done")
 
     def __init__(
         self, call: Call, comm: MPI.Comm, x: np.ndarray, mt: MPI.Datatype, src: int, tag: int
@@ -337,38 +338,48 @@ class _ProbedRecv(_Received):
         self.src = src
         self.tag = tag
         self.longer = 0  # bytes of a message too long for the buffer (dropped)
+        # MPI sets a completed request to MPI_REQUEST_NULL, whose Test empties the status:
+        # the state is kept here
+        self.matched = False
+        self.done = False
 
     def _fits(self, msg: MPI.Message) -> bool:
         """Whether the matched message fits the buffer; if not, it is received into
         scratch memory (and so taken off the queue) and dropped."""
+        self.matched = True
         size = self.status.Get_count(MPI.BYTE)
-        if size <= self.call.count * self.mt.Get_size():
+        if size <= self.count * self.mt.Get_size():
             return True
         msg.Recv([np.empty(size, np.uint8), MPI.BYTE])
         self.longer = size
         return False
 
     def test(self) -> bool:
-        if self.req == MPI.REQUEST_NULL and not self.longer:
+        if self.done:
+            return True
+        if not self.matched:
             msg = self.comm.Improbe(self.src, self.tag, self.status)
             if msg is None:
                 return False
             if not self._fits(msg):
+                self.done = True
                 return True
             self.req = msg.Irecv([self.keep, self.mt])
-        return self.longer > 0 or self.req.Test(self.status)
+        self.done = self.req.Test(self.status)
+        return self.done
 
     def wait(self, timeout: float | None) -> bool:
         if timeout is not None:
             return wait_bounded(self.test, timeout)
-        if self.longer:
+        if self.done:
             return True
-        if self.req != MPI.REQUEST_NULL:  # matched by an earlier test()
+        if self.matched:
             self.req.Wait(self.status)
-            return True
-        msg = self.comm.Mprobe(self.src, self.tag, self.status)
-        if self._fits(msg):
-            msg.Recv([self.keep, self.mt], self.status)
+        else:
+            msg = self.comm.Mprobe(self.src, self.tag, self.status)
+            if self._fits(msg):
+                msg.Recv([self.keep, self.mt], self.status)
+        self.done = True
         return True
 
     def outcome(self) -> int:
@@ -376,7 +387,7 @@ class _ProbedRecv(_Received):
             self.keep = None
             st = self.status
             item = self.mt.Get_size()
-            n = self.call.count
+            n = self.count
             raise MismatchError(
                 f"{self.call.where(self.seq)}: the receive matched a message of "
                 f"{self.longer // item:,} elements ({self.longer:,} bytes) from rank "
@@ -625,6 +636,11 @@ class MPIBackend:
             O.SEND_OBJECT: self._send_object,
             O.RECV_OBJECT: self._recv_object,
         }
+        # calls waited for at once: receives matched before any data moves (_ProbedRecv)
+        self._blocking_bodies: dict[O.OpSpec, Callable[..., Any]] = {
+            O.RECV: self._recv_blocking,
+            O.SENDRECV: self._sendrecv_blocking,
+        }
 
     # -- the interface ------------------------------------------------------------------
 
@@ -636,7 +652,7 @@ class MPIBackend:
         call.backend = self
         call.body = self._bodies[spec]
         call.mode = "requests" if spec.p2p else "blocking"
-        call.blocking_body = self._recv_blocking if spec is O.RECV else None
+        call.blocking_body = self._blocking_bodies.get(spec)
         if call.info is None:
             call.how = None
         elif spec.reducing:
@@ -879,6 +895,13 @@ class MPIBackend:
         src = _ANY_SOURCE if call.peer is None else call.peer
         tag = _ANY_TAG if call.tag is None else call.tag
         return _ProbedRecv(call, self.mpi, x, call.how, src, tag)
+
+    def _sendrecv_blocking(self, call: Call, x: np.ndarray, out: np.ndarray, stream: Any) -> _All:
+        """A sendrecv waited for at once: the send is posted, the receive probed (as a
+        blocking recv is) while it is in flight."""
+        sent = _Sent(self.mpi.Isend([x, call.how], call.peer, call.tag), x)
+        src = _ANY_SOURCE if call.src is None else call.src
+        return _All([_ProbedRecv(call, self.mpi, out, call.how, src, call.tag), sent], out)
 
     def _sendrecv(self, call: Call, x: np.ndarray, out: np.ndarray, stream: Any) -> Requests:
         mt = call.how

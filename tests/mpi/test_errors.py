@@ -270,6 +270,33 @@ def test_a_longer_message_never_reaches_a_blocking_receives_buffer(comm, nbytes)
 
 
 @pytest.mark.mpi(min_size=2)
+def test_a_longer_message_never_reaches_a_blocking_sendrecvs_buffer(comm):
+    """sendrecv waited for at once posts its send and probes its receive: 8 MiB arriving
+    for a 4 MiB buffer is dropped, a MismatchError, memory after the buffer unchanged; the
+    other direction completes."""
+    from hpccomm import MismatchError
+
+    if comm.rank > 1:
+        return
+    peer = 1 - comm.rank
+    for timeout in (comm.timeout, None):
+        comm.timeout = timeout
+        if comm.rank == 0:
+            got = comm.sendrecv(np.ones(8 << 20, np.uint8), dst=1, src=1, out=np.zeros(4, np.uint8))
+            assert got.tolist() == [1, 1, 1, 1]
+        else:
+            block = np.zeros(8 << 20, np.uint8)
+            with pytest.raises(
+                MismatchError,
+                match=where_run(comm, "sendrecv") + r": the receive matched a message of "
+                r"8,388,608 elements \(8,388,608 bytes\) from rank 0 \(tag 0\), longer than "
+                r"the buffer's 4,194,304 elements",
+            ):
+                comm.sendrecv(np.ones(4, np.uint8), dst=peer, src=peer, out=block[: 4 << 20])
+            assert not block.any()
+
+
+@pytest.mark.mpi(min_size=2)
 def test_long_receive_is_a_mismatch_naming_sender_tag_and_sizes(comm):
     # MPI accepts a message shorter than the receive buffer and leaves the tail as it was;
     # hpccomm reports it (in every mode) instead of passing on a half-filled buffer.
