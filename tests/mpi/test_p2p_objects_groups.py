@@ -40,6 +40,31 @@ def test_isend_irecv(comm):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("late", ["sender", "receiver"])
+def test_blocking_and_async_receives_match_messages_in_order(comm, late):
+    """A blocking recv probes for its message (MPI_Mprobe) instead of posting a receive: it
+    must still take the message a posted receive would, after the async receives posted
+    before it, whether the messages arrive before or after the receives (with and without
+    the timeout's polling: the fixture runs both)."""
+    if comm.rank == 0:
+        if late == "sender":
+            time.sleep(0.2)
+        for k in range(4):
+            comm.send(np.full(3, k, np.int64), 1, tag=5)
+    elif comm.rank == 1:
+        if late == "receiver":
+            time.sleep(0.2)
+        a, b, d, e = (np.empty(3, np.int64) for _ in range(4))
+        first = comm.recv(a, 0, tag=5, async_op=True)
+        assert comm.recv(b, 0, tag=5) == 0
+        third = comm.recv(d, 0, tag=5, async_op=True)
+        assert comm.recv(e, None, tag=None) == 0
+        assert first.wait() == 0 and third.wait() == 0
+        assert [a[0], b[0], d[0], e[0]] == [0, 1, 2, 3]
+    comm.barrier()
+
+
+@pytest.mark.mpi(min_size=2)
 def test_done_callback_on_an_arrived_receive_keeps_its_status(comm):
     # the message is there before the receive is posted, so it completes at once: adding a
     # callback finishes the Work then (a second MPI test of the completed request reads an
