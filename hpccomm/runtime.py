@@ -11,7 +11,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import flight, memory, profiler
 from .comm import Communicator, NodeInfo, check_timeout
@@ -605,31 +605,22 @@ def _install_excepthook() -> None:
 
 def _at_exit() -> None:
     world = _world
-    if world is None or world.freed:
+    if world is None:
         return
     from mpi4py import MPI
 
     if MPI.Is_finalized():
         return
-    stuck = _stuck_calls(world)
     failed = _failed_world_ranks()
+    if world.freed:  # (``with hpccomm.init() as c:``): MPI_Finalize would wait all the same
+        if failed:
+            _leave_after_failure(failed, _SURVIVOR_WAIT)
+        return
+    stuck = _stuck_calls(world)
     if not stuck and not failed and (_uncaught is None or world.size == 1):
         return
     if failed and not stuck:
-        # Under ``--with-ft ulfm`` the survivors get a PeerError and may exit normally, but
-        # MPI_Finalize then may wait on the dead rank (measured: 1 job in 12-23 hung there),
-        # and MPI_Abort may leave the launcher itself stuck (1 job in 13). So the survivors
-        # meet (shrink + barrier, bounded) and leave without either: the first to leave
-        # early got the others killed before they had reported (1 job in 2-24).
-        sys.stderr.write(
-            f"hpccomm (rank {world.rank} of {world.size}): world rank(s) {failed} failed "
-            f"during the job; exiting with status 1 without finalizing MPI (MPI_Finalize "
-            f"would wait for the failed rank(s))\n"
-        )
-        sys.stderr.flush()
-        sys.stdout.flush()
-        _meet_survivors(world.timeout or _SURVIVOR_WAIT)
-        os._exit(1)
+        _leave_after_failure(failed, world.timeout or _SURVIVOR_WAIT)
     why = (
         f"exiting while {'; '.join(stuck)} never completed" if stuck else f"{_uncaught} not caught"
     )
@@ -639,6 +630,27 @@ def _at_exit() -> None:
     )
     sys.stderr.flush()
     MPI.COMM_WORLD.Abort(1)
+
+
+def _leave_after_failure(failed: list[int], bound: float) -> NoReturn:
+    """Under ``--with-ft ulfm`` the survivors of a failed rank get a PeerError and may exit
+    normally, but MPI_Finalize then may wait on the dead rank (measured: 1 job in 12-23 hung
+    there), and MPI_Abort may leave the launcher itself stuck (1 job in 13). So the
+    survivors meet (shrink + barrier, at most ``bound`` seconds) and leave with status 1
+    without either: the first to leave early got the others killed before they had
+    reported (1 job in 2-24)."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    sys.stderr.write(
+        f"hpccomm (rank {world.Get_rank()} of {world.Get_size()}): world rank(s) {failed} "
+        f"failed during the job; exiting with status 1 without finalizing MPI (MPI_Finalize "
+        f"would wait for the failed rank(s))\n"
+    )
+    sys.stderr.flush()
+    sys.stdout.flush()
+    _meet_survivors(bound)
+    os._exit(1)
 
 
 _SURVIVOR_WAIT = 60.0  # seconds the survivors of a failed rank wait for each other at exit

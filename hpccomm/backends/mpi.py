@@ -347,8 +347,8 @@ class _ProbedRecv(_Received):
         """Whether the matched message fits the buffer; if not, it is received into
         scratch memory (and so taken off the queue) and dropped."""
         self.matched = True
-        size = self.status.Get_count(MPI.BYTE)
-        if size <= self.count * self.mt.Get_size():
+        size = self.status.Get_elements(MPI.BYTE)  # (Get_count is MPI_UNDEFINED from 2 GiB)
+        if 0 <= size <= self.count * self.mt.Get_size():
             return True
         msg.Recv([np.empty(size, np.uint8), MPI.BYTE])
         self.longer = size
@@ -652,7 +652,8 @@ class MPIBackend:
         call.backend = self
         call.body = self._bodies[spec]
         call.mode = "requests" if spec.p2p else "blocking"
-        call.blocking_body = self._blocking_bodies.get(spec)
+        # host arrays only: a wrapping backend (device staging) replaces the body
+        call.blocking_body = self._blocking_bodies.get(spec) if call.device is None else None
         if call.info is None:
             call.how = None
         elif spec.reducing:

@@ -117,6 +117,7 @@ class DeviceMPIBackend:
         self.host.prepare(call)
         host_body = call.body
         call.backend = self
+        call.blocking_body = None  # the host's probed receive: host memory only, no staging
         if not self.direct(call):
 
             def staged(call: Call, data: Any, out: Any, stream: Any) -> Any:

@@ -324,6 +324,7 @@ class ShmBackend:
         self.host.prepare(call)  # refuses what MPI refuses (the fallback prepares again)
         call.backend = self
         call.body = self._bodies[call.spec]
+        call.blocking_body = None
         call.mode = "blocking"
         call.how = _Plan(call, self.size, self.rank, self.chunk, self._copies(call),
                          self.host.size)  # fmt: skip

@@ -247,15 +247,20 @@ def test_peer_killed_under_mpiexec_ends_the_job_naming_it(launch):
     assert job.seconds < 25  # the launcher ends the job; nobody waits for the 30 s timeout
 
 
-def test_peer_killed_with_ulfm_is_a_peer_error_naming_it(launch):
+@pytest.mark.parametrize("end", ["exit", "free"])
+def test_peer_killed_with_ulfm_is_a_peer_error_naming_it(launch, end):
+    # "free": the survivors free the world before exiting (as ``with hpccomm.init()`` does):
+    # MPI_Finalize would still wait on the dead rank (2 jobs of 15 hung before that path)
     job = launch(
         3,
-        """
+        f"""
         c = hpccomm.init(timeout=30)
         if c.rank == 1:
             time.sleep(0.5)
             os.kill(os.getpid(), 9)
         outcome(c, "call", lambda: c.all_reduce(np.ones(2)))
+        if {end!r} == "free":
+            c.free()
         """,
         args=("--with-ft", "ulfm"),
     )

@@ -874,3 +874,25 @@ def test_gpu_test_module_touches_no_device_at_import(gpu):
         spec.loader.exec_module(module)
     assert gpu.log == [] and gpu.device_calls == calls_before
     assert module.ml_dtypes is ml_dtypes
+
+
+@pytest.mark.parametrize("async_op", [True, False])
+def test_device_recv_is_staged_blocking_or_not(gpu, async_op):
+    """A blocking recv of a device array goes through the device path's staging, not the
+    host's probed receive (which takes host memory only)."""
+    from mpi4py import MPI
+
+    from hpccomm.backends.mpi import MPIBackend
+
+    host = MPIBackend(MPI.COMM_SELF.Dup())
+    devices = DeviceBackends(host, DeviceConfig(0, "mpi", DevicePath(False, "test")))
+    d = Dispatcher(Group("self", 0, 1), host, devices.backend_for)
+    devices.attach(d)
+    sent = d.dispatch(O.SEND, np.arange(4.0), peer=0, tag=1, async_op=True)  # to self
+    y = dev(gpu, np.zeros(4))
+    got = d.dispatch(O.RECV, y, peer=0, tag=1, async_op=async_op)
+    assert (got.wait() if async_op else got) == 0
+    assert sent.wait() is None
+    assert list(y.a) == [0.0, 1.0, 2.0, 3.0]
+    assert any(e[0] in ("d2h", "h2d") for e in gpu.log), gpu.log  # staged copies
+    d.close()
