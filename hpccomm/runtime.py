@@ -611,7 +611,9 @@ def _at_exit() -> None:
 
     if MPI.Is_finalized():
         return
-    failed = _failed_world_ranks()
+    from .backends.mpi import failed_in
+
+    failed = failed_in(MPI.COMM_WORLD) or []  # (ULFM; [] without it)
     if world.freed:  # (``with hpccomm.init() as c:``): MPI_Finalize would wait all the same
         if failed:
             _leave_after_failure(failed, _SURVIVOR_WAIT)
@@ -672,28 +674,6 @@ def _meet_survivors(bound: float) -> None:
     thread = threading.Thread(target=meet, name="hpccomm-exit", daemon=True)
     thread.start()
     thread.join(bound)
-
-
-def _failed_world_ranks() -> list[int]:
-    """The world ranks MPI knows to have failed (ULFM's MPI_Comm_get_failed; empty when the
-    job does not run with ``--with-ft ulfm`` or the MPI lacks the call)."""
-    from mpi4py import MPI
-
-    try:
-        failed = MPI.COMM_WORLD.Get_failed()
-    except Exception:  # pragma: no cover - an MPI without ULFM's calls
-        return []
-    try:
-        n = failed.Get_size()
-        if n == 0:
-            return []
-        world = MPI.COMM_WORLD.Get_group()
-        try:
-            return sorted(MPI.Group.Translate_ranks(failed, list(range(n)), world))
-        finally:
-            world.Free()
-    finally:
-        failed.Free()
 
 
 def _stuck_calls(comm: Communicator) -> list[str]:

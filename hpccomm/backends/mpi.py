@@ -257,6 +257,12 @@ class Requests:
         return result(self.statuses) if callable(result) else result
 
 
+def _source_tag(call: Call) -> tuple[int, int]:
+    """A receive's source and tag, None as MPI's wildcards."""
+    src = _ANY_SOURCE if call.peer is None else call.peer
+    return src, (_ANY_TAG if call.tag is None else call.tag)
+
+
 class _Sent:
     """One started send (the common case, kept lean): done when MPI may reuse the buffer."""
 
@@ -396,6 +402,27 @@ class _ProbedRecv(_Received):
                 f"and dropped, the buffer is unchanged"
             )
         return super().outcome()
+
+
+def failed_in(comm: MPI.Comm) -> list[int] | None:
+    """The ranks of ``comm`` MPI knows to have failed, sorted (ULFM's MPI_Comm_get_failed,
+    available when the job runs with ``mpiexec --with-ft ulfm``; empty without a failure or
+    without that option); None where the MPI lacks the calls."""
+    try:
+        failed = comm.Get_failed()
+        try:
+            n = failed.Get_size()
+            if n == 0:
+                return []
+            mine = comm.Get_group()
+            try:
+                return sorted(MPI.Group.Translate_ranks(failed, list(range(n)), mine))
+            finally:
+                mine.Free()
+        finally:
+            failed.Free()
+    except Exception:  # pragma: no cover - an MPI without ULFM's calls
+        return None
 
 
 _CODES = {dt: i for i, dt in enumerate(SUPPORTED_DTYPES)}  # dtype <-> number in a header
@@ -713,9 +740,7 @@ class MPIBackend:
         if spec is O.SEND:
             return self._send_checked(call, seq, data, call.peer, call.tag)
         if spec is O.RECV:
-            src = _ANY_SOURCE if call.peer is None else call.peer
-            tag = _ANY_TAG if call.tag is None else call.tag
-            return _CheckedRecv(self.mpi, call, data, src, tag, "the receive")
+            return _CheckedRecv(self.mpi, call, data, *_source_tag(call), "the receive")
         if spec is O.SENDRECV:
             src = _ANY_SOURCE if call.src is None else call.src
             recv = _CheckedRecv(self.mpi, call, out, src, call.tag, "the receive")
@@ -768,28 +793,19 @@ class MPIBackend:
                 pass
 
     def failed_ranks(self) -> str:
-        """Which ranks of this group MPI knows to have failed (ULFM's MPI_Comm_get_failed,
-        available when the job runs with ``mpiexec --with-ft ulfm``). A rank released by a
-        peer's revoke may not have heard of the failure yet: wait up to 1 s for the notice."""
+        """Which ranks of this group MPI knows to have failed (:func:`failed_in`). A rank
+        released by a peer's revoke may not have heard of the failure yet: wait up to 1 s
+        for the notice."""
         deadline = time.monotonic() + 1.0
-        try:
-            while True:
-                failed = self.mpi.Get_failed()
-                mine = self.mpi.Get_group()
-                try:
-                    n = failed.Get_size()
-                    ranks = MPI.Group.Translate_ranks(failed, list(range(n)), mine)
-                finally:
-                    failed.Free()
-                    mine.Free()
-                if ranks or time.monotonic() > deadline:
-                    break
-                time.sleep(0.01)
-        except Exception:  # pragma: no cover - an MPI without ULFM's calls
+        ranks = failed_in(self.mpi)
+        while ranks == [] and time.monotonic() <= deadline:
+            time.sleep(0.01)
+            ranks = failed_in(self.mpi)
+        if ranks is None:  # pragma: no cover - an MPI without ULFM's calls
             return "a peer process failed"
         if not ranks:
             return "another rank saw a process failure and revoked this group"
-        return f"rank(s) {sorted(ranks)} of this group failed (the process died)"
+        return f"rank(s) {ranks} of this group failed (the process died)"
 
     # -- reductions ---------------------------------------------------------------------
 
@@ -887,15 +903,11 @@ class MPIBackend:
         return _Sent(self.mpi.Isend([x, call.how], call.peer, call.tag), x)
 
     def _recv(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> _Received:
-        src = _ANY_SOURCE if call.peer is None else call.peer
-        tag = _ANY_TAG if call.tag is None else call.tag
         mt = call.how
-        return _Received(call, self.mpi.Irecv([x, mt], src, tag), x, mt)
+        return _Received(call, self.mpi.Irecv([x, mt], *_source_tag(call)), x, mt)
 
     def _recv_blocking(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> _ProbedRecv:
-        src = _ANY_SOURCE if call.peer is None else call.peer
-        tag = _ANY_TAG if call.tag is None else call.tag
-        return _ProbedRecv(call, self.mpi, x, call.how, src, tag)
+        return _ProbedRecv(call, self.mpi, x, call.how, *_source_tag(call))
 
     def _sendrecv_blocking(self, call: Call, x: np.ndarray, out: np.ndarray, stream: Any) -> _All:
         """A sendrecv waited for at once: the send is posted, the receive probed (as a
@@ -950,9 +962,7 @@ class MPIBackend:
         return _ObjectSend(self.objects.isend(obj, dest=call.peer, tag=call.tag))
 
     def _recv_object(self, call: Call, obj: Any, out: Any, stream: Any) -> _ObjectRecv:
-        src = _ANY_SOURCE if call.peer is None else call.peer
-        tag = _ANY_TAG if call.tag is None else call.tag
-        return _ObjectRecv(self.objects, src, tag)
+        return _ObjectRecv(self.objects, *_source_tag(call))
 
     # -- groups (collective over this communicator unless said otherwise) -----------------
 
