@@ -4,6 +4,7 @@ binds the GPU (before CUDA or NCCL are touched)."""
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import select
 import signal
@@ -11,7 +12,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from . import flight, memory, profiler
 from .comm import Communicator, NodeInfo, check_timeout
@@ -614,15 +615,15 @@ def _at_exit() -> None:
     from .backends.mpi import failed_in
 
     failed = failed_in(MPI.COMM_WORLD) or []  # (ULFM; [] without it)
-    if world.freed:  # (``with hpccomm.init() as c:``): MPI_Finalize would wait all the same
-        if failed:
-            _leave_after_failure(failed, _SURVIVOR_WAIT)
+    if failed:  # also after free() (``with hpccomm.init() as c:``) and with a call stuck on
+        # a worker thread: MPI_Finalize would wait, MPI_Abort may leave the launcher stuck
+        _leave_after_failure(failed, (None if world.freed else world.timeout) or _SURVIVOR_WAIT)
+        return
+    if world.freed:
         return
     stuck = _stuck_calls(world)
-    if not stuck and not failed and (_uncaught is None or world.size == 1):
+    if not stuck and (_uncaught is None or world.size == 1):
         return
-    if failed and not stuck:
-        _leave_after_failure(failed, world.timeout or _SURVIVOR_WAIT)
     why = (
         f"exiting while {'; '.join(stuck)} never completed" if stuck else f"{_uncaught} not caught"
     )
@@ -634,13 +635,13 @@ def _at_exit() -> None:
     MPI.COMM_WORLD.Abort(1)
 
 
-def _leave_after_failure(failed: list[int], bound: float) -> NoReturn:
+def _leave_after_failure(failed: list[int], bound: float) -> None:
     """Under ``--with-ft ulfm`` the survivors of a failed rank get a PeerError and may exit
     normally, but MPI_Finalize then may wait on the dead rank (measured: 1 job in 12-23 hung
     there), and MPI_Abort may leave the launcher itself stuck (1 job in 13). So the
     survivors meet (shrink + barrier, at most ``bound`` seconds) and leave with status 1
-    without either: the first to leave early got the others killed before they had
-    reported (1 job in 2-24)."""
+    without either, after the other atexit handlers (:func:`_exit_before_finalize`): the
+    first to leave early got the others killed before they had reported (1 job in 2-24)."""
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
@@ -652,7 +653,43 @@ def _leave_after_failure(failed: list[int], bound: float) -> NoReturn:
     sys.stderr.flush()
     sys.stdout.flush()
     _meet_survivors(bound)
-    os._exit(1)
+    _exit_before_finalize(1)
+
+
+class _ExitWhenCollected:
+    """Ends the process with ``status`` when the garbage collector frees it. Made as
+    unreachable garbage (a cycle through itself) with automatic collection off, it is freed
+    by the interpreter's last collection, which comes after every atexit handler (those
+    registered before hpccomm's included, which an immediate ``os._exit`` skipped: logging's
+    shutdown, the user's own) and before mpi4py's MPI_Finalize (a C-level Py_AtExit
+    function, the very last step). (A module global deleted at module teardown does not
+    work: a daemon thread's frame, such as an idle worker's, keeps the module alive.)"""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+        self.streams = (sys.stdout, sys.stderr)
+        self.exit = os._exit  # bound now: the os module may be torn down by then
+        self.cycle = self
+
+    def __del__(self) -> None:
+        for stream in self.streams:
+            try:
+                stream.flush()
+            except Exception:  # pragma: no cover - a closed stream: nothing left to flush
+                pass
+        self.exit(self.status)
+
+
+def _exit_before_finalize(status: int) -> None:
+    """Leave with ``status`` once the other atexit handlers have run, without MPI_Finalize
+    (:class:`_ExitWhenCollected`; a handler calling ``gc.collect()`` ends it there). A
+    backstop in case the last collection never comes (a handler that blocks): SIGALRM,
+    whose default action ends the process, after ``_SURVIVOR_WAIT`` seconds."""
+    _ExitWhenCollected(status)
+    gc.disable()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(int(_SURVIVOR_WAIT))
 
 
 _SURVIVOR_WAIT = 60.0  # seconds the survivors of a failed rank wait for each other at exit

@@ -22,10 +22,6 @@ __all__ = ["Work", "Pending", "wait_bounded", "wait_watching"]
 
 _DEFAULT: Any = object()  # wait() without an argument: the communicator's timeout
 
-# A Work is finished once, by whichever thread first sees its source done: the caller in
-# wait()/is_completed(), or the worker thread running a done-callback (the torch backend).
-_finishing = threading.Lock()
-
 
 class Pending(Protocol):
     """Something started: ``test()`` never blocks, ``wait(timeout)`` returns True once done
@@ -91,6 +87,7 @@ class Work:
         "_on_failure",
         "_after",
         "_callbacks",
+        "_finishing",
         "__weakref__",
     )
 
@@ -120,6 +117,11 @@ class Work:
         self._done = False
         self._exc: BaseException | None = None
         self._result: Any = None
+        # finished once, by whichever thread first sees its source done: the caller in
+        # wait()/is_completed(), or the worker thread running a done-callback (the torch
+        # backend). A lock per Work: finishing may wait (a PeerError waits up to 1 s for
+        # MPI's failure notice), which must not hold up other Works' completion
+        self._finishing = threading.Lock()
 
     def _where(self) -> str:
         return self._call.where(self._seq)
@@ -127,7 +129,7 @@ class Work:
     def _finish(self, failure: BaseException | None = None) -> None:
         """The source is done (or failed while completing: ``failure``): keep its result or
         its error for every later call, tell the listeners."""
-        with _finishing:
+        with self._finishing:
             if self._done:  # another thread finished it meanwhile
                 return
             try:

@@ -356,7 +356,18 @@ class _ProbedRecv(_Received):
         size = self.status.Get_elements(MPI.BYTE)  # (Get_count is MPI_UNDEFINED from 2 GiB)
         if 0 <= size <= self.count * self.mt.Get_size():
             return True
-        msg.Recv([np.empty(size, np.uint8), MPI.BYTE])
+        try:
+            scratch = np.empty(size, np.uint8)
+        except MemoryError:
+            raise MismatchError(
+                f"{self.call.where(self.seq)}: the receive matched a message of {size:,} bytes "
+                f"from rank {self.status.Get_source()} (tag {self.status.Get_tag()}), longer "
+                f"than the buffer's {self.count * self.mt.Get_size():,} bytes, and there is not "
+                f"enough memory to receive and drop it: the message stays matched and "
+                f"unreceived (its sender may wait for it until its timeout); the buffer is "
+                f"unchanged"
+            ) from None
+        msg.Recv([scratch, MPI.BYTE])
         self.longer = size
         return False
 
@@ -722,8 +733,8 @@ class MPIBackend:
 
     def error(self, call: Call, seq: int, exc: BaseException) -> HpccommError:
         where = call.where(seq)
-        if isinstance(exc, MPI.Exception) and exc.Get_error_class() in _PROC_FAILED:
-            self._revoke()
+        if isinstance(exc, MPI.Exception) and self._process_failed(exc):
+            self.revoke()
             return PeerError(f"{where}: {self.failed_ranks()}; MPI reports {exc}")
         if isinstance(exc, MPI.Exception) and exc.Get_error_class() == MPI.ERR_TRUNCATE:
             more = _TRUNCATED_P2P if call.spec.p2p else _TRUNCATED_UNCHECKED
@@ -781,12 +792,22 @@ class MPIBackend:
         self.checks.Alltoall([np.array(values, np.int64), MPI.INT64_T], [got, MPI.INT64_T])
         return got.tolist()
 
-    def _revoke(self) -> None:
+    def _process_failed(self, exc: MPI.Exception) -> bool:
+        """Whether ``exc`` comes from a process failure (ULFM): a failure class, or
+        MPI_ERR_IN_STATUS from a Waitall that hpccomm does not hold the statuses of
+        (pkl5's object transfers) while MPI knows a rank of this group failed."""
+        cls = exc.Get_error_class()
+        return cls in _PROC_FAILED or (cls == MPI.ERR_IN_STATUS and bool(failed_in(self.mpi)))
+
+    def revoke(self) -> None:
         """Revoke this group's communicators (ULFM's MPI_Comm_revoke) after a process failure:
         a rank that saw the failure leaves the collective, and a peer still waiting for it
         in the same call, which may never learn of the failure itself, is released with
-        MPI_ERR_REVOKED (measured: without it, 1 run in 7-24 left a survivor waiting)."""
-        for comm in (self.mpi, self.checks):
+        MPI_ERR_REVOKED (measured: without it, 1 run in 7-24 left a survivor waiting). Also
+        mpi4py's duplicate that pkl5's object transfers use (made in ``__init__``): a rank
+        waiting there for the root of a ``scatter_object`` that failed before sending to it
+        stayed inside MPI until exit."""
+        for comm in (self.mpi, self.checks, MPI._commctx_intra(self.mpi)[0]):
             try:
                 comm.Revoke()
             except Exception:  # pragma: no cover - an MPI without ULFM's calls

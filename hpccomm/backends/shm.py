@@ -65,7 +65,13 @@ import numpy as np
 
 from .. import ops as O
 from ..dtypes import ARITHMETIC_UFUNCS, SUPPORTED_DTYPES, ReduceOp
-from ..errors import ClosedError, HpccommError, InvalidArgumentError, MismatchError
+from ..errors import (
+    ClosedError,
+    HpccommError,
+    InvalidArgumentError,
+    MismatchError,
+    PeerError,
+)
 from ..ops import Call
 from ..switches import switch
 
@@ -330,7 +336,13 @@ class ShmBackend:
                          self.host.size)  # fmt: skip
 
     def error(self, call: Call, seq: int, exc: BaseException) -> HpccommError:
-        return self.host.error(call, seq, exc)
+        err = self.host.error(call, seq, exc)
+        if isinstance(err, PeerError):  # the host revoked the group's communicators; the
+            # hierarchical path's node and cross-node ones too, where a peer may be waiting
+            for sub in (self.cross, None if self.node is self.host else self.node):
+                if sub is not None:
+                    sub.revoke()
+        return err
 
     def close(self) -> None:
         """Drop the mapping (local; a body still running keeps it mapped through its views).

@@ -247,18 +247,38 @@ def test_peer_killed_under_mpiexec_ends_the_job_naming_it(launch):
     assert job.seconds < 25  # the launcher ends the job; nobody waits for the 30 s timeout
 
 
-@pytest.mark.parametrize("end", ["exit", "free"])
-def test_peer_killed_with_ulfm_is_a_peer_error_naming_it(launch, end):
+@pytest.mark.parametrize(
+    ("end", "op"),
+    [
+        ("exit", "all_reduce"),
+        ("free", "all_reduce"),
+        ("exit", "scatter_object"),
+    ],
+)
+def test_peer_killed_with_ulfm_is_a_peer_error_naming_it(launch, end, op):
     # "free": the survivors free the world before exiting (as ``with hpccomm.init()`` does):
     # MPI_Finalize would still wait on the dead rank (2 jobs of 15 hung before that path)
     job = launch(
         3,
         f"""
+        import atexit
+        me = os.environ["OMPI_COMM_WORLD_RANK"]
+        # registered before hpccomm's exit hook: it must still run (logging's shutdown is
+        # such a handler)
+        atexit.register(print, f"R{{me}} early_handler {{{{}}}}", flush=True)
         c = hpccomm.init(timeout=30)
         if c.rank == 1:
             time.sleep(0.5)
             os.kill(os.getpid(), 9)
-        outcome(c, "call", lambda: c.all_reduce(np.ones(2)))
+        calls = {{
+            "all_reduce": lambda: c.all_reduce(np.ones(2)),
+            # the root's send to rank 1 fails (MPI_ERR_IN_STATUS from pkl5's Waitall) and
+            # rank 2 waits for its part on mpi4py's duplicate of the communicator
+            "scatter_object": lambda: c.scatter_object([[r] * 10**5 for r in range(3)]),
+        }}
+        if {op!r} == "scatter_object" and c.rank == 0:
+            time.sleep(1.5)  # the root starts after the failure: its send to rank 1 fails
+        outcome(c, "call", calls[{op!r}])
         if {end!r} == "free":
             c.free()
         """,
@@ -267,13 +287,14 @@ def test_peer_killed_with_ulfm_is_a_peer_error_naming_it(launch, end):
     for rank in (0, 2):
         got = job.of(rank, "call")
         assert got["cls"] == "PeerError", got
-        assert got["msg"].startswith(f"all_reduce #1 on world (rank {rank} of 3)")
-        assert "rank(s) [1] of this group failed" in got["msg"]
+        assert got["msg"].startswith(f"{op} #1 on world (rank {rank} of 3)"), got
+        assert "rank(s) [1] of this group failed" in got["msg"], got
         assert got["s"] < 20
     # The survivors leave without MPI_Finalize, which could wait on the dead rank for good.
     assert job.rc != 0
     for rank in (0, 2):
         assert f"hpccomm (rank {rank} of 3): world rank(s) [1] failed during the job" in job.stderr
+        assert (rank, "early_handler") in job.reports, job.stdout
 
 
 def test_peer_that_exits_before_init(launch):

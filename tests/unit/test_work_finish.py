@@ -1,0 +1,61 @@
+"""A Work is finished once, under a lock of its own: one Work whose finishing waits (a
+PeerError waits up to 1 s for MPI's failure notice) must not hold up the completion of
+another Work on another thread."""
+
+import threading
+import time
+
+from hpccomm.errors import PeerError
+from hpccomm.work import Work
+
+
+class _SlowBackend:
+    """Translates a failure the way the MPI backend does after a process failure: slowly."""
+
+    def __init__(self, started: threading.Event) -> None:
+        self.started = started
+
+    def error(self, call, seq, exc):
+        self.started.set()
+        time.sleep(1.0)
+        return PeerError(f"{call.where(seq)}: rank(s) [1] of this group failed")
+
+
+class _Call:
+    def __init__(self, backend) -> None:
+        self.backend = backend
+
+    def where(self, seq):
+        return f"all_reduce #{seq} on world (rank 0 of 2)"
+
+
+class _Source:
+    def __init__(self, exc=None) -> None:
+        self.exc = exc
+
+    def test(self):
+        return True
+
+    def wait(self, timeout):
+        return True
+
+    def outcome(self):
+        if self.exc is not None:
+            raise self.exc
+        return "result"
+
+
+def test_a_work_failing_slowly_does_not_hold_up_another():
+    started = threading.Event()
+    slow = Work(_Call(_SlowBackend(started)), 1, _Source(RuntimeError("MPI_ERR_PROC_FAILED")))
+    thread = threading.Thread(target=slow.exception)
+    thread.start()
+    assert started.wait(5)
+    t0 = time.monotonic()
+    fast = Work(_Call(None), 2, _Source())
+    assert fast.wait() == "result"
+    waited = time.monotonic() - t0
+    thread.join(5)
+    assert waited < 0.5, f"the other Work's completion waited {waited:.2f} s"
+    err = slow.exception()
+    assert isinstance(err, PeerError) and "rank(s) [1]" in str(err)
