@@ -31,7 +31,7 @@ Across-rank checks: each call writes a header (op, dtype, count, root, tick) tha
 compares after the first barrier; ranks whose calls differ raise MismatchError on every rank
 instead of reading each other's memory out of step.
 
-Memory ordering: the segment is plain shared memory (``/dev/shm``, mmap); stores made before
+Memory ordering: the segment is plain shared memory (a shared file, mmap); stores made before
 an MPI barrier are assumed visible to loads made after it on every rank. This holds for Open
 MPI's shared-memory barrier on x86-64 (total store order; the barrier's atomic operations are
 full fences) and on weakly ordered CPUs through the fences its transport issues around every
@@ -41,8 +41,8 @@ fragment; it is the same assumption MPI's own unified memory model makes for
 Why not ``MPI_Win_allocate_shared``: freeing an MPI window is collective (Open MPI's osc/sm
 free runs a barrier), so freeing a communicator would block on a peer that is stuck or gone,
 and a rank that timed out must be able to free and exit. The segment here is created once per
-communicator on the first large call (rank 0 creates and sizes it, the others map it, rank 0
-unlinks the file once everyone has), and freeing drops the mapping locally: NumPy views keep
+communicator on the first large call (rank 0 creates and sizes a nameless file, the others
+open and map it: :func:`_map_shared`), and freeing drops the mapping locally: NumPy views keep
 it mapped until the last body using it has returned. Its size is fixed (two chunks of input
 and two result slices per rank), whatever the message size: nothing grows.
 
@@ -630,10 +630,72 @@ class ShmBackend:
 
 
 def _map_shared(mpi: Any, rank: int, total: int) -> tuple[Any, str]:
-    """Collective over ``mpi``: rank 0 creates a file of ``total`` bytes in /dev/shm (sized
-    with ``posix_fallocate``: ENOSPC here, not SIGBUS on first touch; zero-filled), every rank
-    maps it, rank 0 unlinks it once all have (nothing leaks; the mappings stay). Returns the
-    mapping, or None on every rank with the reasons when some rank failed."""
+    """Collective over ``mpi``: a zero-filled shared memory file of ``total`` bytes mapped by
+    every rank. Returns the mapping, or None on every rank with the reasons when some rank
+    failed. First a nameless file (:func:`_map_memfd`): nothing is left behind whatever
+    happens to the job; where a rank cannot reach it, a named file in /dev/shm
+    (:func:`_map_named`)."""
+    mm, why = _map_memfd(mpi, rank, total)
+    if mm is not None:
+        return mm, ""
+    mm, named = _map_named(mpi, rank, total)
+    return mm, "" if mm is not None else f"{named} (nameless file: {why})"
+
+
+def _map_memfd(mpi: Any, rank: int, total: int) -> tuple[Any, str]:
+    """Rank 0 makes a nameless file (``memfd_create``, sized with ``posix_fallocate``: ENOSPC
+    here, not SIGBUS on first touch) and keeps it open until every rank has mapped it; the
+    others open it through ``/proc/<pid>/fd/<fd>`` and check that it is the same file (its
+    device and inode: in another PID namespace that path names another process). The
+    memory goes when the last mapping does: a job killed at any point leaves nothing in
+    /dev/shm (a named file, made and unlinked in two steps, was left behind by a job that
+    ended between them: a rank that never joined, then an abort)."""
+    fd = -1
+    why = ""
+    where = None
+    if rank == 0:
+        try:
+            fd = os.memfd_create("hpccomm-shm", os.MFD_CLOEXEC)
+            os.posix_fallocate(fd, 0, total)
+            st = os.fstat(fd)
+            where = (os.getpid(), fd, st.st_dev, st.st_ino)
+        except (OSError, AttributeError) as exc:  # AttributeError: no memfd_create here
+            why = f"memfd_create: {exc}"
+            if fd >= 0:
+                os.close(fd)
+                fd = -1
+    where = mpi.bcast(where, root=0)
+    mm = None
+    if where is not None:
+        pid, theirs, dev, ino = where
+        path = f"/proc/{pid}/fd/{theirs}"
+        try:
+            mine = fd if rank == 0 else os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                st = os.fstat(mine)
+                if (st.st_dev, st.st_ino) == (dev, ino):
+                    mm = mmap.mmap(mine, total)
+                else:
+                    why = f"{path} is another file here (another PID namespace?)"
+            finally:
+                if mine != fd:
+                    os.close(mine)
+        except OSError as exc:
+            why = f"could not open {path}: {exc}"
+    reasons = mpi.allgather(why if mm is None else "")
+    if fd >= 0:
+        os.close(fd)  # every rank has mapped it or given up; the mappings keep it
+    bad = "; ".join(f"rank {r}: {w}" for r, w in enumerate(reasons) if w)
+    if bad or mm is None:
+        if mm is not None:
+            mm.close()  # nothing exported yet
+        return None, bad or "no segment"
+    return mm, ""
+
+
+def _map_named(mpi: Any, rank: int, total: int) -> tuple[Any, str]:
+    """Rank 0 creates a file of ``total`` bytes in /dev/shm (``posix_fallocate``), every
+    rank maps it, rank 0 unlinks it once all have (the mappings stay)."""
     path = None
     why = ""
     if rank == 0:

@@ -2,6 +2,8 @@
 class expected on every rank that should see it, and a message naming the op, the group, the
 sequence number and, where known, the culprit rank. Each runs in its own MPI job."""
 
+import os
+
 import pytest
 
 pytestmark = pytest.mark.faults
@@ -389,6 +391,30 @@ def test_shared_memory_path_with_a_rank_that_never_calls(launch):
     assert freed["cls"] is None and freed["s"] < 1.5
     assert job.rc != 0 and "never completed; aborting the job" in job.stderr
     assert not job.crashed()
+
+
+def test_a_rank_missing_from_the_first_shared_memory_call_leaves_no_file(launch):
+    # The segment is made by the group's first fast-path call: rank 0 creates it, the others
+    # map it. Rank 2 never calls: ranks 0 and 1 time out and the job is aborted at exit,
+    # before every rank had mapped the segment; nothing may stay behind in /dev/shm.
+    job = launch(
+        3,
+        """
+        c = hpccomm.init(timeout=2)
+        report(c, "pid", pid=os.getpid())
+        if c.rank < 2:
+            outcome(c, "call", lambda: c.all_reduce(np.ones(1 << 16)))
+        else:
+            time.sleep(4)
+        """,
+        env={"HPCCOMM_SHM_THRESHOLD": "1K"},
+    )
+    for rank in (0, 1):
+        assert job.of(rank, "call")["cls"] == "CommTimeoutError"
+    assert job.rc != 0
+    pid = job.of(0, "pid")["pid"]
+    left = [n for n in os.listdir("/dev/shm") if n.startswith(f"hpccomm-{pid}-")]
+    assert left == [], f"left in /dev/shm: {left}"
 
 
 def test_a_larger_broadcast_than_the_buffer_is_refused_by_default(launch):

@@ -9,6 +9,7 @@ runs the default settings. Each test checks that the fast path ran (its call cou
 none can pass by testing MPI instead."""
 
 import gc
+import os
 
 import ml_dtypes
 import numpy as np
@@ -340,18 +341,62 @@ def test_ranks_that_disagree_raise_a_mismatch_on_every_rank(small):
     assert (y == comm.size * (comm.size + 1) / 2).all()
 
 
+def _no_memfd(*args):
+    raise OSError(38, "Function not implemented")
+
+
 def test_a_segment_that_cannot_be_made_leaves_the_group_on_mpi(small, monkeypatch):
     comm, fast = small
+    monkeypatch.setattr(shm_mod.os, "memfd_create", _no_memfd)
     monkeypatch.setattr(shm_mod, "SHM_DIR", "/nonexistent-hpccomm-test")
     x = np.full(CHUNK, comm.rank + 1, np.int32)
     comm.all_reduce(x)
     assert (x == comm.size * (comm.size + 1) // 2).all()
     assert fast.calls == 0 and fast.segment is None
     assert "could not create /nonexistent-hpccomm-test/hpccomm-" in (fast.failed or "")
+    assert "(nameless file: rank 0: memfd_create: [Errno 38]" in (fast.failed or "")
     y = np.full(3 * CHUNK, comm.rank + 1, np.int32)  # a new description: MPI from the start
     comm.all_reduce(y)
     assert (y == comm.size * (comm.size + 1) // 2).all()
     assert fast.calls == 0
+
+
+def test_the_segment_is_a_nameless_file(small):
+    comm, fast = small
+    before = set(os.listdir(shm_mod.SHM_DIR))
+    x = np.full(CHUNK, comm.rank + 1, np.int32)
+    comm.all_reduce(x)
+    assert (x == comm.size * (comm.size + 1) // 2).all()
+    assert fast.calls == 1 and fast.segment is not None
+    # nothing named: a job that dies while the segment is being made leaves nothing behind
+    made = [n for n in set(os.listdir(shm_mod.SHM_DIR)) - before if n.startswith("hpccomm-")]
+    assert made == []
+    mine = os.readlink(f"/proc/self/map_files/{_mapping_of(fast.segment.raw)}")
+    assert mine.startswith("/memfd:hpccomm-shm")
+
+
+def _mapping_of(a):
+    """The /proc/self/map_files name of the mapping holding array ``a``."""
+    addr = a.ctypes.data
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            lo, hi = (int(v, 16) for v in line.split()[0].split("-"))
+            if lo <= addr < hi:
+                return line.split()[0]
+    raise AssertionError("not mapped")
+
+
+def test_without_memfd_a_named_file_is_made_and_unlinked(small, monkeypatch):
+    comm, fast = small
+    monkeypatch.setattr(shm_mod.os, "memfd_create", _no_memfd)
+    before = set(os.listdir(shm_mod.SHM_DIR))
+    x = np.full(CHUNK, comm.rank + 1, np.int32)
+    comm.all_reduce(x)
+    assert (x == comm.size * (comm.size + 1) // 2).all()
+    assert fast.calls == 1 and fast.segment is not None and fast.failed is None
+    comm.barrier()  # rank 0 has unlinked it
+    made = [n for n in set(os.listdir(shm_mod.SHM_DIR)) - before if n.startswith("hpccomm-")]
+    assert made == []
 
 
 def test_free_drops_the_segment(small):
