@@ -14,7 +14,9 @@ export PYTHONUNBUFFERED := 1
 MPIEXEC  := $(BIN)/mpiexec --oversubscribe
 # Every MPI run is bounded: a hang fails the run instead of blocking CI.
 MPI_TIMEOUT ?= 300
-BOUND    := timeout -k 10 $(MPI_TIMEOUT)
+# A killed launcher leaves its session directory, on which a later one with the same pid
+# fails to start: every bounded run sweeps those first (tests/sweep-sessions.sh says more).
+BOUND    := tests/sweep-sessions.sh; timeout -k 10 $(MPI_TIMEOUT)
 
 .PHONY: install test test-unit test-torch test-faults test-mpi test-slurm slurm-up slurm-down run info lint types check coverage format bench clean
 

@@ -12,6 +12,7 @@
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -74,6 +75,8 @@ def mpi_env() -> dict:
     """A fresh environment for an MPI subprocess: root and oversubscription allowed, ranks
     yield while waiting, and no launcher variables of this process (Slurm, Open MPI's world,
     PRRTE, PMIx, PMI) that would make the child think it is one of our ranks."""
+    # a killed launcher's session directory fails the next launcher given its pid
+    subprocess.run([str(Path(__file__).with_name("sweep-sessions.sh"))], check=False)
     env = dict(os.environ)
     env.update(
         OMPI_ALLOW_RUN_AS_ROOT="1",
