@@ -18,7 +18,7 @@ MPI_TIMEOUT ?= 300
 # fails to start: every bounded run sweeps those first (tests/sweep-sessions.sh says more).
 BOUND    := tests/sweep-sessions.sh; timeout -k 10 $(MPI_TIMEOUT)
 
-.PHONY: install test test-unit test-torch test-faults test-mpi test-slurm slurm-up slurm-down run info lint types check coverage format bench clean
+.PHONY: install test test-unit test-torch test-faults test-mpi test-slurm slurm-up slurm-down run info lint types check coverage format bench bench-large clean
 
 # torch for the torch.distributed backend and its tests: 2.13.0 is the CPU build on this
 # project's machines' disk (elsewhere pip takes it from PyPI); `make install TORCH=` skips it.
@@ -112,6 +112,13 @@ bench:
 	    --json build/bench-all-$$n.json || exit 1; \
 	done
 	$(BOUND) $(MPIEXEC) -n 2 $(BIN)/python benchmarks/profile_cost.py
+
+# Large reductions inside a node (issue 12's table): Open MPI as shipped and fault-free,
+# hpccomm on ordinary arrays and on symmetric buffers, and the memory's floor.
+bench-large:
+	@mkdir -p build
+	tests/sweep-sessions.sh; timeout -k 10 1800 $(BIN)/python benchmarks/bench_large.py -n 2 \
+	  --json build/bench-large.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache
