@@ -14,9 +14,11 @@ export PYTHONUNBUFFERED := 1
 MPIEXEC  := $(BIN)/mpiexec --oversubscribe
 # Every MPI run is bounded: a hang fails the run instead of blocking CI.
 MPI_TIMEOUT ?= 300
-# A killed launcher leaves its session directory, on which a later one with the same pid
-# fails to start: every bounded run sweeps those first (tests/sweep-sessions.sh says more).
-BOUND    := tests/sweep-sessions.sh; timeout -k 10 $(MPI_TIMEOUT)
+# Each bounded run gets a TMPDIR of its own: prterun keeps its session files in
+# $TMPDIR/ompi.<pid> and leaves them when it is killed, and a later prterun given the same
+# pid in the same directory fails at start ("The PMIx server's listener thread failed to
+# start"; reproduced by placing such directories at the next pids).
+BOUND    := env TMPDIR=$$(mktemp -d /tmp/hpccomm-run.XXXXXX) timeout -k 10 $(MPI_TIMEOUT)
 
 .PHONY: install test test-unit test-torch test-faults test-mpi test-slurm slurm-up slurm-down run info lint types check coverage format bench bench-large clean
 
@@ -117,8 +119,8 @@ bench:
 # hpccomm on ordinary arrays and on symmetric buffers, and the memory's floor.
 bench-large:
 	@mkdir -p build
-	tests/sweep-sessions.sh; timeout -k 10 1800 $(BIN)/python benchmarks/bench_large.py -n 2 \
+	env TMPDIR=$$(mktemp -d /tmp/hpccomm-run.XXXXXX) timeout -k 10 1800 $(BIN)/python benchmarks/bench_large.py -n 2 \
 	  --json build/bench-large.json
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache /tmp/hpccomm-run.*

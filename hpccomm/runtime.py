@@ -10,6 +10,7 @@ import select
 import signal
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -612,12 +613,14 @@ def _at_exit() -> None:
 
     if MPI.Is_finalized():
         return
-    from .backends.mpi import failed_in
+    from .backends import mpi as mpi_backend
 
-    failed = failed_in(MPI.COMM_WORLD) or []  # (ULFM; [] without it)
-    if failed:  # also after free() (``with hpccomm.init() as c:``) and with a call stuck on
-        # a worker thread: MPI_Finalize would wait, MPI_Abort may leave the launcher stuck
-        _leave_after_failure(failed, (None if world.freed else world.timeout) or _SURVIVOR_WAIT)
+    failed = mpi_backend.failed_in(MPI.COMM_WORLD) or []  # (ULFM; [] without it)
+    if failed or mpi_backend.peer_failure_seen:
+        # also after free() (``with hpccomm.init() as c:``), with a call stuck on a worker
+        # thread, and on a rank that only saw a peer's revoke (MPI may not have told it
+        # which rank failed): MPI_Finalize would wait, MPI_Abort may leave the launcher stuck
+        _leave_after_failure((None if world.freed else world.timeout) or _SURVIVOR_WAIT)
         return
     if world.freed:
         return
@@ -635,35 +638,66 @@ def _at_exit() -> None:
     MPI.COMM_WORLD.Abort(1)
 
 
-def _leave_after_failure(failed: list[int], bound: float) -> None:
+def _leave_after_failure(bound: float) -> None:
     """Under ``--with-ft ulfm`` the survivors of a failed rank get a PeerError and may exit
     normally, but MPI_Finalize then may wait on the dead rank (measured: 1 job in 12-23 hung
     there), and MPI_Abort may leave the launcher itself stuck (1 job in 13). So the
-    survivors meet (shrink + barrier, at most ``bound`` seconds) and leave with status 1
-    without either, after the other atexit handlers (:func:`_exit_before_finalize`): the
-    first to leave early got the others killed before they had reported (1 job in 2-24)."""
+    survivors meet and leave with status 1 without either, after the other atexit handlers
+    (:func:`_exit_before_finalize`): the first to leave early got the others killed before
+    they had reported (1 job in 2-24). The meeting (at most ``bound`` seconds, on a daemon
+    thread: the non-blocking shrink of Open MPI 5.0 fails at once) is ULFM's
+    MPI_Comm_shrink, after which every survivor knows the failed ranks (a rank released by
+    a peer's revoke may not have known them; 9 of 12 such runs went to MPI_Finalize
+    before), this rank's report, then a barrier among the survivors."""
     from mpi4py import MPI
 
+    from .backends.mpi import failed_in
+
     world = MPI.COMM_WORLD
+    shrunk = threading.Event()
+    reported = threading.Event()
+
+    def meet() -> None:
+        try:
+            live = world.Shrink()
+            shrunk.set()
+            reported.wait(bound)
+            live.Barrier()
+        except Exception:  # pragma: no cover - a failure during the meeting: leave anyway
+            pass
+        finally:
+            shrunk.set()
+
+    deadline = time.monotonic() + bound
+    thread = threading.Thread(target=meet, name="hpccomm-exit", daemon=True)
+    thread.start()
+    shrunk.wait(bound)
+    failed = failed_in(world) or []
+    which = f"world rank(s) {failed}" if failed else "a peer process (MPI did not say which)"
     sys.stderr.write(
-        f"hpccomm (rank {world.Get_rank()} of {world.Get_size()}): world rank(s) {failed} "
-        f"failed during the job; exiting with status 1 without finalizing MPI (MPI_Finalize "
-        f"would wait for the failed rank(s))\n"
+        f"hpccomm (rank {world.Get_rank()} of {world.Get_size()}): {which} failed during the "
+        f"job; exiting with status 1 without finalizing MPI (MPI_Finalize would wait for the "
+        f"failed rank(s))\n"
     )
     sys.stderr.flush()
     sys.stdout.flush()
-    _meet_survivors(bound)
+    reported.set()
+    thread.join(max(0.0, deadline - time.monotonic()))
     _exit_before_finalize(1)
 
 
 class _ExitWhenCollected:
     """Ends the process with ``status`` when the garbage collector frees it. Made as
     unreachable garbage (a cycle through itself) with automatic collection off, it is freed
-    by the interpreter's last collection, which comes after every atexit handler (those
-    registered before hpccomm's included, which an immediate ``os._exit`` skipped: logging's
-    shutdown, the user's own) and before mpi4py's MPI_Finalize (a C-level Py_AtExit
-    function, the very last step). (A module global deleted at module teardown does not
-    work: a daemon thread's frame, such as an idle worker's, keeps the module alive.)"""
+    by a collection of the interpreter's shutdown (module teardown, on Python 3.11-3.13),
+    which comes after every atexit handler (those registered before hpccomm's included,
+    which an immediate ``os._exit`` skipped: logging's shutdown, the user's own) and before
+    mpi4py's MPI_Finalize (a C-level Py_AtExit function, the very last step). A module
+    global deleted at teardown does not work: a daemon thread's frame, such as an idle
+    worker's, keeps the module alive. Limits: an atexit handler that calls ``gc.collect()``
+    (or turns collection back on) ends the process there, before the handlers registered
+    ahead of it; one that calls ``gc.freeze()`` keeps the object, and the SIGALRM backstop
+    of :func:`_exit_before_finalize` then ends a hanging MPI_Finalize."""
 
     def __init__(self, status: int) -> None:
         self.status = status
@@ -682,35 +716,18 @@ class _ExitWhenCollected:
 
 def _exit_before_finalize(status: int) -> None:
     """Leave with ``status`` once the other atexit handlers have run, without MPI_Finalize
-    (:class:`_ExitWhenCollected`; a handler calling ``gc.collect()`` ends it there). A
-    backstop in case the last collection never comes (a handler that blocks): SIGALRM,
-    whose default action ends the process, after ``_SURVIVOR_WAIT`` seconds."""
+    (:class:`_ExitWhenCollected`). A backstop in case that collection never comes or
+    MPI_Finalize is reached all the same: SIGALRM, whose default action ends the process,
+    after ``_SURVIVOR_WAIT`` seconds (it replaces a SIGALRM handler of the program's; an
+    atexit handler running longer than that is cut short)."""
+    gc.disable()  # first: no automatic collection between the two lines
     _ExitWhenCollected(status)
-    gc.disable()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
         signal.alarm(int(_SURVIVOR_WAIT))
 
 
 _SURVIVOR_WAIT = 60.0  # seconds the survivors of a failed rank wait for each other at exit
-
-
-def _meet_survivors(bound: float) -> None:
-    """Wait, at most ``bound`` seconds, until every live world rank has reached this point
-    (ULFM's MPI_Comm_shrink, then a barrier among the survivors, on a daemon thread: the
-    non-blocking shrink of Open MPI 5.0 fails at once); give up quietly on any error."""
-    from mpi4py import MPI
-
-    def meet() -> None:
-        try:
-            live = MPI.COMM_WORLD.Shrink()
-            live.Barrier()
-        except Exception:  # pragma: no cover - a failure during the shrink: leave anyway
-            pass
-
-    thread = threading.Thread(target=meet, name="hpccomm-exit", daemon=True)
-    thread.start()
-    thread.join(bound)
 
 
 def _stuck_calls(comm: Communicator) -> list[str]:

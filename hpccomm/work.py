@@ -161,7 +161,8 @@ class Work:
                 self._on_failure(self._seq, self._exc)
             if record.error_hooks:
                 record.report_error(self._exc)
-        callbacks, self._callbacks = self._callbacks, []
+        with self._finishing:  # (add_done_callback appends under the same lock)
+            callbacks, self._callbacks = self._callbacks, []
         for fn in callbacks:
             fn(self)
 
@@ -236,10 +237,11 @@ class Work:
                 self.is_completed()  # finishes it (keeping the status) if it is done
             except HpccommError:
                 pass  # kept: fn sees it as exception()
-        if self._done:
-            fn(self)
-        else:
-            self._callbacks.append(fn)
+        with self._finishing:  # not between _finish's taking of the list and its end
+            if not self._done:
+                self._callbacks.append(fn)
+                return
+        fn(self)
 
     def completes_by_itself(self) -> bool:
         """Whether the operation completes without anyone waiting (it runs on the worker

@@ -12,8 +12,8 @@
 import importlib.util
 import os
 import shutil
-import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -71,14 +71,15 @@ def mpiexec(venv_bin) -> str:
 
 
 @pytest.fixture
-def mpi_env() -> dict:
+def mpi_env():
     """A fresh environment for an MPI subprocess: root and oversubscription allowed, ranks
     yield while waiting, and no launcher variables of this process (Slurm, Open MPI's world,
     PRRTE, PMIx, PMI) that would make the child think it is one of our ranks."""
-    # a killed launcher's session directory fails the next launcher given its pid
-    subprocess.run([str(Path(__file__).with_name("sweep-sessions.sh"))], check=False)
     env = dict(os.environ)
     env.update(
+        # a TMPDIR per test: a launcher killed at a test's time bound leaves its session
+        # directory ($TMPDIR/ompi.<pid>), which fails a later launcher given the same pid
+        TMPDIR=(tmp := tempfile.mkdtemp(prefix="hpccomm-", dir="/tmp")),
         OMPI_ALLOW_RUN_AS_ROOT="1",
         OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
         OMPI_MCA_mpi_yield_when_idle="1",
@@ -87,7 +88,8 @@ def mpi_env() -> dict:
         k for k in env if k.startswith(("SLURM_", "OMPI_COMM_WORLD", "PRTE_", "PMIX_", "PMI_"))
     ]:
         del env[key]
-    return env
+    yield env
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 # -- references: per-rank data and NumPy results (tests/mpi, tests/gpu) ---------------------

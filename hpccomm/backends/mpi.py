@@ -415,6 +415,12 @@ class _ProbedRecv(_Received):
         return super().outcome()
 
 
+# Set once this process has raised a PeerError (a process failure or a peer's revoke, under
+# ULFM): at exit it then leaves as a survivor, without MPI_Finalize, even when MPI has not
+# told it which rank failed (a rank released by a peer's revoke may never hear of it).
+peer_failure_seen = False
+
+
 def failed_in(comm: MPI.Comm) -> list[int] | None:
     """The ranks of ``comm`` MPI knows to have failed, sorted (ULFM's MPI_Comm_get_failed,
     available when the job runs with ``mpiexec --with-ft ulfm``; empty without a failure or
@@ -643,7 +649,8 @@ class MPIBackend:
         # their first use, a collective that holds the GIL while it waits: made here, while
         # every member is creating the group, a rank that never joins a later object
         # transfer cannot freeze this process past its timeout.
-        MPI._commctx_intra(self.mpi)
+        # (kept for the failure path's revoke)
+        self._objects_comm = MPI._commctx_intra(self.mpi)[0]
         # The debug checks' exchanges run on a communicator of their own: a rank checking a
         # call can never match another rank's data (a mismatch that straddles the ``large``
         # level's threshold waits, or times out, instead of exchanging wrong bytes).
@@ -734,6 +741,8 @@ class MPIBackend:
     def error(self, call: Call, seq: int, exc: BaseException) -> HpccommError:
         where = call.where(seq)
         if isinstance(exc, MPI.Exception) and self._process_failed(exc):
+            global peer_failure_seen
+            peer_failure_seen = True
             self.revoke()
             return PeerError(f"{where}: {self.failed_ranks()}; MPI reports {exc}")
         if isinstance(exc, MPI.Exception) and exc.Get_error_class() == MPI.ERR_TRUNCATE:
@@ -807,7 +816,9 @@ class MPIBackend:
         mpi4py's duplicate that pkl5's object transfers use (made in ``__init__``): a rank
         waiting there for the root of a ``scatter_object`` that failed before sending to it
         stayed inside MPI until exit."""
-        for comm in (self.mpi, self.checks, MPI._commctx_intra(self.mpi)[0]):
+        if self.mpi == MPI.COMM_NULL:  # freed: mpi4py's duplicate went with it (revoking
+            return  # that stale handle crashed in MPI)
+        for comm in (self.mpi, self.checks, self._objects_comm):
             try:
                 comm.Revoke()
             except Exception:  # pragma: no cover - an MPI without ULFM's calls

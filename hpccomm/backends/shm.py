@@ -664,27 +664,33 @@ def _map_memfd(mpi: Any, rank: int, total: int) -> tuple[Any, str]:
             if fd >= 0:
                 os.close(fd)
                 fd = -1
-    where = mpi.bcast(where, root=0)
     mm = None
-    if where is not None:
-        pid, theirs, dev, ino = where
-        path = f"/proc/{pid}/fd/{theirs}"
-        try:
-            mine = fd if rank == 0 else os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        where = mpi.bcast(where, root=0)
+        if where is not None:
+            pid, theirs, dev, ino = where
+            path = f"/proc/{pid}/fd/{theirs}"
             try:
-                st = os.fstat(mine)
-                if (st.st_dev, st.st_ino) == (dev, ino):
-                    mm = mmap.mmap(mine, total)
-                else:
-                    why = f"{path} is another file here (another PID namespace?)"
-            finally:
-                if mine != fd:
-                    os.close(mine)
-        except OSError as exc:
-            why = f"could not open {path}: {exc}"
-    reasons = mpi.allgather(why if mm is None else "")
-    if fd >= 0:
-        os.close(fd)  # every rank has mapped it or given up; the mappings keep it
+                mine = fd if rank == 0 else os.open(path, os.O_RDWR | os.O_CLOEXEC)
+                try:
+                    st = os.fstat(mine)
+                    if (st.st_dev, st.st_ino) == (dev, ino):
+                        mm = mmap.mmap(mine, total)
+                    else:
+                        why = f"{path} is another file here (another PID namespace?)"
+                finally:
+                    if mine != fd:
+                        os.close(mine)
+            except OSError as exc:
+                why = f"could not open {path}: {exc}"
+        reasons = mpi.allgather(why if mm is None else "")
+    except BaseException:  # a peer failed (ULFM) or the call was interrupted: keep nothing
+        if mm is not None:
+            mm.close()
+        raise
+    finally:
+        if fd >= 0:
+            os.close(fd)  # every rank has mapped it or given up; the mappings keep it
     bad = "; ".join(f"rank {r}: {w}" for r, w in enumerate(reasons) if w)
     if bad or mm is None:
         if mm is not None:
@@ -711,23 +717,29 @@ def _map_named(mpi: Any, rank: int, total: int) -> tuple[Any, str]:
             if os.path.exists(path):
                 os.unlink(path)
             path = None
-    path = mpi.bcast(path, root=0)
     mm = None
-    if path is not None:
-        try:
-            fd = os.open(path, os.O_RDWR)
+    try:
+        path = mpi.bcast(path, root=0)
+        if path is not None:
             try:
-                mm = mmap.mmap(fd, total)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            why = f"could not map {path}: {exc}"
-    reasons = mpi.allgather(why if mm is None else "")
-    if rank == 0 and path is not None:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+                fd = os.open(path, os.O_RDWR)
+                try:
+                    mm = mmap.mmap(fd, total)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                why = f"could not map {path}: {exc}"
+        reasons = mpi.allgather(why if mm is None else "")
+    except BaseException:
+        if mm is not None:
+            mm.close()
+        raise
+    finally:
+        if rank == 0 and path is not None:  # every rank has mapped it, given up, or failed
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
     bad = "; ".join(f"rank {r}: {w}" for r, w in enumerate(reasons) if w)
     if bad or mm is None:
         if mm is not None:
