@@ -339,9 +339,8 @@ class ShmBackend:
         err = self.host.error(call, seq, exc)
         if isinstance(err, PeerError):  # the host revoked the group's communicators; the
             # hierarchical path's node and cross-node ones too, where a peer may be waiting
-            for sub in (self.cross, None if self.node is self.host else self.node):
-                if sub is not None:
-                    sub.revoke()
+            for sub in self._own_comms():
+                sub.revoke()
         return err
 
     def close(self) -> None:
@@ -354,11 +353,15 @@ class ShmBackend:
     def free(self) -> None:
         """Free the hierarchical path's node and cross-node communicators (collective: with
         the group's own free, on every rank that made them)."""
-        for sub in (self.cross, None if self.node is self.host else self.node):
-            if sub is not None:
-                sub.free()
+        for sub in self._own_comms():
+            sub.free()
         self.cross = None
         self.node = None if self.hier is not None else self.host
+
+    def _own_comms(self) -> list[Any]:
+        """The communicators this path made itself (the hierarchical path's node and
+        cross-node ones, once made); the group's own (``host``) is not among them."""
+        return [c for c in (self.cross, self.node) if c is not None and c is not self.host]
 
     # -- the segment --------------------------------------------------------------------
 
@@ -691,10 +694,16 @@ def _map_memfd(mpi: Any, rank: int, total: int) -> tuple[Any, str]:
     finally:
         if fd >= 0:
             os.close(fd)  # every rank has mapped it or given up; the mappings keep it
+    return _agreed(mm, reasons)
+
+
+def _agreed(mm: Any, reasons: list[str]) -> tuple[Any, str]:
+    """The mapping if every rank made it (``reasons``: each rank's, empty where it did);
+    otherwise None and the ranks' reasons (this rank's mapping closed: nothing exported)."""
     bad = "; ".join(f"rank {r}: {w}" for r, w in enumerate(reasons) if w)
     if bad or mm is None:
         if mm is not None:
-            mm.close()  # nothing exported yet
+            mm.close()
         return None, bad or "no segment"
     return mm, ""
 
@@ -740,12 +749,7 @@ def _map_named(mpi: Any, rank: int, total: int) -> tuple[Any, str]:
                 os.unlink(path)
             except OSError:
                 pass
-    bad = "; ".join(f"rank {r}: {w}" for r, w in enumerate(reasons) if w)
-    if bad or mm is None:
-        if mm is not None:
-            mm.close()  # nothing exported yet
-        return None, bad or "no segment"
-    return mm, ""
+    return _agreed(mm, reasons)
 
 
 class _Allocation:
