@@ -54,6 +54,7 @@ bytes of one chunk (default 1 MiB).
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import uuid
@@ -80,12 +81,17 @@ __all__ = ["ShmBackend", "Settings", "settings", "ENV"]
 ENV = "HPCCOMM_SHM"
 THRESHOLD_ENV = "HPCCOMM_SHM_THRESHOLD"
 CHUNK_ENV = "HPCCOMM_SHM_CHUNK"
+CMA_ENV = "HPCCOMM_SHM_CMA"
 NEVER = 2**63  # a size no call reaches
 # (smallest, largest) bytes of input the path takes by default, from the measurements in the
 # README: reduce_scatter from 1 MiB; all_reduce and reduce from 256 KiB up to 8 MiB in groups
 # of 3 or more ranks, never in groups of 2
 DEFAULT_RANGES = {"reduce_scatter": (1 << 20, NEVER), "all_reduce": (256 << 10, 8 << 20),
                   "pair": (NEVER, NEVER)}  # fmt: skip
+# the single-copy path (ordinary arrays, process_vm_readv/writev), where the ranks may
+# reach each other's memory: all three ops from these sizes of input, in groups of 2 and of
+# 3 or more ranks (measured: README); below them the copy path's ranges apply
+DIRECT_RANGES = {"pair": (256 << 10, NEVER), "group": (1 << 20, NEVER)}
 DEFAULT_CHUNK = 1 << 20  # bytes of the array per chunk
 # symmetric buffers: calls on them take the path from this size of input (measured: README)
 SYM_MIN = 256 << 10
@@ -93,6 +99,8 @@ SYM_PIECE = 256 << 10  # bytes each rank reduces at a time from symmetric buffer
 SHM_DIR = "/dev/shm"
 
 _HEADER = 128  # bytes per header slot (two slots per rank)
+_ADDR = _HEADER // 8 - 1  # the header word with the address of the rank's array (single copy)
+_DIRECT = -1  # the header's buffer word on the single-copy path
 _ALIGN = 64  # slice boundaries and areas on cache-line multiples
 
 _LOGICAL: dict[str, Any] = {
@@ -122,19 +130,23 @@ _OP_CODES = {n: i for i, n in enumerate(("SUM", "PRODUCT", "MIN", "MAX", "AVG", 
 
 
 class Settings:
-    """The fast path's settings: on or off, the smallest input (bytes) and the chunk (bytes)."""
+    """The fast path's settings: on or off, the smallest input (bytes), the chunk (bytes),
+    and whether ordinary arrays may take the single-copy path (``cma``)."""
 
-    __slots__ = ("enabled", "threshold", "chunk")
+    __slots__ = ("enabled", "threshold", "chunk", "cma")
 
-    def __init__(self, enabled: bool, threshold: int | None, chunk: int) -> None:
+    def __init__(self, enabled: bool, threshold: int | None, chunk: int,
+                 cma: bool = True) -> None:  # fmt: skip
         self.enabled = enabled
         self.threshold = threshold
         self.chunk = chunk
+        self.cma = cma
 
     def __repr__(self) -> str:
         state = "on" if self.enabled else "off"
         limit = "default" if self.threshold is None else f"{self.threshold} B"
-        return f"<shm {state}, threshold {limit}, chunk {self.chunk} B>"
+        single = "on" if self.cma else "off"
+        return f"<shm {state}, threshold {limit}, chunk {self.chunk} B, single-copy {single}>"
 
 
 def _size(raw: str, name: str) -> int:
@@ -167,7 +179,8 @@ def settings(env: Any = None) -> Settings:
     chunk = _size(e.get(CHUNK_ENV, str(DEFAULT_CHUNK)), CHUNK_ENV)
     if chunk < 4096:
         raise InvalidArgumentError(f"hpccomm: {CHUNK_ENV} is {chunk}, expected at least 4096")
-    s = Settings(enabled, threshold, chunk)
+    cma = switch(e, CMA_ENV, default=True, where="hpccomm")
+    s = Settings(enabled, threshold, chunk, cma)
     if env is None:
         _settings = s
     return s
@@ -250,6 +263,7 @@ class ShmBackend:
         chunk: int,
         *,
         node: tuple[int, int, int] | None = None,
+        direct: bool = False,
     ) -> None:
         self.host = host  # the group's MPIBackend: its communicator, barriers, fallback
         # A group spanning nodes (``node``: this rank's node index, local rank and local
@@ -271,6 +285,22 @@ class ShmBackend:
                            O.REDUCE_SCATTER: DEFAULT_RANGES["reduce_scatter"]}  # fmt: skip
         else:
             self.ranges = dict.fromkeys(_SPECS, (threshold, NEVER))
+        # the single-copy path (ordinary arrays): wanted (``direct``; one node only), then
+        # found possible or not by the first call's probe (``cma``, ``cma_why``)
+        self.direct = direct and node is None
+        self.direct_ranges: dict[O.OpSpec, tuple[int, int]] = dict.fromkeys(_SPECS, (NEVER, NEVER))
+        if self.direct and threshold is None:
+            key = "pair" if host.size == 2 else "group"
+            self.direct_ranges = dict.fromkeys(_SPECS, DIRECT_RANGES[key])
+        elif self.direct and threshold is not None:
+            self.direct_ranges = dict.fromkeys(_SPECS, (threshold, NEVER))
+        self.cma: _Cma | None = None
+        self.cma_why = "" if self.direct else "off"  # why the single-copy path does not run
+        self.pids: list[int] = []  # every rank's process id (single-copy path)
+        self.direct_calls = 0  # calls that ran on the single-copy path
+        # arrays of single-copy calls that ended abnormally: a peer may still write into
+        # them, so their memory is never given back
+        self._held: list[np.ndarray] = []
         # symmetric buffers (allocate): from this size of input their calls take the path
         self.sym_min = SYM_MIN if threshold is None else threshold
         self.chunk = chunk
@@ -301,7 +331,7 @@ class ShmBackend:
         if nodes.num_nodes == 1:
             if s.chunk // 16 < host.size:
                 return None
-            return cls(host, s.threshold, s.chunk)
+            return cls(host, s.threshold, s.chunk, direct=s.cma)
         node = (nodes.node_index, nodes.local_rank, nodes.local_size)
         return cls(host, s.threshold, s.chunk, node=node)
 
@@ -316,7 +346,11 @@ class ShmBackend:
             call.device is None
             and call.spec in self._bodies
             and info is not None
-            and (self._copies(call) or (self.allocated > 0 and call.nbytes >= self.sym_min))
+            and (
+                self._copies(call)
+                or self._directs(call)
+                or (self.allocated > 0 and call.nbytes >= self.sym_min)
+            )
             and (info.category, call.redop.name) in _UFUNCS
             and self.failed is None
         )
@@ -326,6 +360,11 @@ class ShmBackend:
         lo, hi = self.ranges[call.spec]
         return lo <= call.nbytes <= hi
 
+    def _directs(self, call: Call) -> bool:
+        """True when the call's size is in the single-copy path's range (where wanted)."""
+        lo, hi = self.direct_ranges[call.spec]
+        return lo <= call.nbytes <= hi and self.cma_why == ""
+
     def prepare(self, call: Call) -> None:
         self.host.prepare(call)  # refuses what MPI refuses (the fallback prepares again)
         call.backend = self
@@ -333,7 +372,7 @@ class ShmBackend:
         call.blocking_body = None
         call.mode = "blocking"
         call.how = _Plan(call, self.size, self.rank, self.chunk, self._copies(call),
-                         self.host.size)  # fmt: skip
+                         self.host.size, self._directs(call))  # fmt: skip
 
     def error(self, call: Call, seq: int, exc: BaseException) -> HpccommError:
         err = self.host.error(call, seq, exc)
@@ -398,6 +437,8 @@ class ShmBackend:
             self.failed = why or "no segment"
             return None
         seg = self.segment = _Segment(mm, self.size, self.chunk)
+        if self.direct:
+            self.cma, self.pids, self.cma_why = _probe_cma(self.host.mpi, self.rank, self.size)
         return seg
 
     def _fallback(self, call: Call, x: Any, out: Any, stream: Any) -> Any:
@@ -426,7 +467,9 @@ class ShmBackend:
             opname = list(_OP_CODES)[op] if 0 <= op < len(_OP_CODES) else op
             where = f" to {root}" if root >= 0 else ""
             sizes = f", blocks #{blocks:x}" if blocks else ""
-            buf = f"symmetric buffer {sym} at byte {off}" if sym else "an ordinary array"
+            buf = (f"symmetric buffer {sym} at byte {off}" if sym > 0 else
+                   "an ordinary array, single copy" if sym == _DIRECT else
+                   "an ordinary array")  # fmt: skip
             return f"{name}{where} of {count} {dtype} ({opname}{sizes}, {buf}, chunk tick {tick})"
 
         diff = "; ".join(f"rank {r}: {show(row)}" for r, row in enumerate(rows.tolist()))
@@ -525,6 +568,71 @@ class ShmBackend:
         self.tick = tick + 1
         return out if call.spec is O.REDUCE_SCATTER else x
 
+    def _direct(self, call: Call, x: np.ndarray, out: Any, seg: _Segment, cma: _Cma) -> Any:
+        """A call on ordinary arrays, single copy: every rank publishes its array's address
+        in its header; barrier; rank r reduces its part (all_reduce, reduce; block r for
+        reduce_scatter) a piece (in cache) at a time, reading each peer's piece with
+        ``process_vm_readv`` in the order rank 0, 1, ..., p-1, and writes each reduced piece
+        into its own array and, with ``process_vm_writev``, every peer's (all_reduce) or the
+        destination's (reduce); reduce_scatter folds straight into its output; barrier.
+        Only rank r reads or writes part r of any array between the barriers; a peer reads
+        part r of this rank's array before it writes the result there."""
+        self.direct_calls += 1
+        plan: _Plan = call.how
+        parts = plan.parts
+        if parts is None:
+            parts = plan.parts = _symmetric_parts(call, self.size, self.rank)
+        flat = x.reshape(-1)
+        isz = flat.itemsize
+        rank = self.rank
+        scatter = call.spec is O.REDUCE_SCATTER
+        if scatter:
+            writes: list[int] = []
+            keep = False
+        elif call.spec is O.ALL_REDUCE:
+            writes = [j for j in range(self.size) if j != rank]
+            keep = True
+        else:
+            writes = [call.peer] if call.peer != rank else []
+            keep = call.peer == rank
+        # the result may be folded in place where this rank's own input is read before
+        # anything is written over it: rank 0, or rank 1 without PREMUL_SUM's scaling
+        in_place = keep and (rank == 0 or (rank == 1 and plan.factor is None))
+        acc_buf, tmp = self._scratch_for(x.dtype)
+        dest = out.reshape(-1) if scatter else flat
+        tick, mine = self._start(seg, call, plan, _DIRECT, -1)
+        seg.headers[rank, tick % 2, _ADDR] = flat.ctypes.data
+        pids = self.pids
+        with np.errstate(all="ignore"):
+            self._barrier()
+            self._check(seg, call, mine, tick % 2)
+            addrs = seg.headers[:, tick % 2, _ADDR].tolist()
+            try:
+                for src, dst in parts:
+                    m = src.stop - src.start
+                    own = flat[src]
+                    at = src.start * isz
+                    acc = dest[dst] if scatter else own if in_place else acc_buf[:m]
+                    _fold_direct(plan, cma, pids, addrs, at, rank, own, acc, tmp[:m])
+                    _finish(plan, acc)
+                    if keep and acc is not own:
+                        np.copyto(own, acc)
+                    for j in writes:
+                        cma.write(j, pids[j], addrs[j] + at, acc)
+                self._barrier()
+            except _Unreachable as exc:
+                self._held.append(x)  # a peer may still write into it: keep its memory
+                raise PeerError(
+                    f"{call}: the single-copy path could not reach rank {exc.rank}'s array "
+                    f"(process id {pids[exc.rank]}): {exc.reason}; the rank has left the "
+                    f"call or ended"
+                ) from None
+            except BaseException:
+                self._held.append(x)
+                raise
+        self.tick = tick + 1
+        return out if scatter else x
+
     def _scratch_for(self, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         """Two private arrays of one piece (the accumulator and PREMUL_SUM's scaled input)."""
         got = self._scratch.get(dtype)
@@ -552,13 +660,17 @@ class ShmBackend:
         result) after running it on MPI (outside the copy path's sizes, or no segment) or on
         symmetric buffers (``x`` inside one of the group's allocations)."""
         found = self._locate(x) if self.allocs else None
-        if found is None and not plan.copies:
+        if found is None and not plan.copies and not plan.direct:
             return None, self._fallback(call, x, out, stream)
         seg = self._ensure(call)
         if seg is None:
             return None, self._fallback(call, x, out, stream)
         if found is not None:
             return None, self._symmetric(call, x, out, seg, *found)
+        if plan.direct and self.cma is not None:  # the probe agreed on every rank
+            return None, self._direct(call, x, out, seg, self.cma)
+        if not plan.copies:
+            return None, self._fallback(call, x, out, stream)
         self.calls += 1
         return seg, None
 
@@ -752,6 +864,100 @@ def _map_named(mpi: Any, rank: int, total: int) -> tuple[Any, str]:
     return _agreed(mm, reasons)
 
 
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+class _Unreachable(Exception):
+    """A peer's memory could not be read or written (the single-copy path)."""
+
+    def __init__(self, rank: int, reason: str) -> None:
+        super().__init__(rank, reason)
+        self.rank = rank
+        self.reason = reason
+
+
+class _Cma:
+    """Linux cross-memory attach: ``process_vm_readv`` / ``process_vm_writev`` of one
+    contiguous range between this process and another of the same user (the kernel
+    copies directly between the two address spaces; ctypes releases the GIL for it).
+    Allowed where this process may ptrace the other (same user; Yama's ptrace_scope 0, or
+    CAP_SYS_PTRACE; a container's seccomp profile may refuse it): :func:`_probe_cma`
+    checks before anything runs on it."""
+
+    def __init__(self) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        self._readv = libc.process_vm_readv
+        self._writev = libc.process_vm_writev
+        for fn in (self._readv, self._writev):
+            fn.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
+                           ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong]  # fmt: skip
+            fn.restype = ctypes.c_ssize_t
+
+    def read(self, rank: int, pid: int, addr: int, into: np.ndarray) -> None:
+        """``into.nbytes`` bytes from address ``addr`` of process ``pid`` (rank ``rank``)."""
+        self._move(self._readv, rank, pid, addr, into)
+
+    def write(self, rank: int, pid: int, addr: int, data: np.ndarray) -> None:
+        """``data`` to address ``addr`` of process ``pid`` (rank ``rank``)."""
+        self._move(self._writev, rank, pid, addr, data)
+
+    @staticmethod
+    def _move(fn: Any, rank: int, pid: int, addr: int, local: np.ndarray) -> None:
+        n = local.nbytes
+        if n == 0:
+            return
+        mine = _IoVec(local.ctypes.data, n)
+        theirs = _IoVec(addr, n)
+        done = fn(pid, ctypes.byref(mine), 1, ctypes.byref(theirs), 1, 0)
+        if done != n:
+            err = ctypes.get_errno() if done < 0 else 0
+            why = os.strerror(err) if err else f"{done} of {n} bytes moved"
+            raise _Unreachable(rank, f"{fn.__name__}: {why}")
+
+
+def _probe_cma(mpi: Any, rank: int, size: int) -> tuple[_Cma | None, list[int], str]:
+    """Collective over ``mpi``: can every rank read and write every other rank's memory
+    (:class:`_Cma`)? Each rank publishes its process id, a random token and an inbox; each
+    reads every peer's token and writes its own into the peer's inbox; then each checks its
+    inbox. Returns (the mover, every rank's process id, "") when all of it worked on every
+    rank, else (None, [], the ranks' reasons), alike on every rank. The token also catches
+    ranks in different PID namespaces, where a process id names another process."""
+    token = np.frombuffer(os.urandom(8), np.int64).copy()
+    inbox = np.zeros(size, np.int64)
+    why = ""
+    cma: _Cma | None = None
+    try:
+        cma = _Cma()
+    except (OSError, AttributeError) as exc:  # AttributeError: no such function in libc
+        why = f"no process_vm_readv here: {exc}"
+    me = (os.getpid(), token.ctypes.data, inbox.ctypes.data, int(token[0]))
+    everyone = mpi.allgather(me)
+    if cma is not None:
+        got = np.zeros(1, np.int64)
+        for j, (pid, at, box, value) in enumerate(everyone):
+            if j == rank:
+                continue
+            try:
+                cma.read(j, pid, at, got)
+                if int(got[0]) != value:
+                    why = f"process {pid} is not rank {j} here (another PID namespace?)"
+                    break
+                cma.write(j, pid, box + 8 * rank, token)
+            except _Unreachable as exc:
+                why = f"rank {j} (process {pid}): {exc.reason}"
+                break
+    reasons = mpi.allgather(why)  # also: every write into the inboxes is done
+    if not any(reasons):
+        wrong = [j for j in range(size) if j != rank and int(inbox[j]) != everyone[j][3]]
+        why = f"inbox entries of ranks {wrong} not written" if wrong else ""
+        reasons = mpi.allgather(why)
+    bad = "; ".join(f"rank {r}: {w}" for r, w in enumerate(reasons) if w)
+    if bad:
+        return None, [], bad
+    return cma, [int(e[0]) for e in everyone], ""
+
+
 class _Allocation:
     """One symmetric buffer: every rank's region of the shared file (``raws``, bytes), this
     rank's region's address range, and typed views of the parts calls have used."""
@@ -825,6 +1031,34 @@ def _fold_from(plan: _Plan, arrays: list[np.ndarray], part: slice, acc: np.ndarr
         f(acc, tmp, out=acc)
 
 
+def _fold_direct(plan: _Plan, cma: _Cma, pids: list[int], addrs: list[int], at: int,
+                 rank: int, own: np.ndarray, acc: np.ndarray, tmp: np.ndarray) -> None:  # fmt: skip
+    """Reduce one piece of every rank's array into ``acc``, in the fixed order rank 0, 1,
+    ..., p-1, as _fold_from does (so bitwise its result): ``own`` is this rank's piece, the
+    others are read from byte ``at`` of each rank's array (``addrs``) into ``acc`` (rank 0's,
+    where ``acc`` is not ``own``) or ``tmp``. ``acc`` may be ``own`` on rank 0, and on rank 1
+    without PREMUL_SUM (each step reads this rank's input before writing over it)."""
+    f, factor = plan.f, plan.factor
+
+    def piece(j: int, into: np.ndarray) -> np.ndarray:
+        if j == rank:
+            return own
+        cma.read(j, pids[j], addrs[j] + at, into)
+        return into
+
+    size = len(addrs)
+    if factor is None:
+        first = piece(0, tmp if acc is own else acc)
+        f(first, piece(1, tmp), out=acc)
+        for j in range(2, size):
+            f(acc, piece(j, tmp), out=acc)
+        return
+    np.multiply(piece(0, acc), factor, out=acc, casting="unsafe")
+    for j in range(1, size):
+        np.multiply(piece(j, tmp), factor, out=tmp, casting="unsafe")
+        f(acc, tmp, out=acc)
+
+
 def _finish(plan: _Plan, acc: np.ndarray) -> None:
     """After the node's fold: the cross-node all_reduce of the slice (hierarchical path),
     then AVG's division by the group's size."""
@@ -857,11 +1091,13 @@ class _Plan:
     in, to reduce and to copy out."""
 
     __slots__ = ("f", "factor", "avg", "words", "chunks", "copy_in", "mine", "copy_out",
-                 "receives", "copies", "divisor", "plain", "cross", "parts")  # fmt: skip
+                 "receives", "copies", "divisor", "plain", "cross", "parts",
+                 "direct")  # fmt: skip
 
     def __init__(self, call: Call, size: int, rank: int, chunk: int, copies: bool,
-                 divisor: int) -> None:  # fmt: skip
+                 divisor: int, direct: bool = False) -> None:  # fmt: skip
         self.copies = copies  # False: in range only for symmetric buffers (others: MPI)
+        self.direct = direct  # in the single-copy path's range (when the probe allows it)
         self.divisor = divisor  # AVG: the group's size
         self.plain: Call | None = None  # the MPI call of the fallback (made on first use)
         self.cross: Call | None = None  # the cross-node all_reduce (hierarchical path)

@@ -167,6 +167,8 @@ def small(comm):
 
 
 def test_default_path_is_set_on_one_node(comm):
+    # The default ranges, and the path each size takes: the single-copy path in its range
+    # (where this machine allows it), else the copy path in its range, else MPI.
     fast = comm._dispatcher.shm
     if comm.size < 2 or comm.num_nodes != 1 or not shm_mod.settings().enabled:
         assert fast is None
@@ -174,22 +176,31 @@ def test_default_path_is_set_on_one_node(comm):
     assert isinstance(fast, ShmBackend)
     for spec, method in ((ALL_REDUCE, comm.all_reduce), (REDUCE_SCATTER, comm.reduce_scatter)):
         low, high = fast.ranges[spec]
+        dlow, dhigh = fast.direct_ranges[spec]
         if shm_mod.settings().threshold is None:  # the defaults
             pair = spec is not REDUCE_SCATTER and comm.size == 2
             key = "pair" if pair else spec.name
             assert (low, high) == shm_mod.DEFAULT_RANGES[key]
-        if low >= shm_mod.NEVER:
-            continue
-        counts = [low // 4 - 1, low // 4, low // 4 + 1, fast.chunk // 4 + 1]
-        if high < shm_mod.NEVER:
-            counts += [high // 4, high // 4 + 1]
-        for count in counts:
+            if shm_mod.settings().cma:
+                want = shm_mod.DIRECT_RANGES["pair" if comm.size == 2 else "group"]
+                assert (dlow, dhigh) == want
+            else:
+                assert dlow == shm_mod.NEVER
+        counts = []
+        for lo, hi in ((low, high), (dlow, dhigh)):
+            if lo < shm_mod.NEVER:
+                counts += [lo // 4 - 1, lo // 4, lo // 4 + 1, fast.chunk // 4 + 1]
+            if hi < shm_mod.NEVER:
+                counts += [hi // 4, hi // 4 + 1]
+        for count in sorted(set(counts)):
             count = count // comm.size * comm.size or comm.size
-            before = fast.calls
+            before = (fast.calls, fast.direct_calls)
             x = np.full(count, comm.rank + 1, np.float32)
             got = method(x)
             assert (got == comm.size * (comm.size + 1) / 2).all()
-            assert fast.calls == before + (low <= count * 4 <= high), count
+            direct = fast.cma is not None and dlow <= count * 4 <= dhigh
+            copies = not direct and low <= count * 4 <= high
+            assert (fast.calls, fast.direct_calls) == (before[0] + copies, before[1] + direct), count
 
 
 @pytest.mark.parametrize("dtype", ALL, ids=name)
