@@ -63,10 +63,12 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from mpi4py import MPI
 
 from .. import ops as O
 from ..dtypes import ARITHMETIC_UFUNCS, SUPPORTED_DTYPES, ReduceOp
 from ..errors import (
+    BackendError,
     ClosedError,
     HpccommError,
     InvalidArgumentError,
@@ -301,6 +303,7 @@ class ShmBackend:
         # arrays of single-copy calls that ended abnormally: a peer may still write into
         # them, so their memory is never given back
         self._held: list[np.ndarray] = []
+        self._verdict = np.zeros(1, np.int64)  # the single-copy path's closing allreduce
         # symmetric buffers (allocate): from this size of input their calls take the path
         self.sym_min = SYM_MIN if threshold is None else threshold
         self.chunk = chunk
@@ -375,6 +378,8 @@ class ShmBackend:
                          self.host.size, self._directs(call))  # fmt: skip
 
     def error(self, call: Call, seq: int, exc: BaseException) -> HpccommError:
+        if isinstance(exc, _Said):  # the body's own verdict, named with the call's number
+            return exc.kind(f"{call.where(seq)}: {exc.text}")
         err = self.host.error(call, seq, exc)
         if isinstance(err, PeerError):  # the host revoked the group's communicators; the
             # hierarchical path's node and cross-node ones too, where a peer may be waiting
@@ -473,9 +478,9 @@ class ShmBackend:
             return f"{name}{where} of {count} {dtype} ({opname}{sizes}, {buf}, chunk tick {tick})"
 
         diff = "; ".join(f"rank {r}: {show(row)}" for r, row in enumerate(rows.tolist()))
-        raise MismatchError(
-            f"{call}: the ranks' calls differ on the shared-memory path: {diff}; nothing "
-            f"was reduced"
+        raise _Said(
+            MismatchError,
+            f"the ranks' calls differ on the shared-memory path: {diff}; nothing was reduced",
         )
 
     def _start(
@@ -544,7 +549,7 @@ class ShmBackend:
         parts = plan.parts
         if parts is None:
             parts = plan.parts = _symmetric_parts(call, self.size, self.rank)
-        acc, tmp = self._scratch_for(x.dtype)
+        acc, tmp = self._scratch_for(x.dtype, max((p.stop - p.start for p, _ in parts), default=0))
         tick, mine = self._start(seg, call, plan, alloc.id, off)
         with np.errstate(all="ignore"):
             self._barrier()
@@ -598,11 +603,14 @@ class ShmBackend:
         # the result may be folded in place where this rank's own input is read before
         # anything is written over it: rank 0, or rank 1 without PREMUL_SUM's scaling
         in_place = keep and (rank == 0 or (rank == 1 and plan.factor is None))
-        acc_buf, tmp = self._scratch_for(x.dtype)
+        acc_buf, tmp = self._scratch_for(
+            x.dtype, max((p.stop - p.start for p, _ in parts), default=0)
+        )
         dest = out.reshape(-1) if scatter else flat
         tick, mine = self._start(seg, call, plan, _DIRECT, -1)
         seg.headers[rank, tick % 2, _ADDR] = flat.ctypes.data
         pids = self.pids
+        failed = ""  # why this rank could not do its part (every rank learns it at the end)
         with np.errstate(all="ignore"):
             self._barrier()
             self._check(seg, call, mine, tick % 2)
@@ -619,25 +627,35 @@ class ShmBackend:
                         np.copyto(own, acc)
                     for j in writes:
                         cma.write(j, pids[j], addrs[j] + at, acc)
-                self._barrier()
             except _Unreachable as exc:
-                self._held.append(x)  # a peer may still write into it: keep its memory
-                raise PeerError(
-                    f"{call}: the single-copy path could not reach rank {exc.rank}'s array "
-                    f"(process id {pids[exc.rank]}): {exc.reason}; the rank has left the "
-                    f"call or ended"
-                ) from None
-            except BaseException:
-                self._held.append(x)
+                failed = (f"could not reach rank {exc.rank}'s array (process id "
+                          f"{pids[exc.rank]}): {exc.reason}")  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - every rank must hear of it
+                failed = f"{type(exc).__name__}: {exc}"
+            except BaseException:  # interrupted: the others wait (a timeout ends it); a
+                self._held.append(x)  # peer may still write into x: keep its memory
                 raise
+            # the end: every rank has done its part, or some rank could not (then every
+            # rank raises, instead of returning a result with that rank's part missing)
+            verdict = self._verdict
+            verdict[0] = 1 if failed else 0
+            self.host.mpi.Allreduce(MPI.IN_PLACE, verdict, op=MPI.MAX)
         self.tick = tick + 1
+        if verdict[0]:
+            reasons = self.host.mpi.allgather(failed)
+            said = "; ".join(f"rank {r} {w}" for r, w in enumerate(reasons) if w)
+            raise _Said(  # every rank is out of the call: the group goes on
+                BackendError,
+                f"the single-copy path failed: {said}; the result is incomplete on every rank",
+            )
         return out if scatter else x
 
-    def _scratch_for(self, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-        """Two private arrays of one piece (the accumulator and PREMUL_SUM's scaled input)."""
+    def _scratch_for(self, dtype: np.dtype, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Two private arrays of at least ``n`` elements, one piece (the accumulator and the
+        peer's or PREMUL_SUM's scaled input)."""
         got = self._scratch.get(dtype)
-        if got is None:
-            n = max(1, SYM_PIECE // dtype.itemsize)
+        if got is None or got[0].size < n:
+            n = max(n, 1, SYM_PIECE // dtype.itemsize)
             got = self._scratch[dtype] = (np.empty(n, dtype), np.empty(n, dtype))
         return got
 
@@ -862,6 +880,16 @@ def _map_named(mpi: Any, rank: int, total: int) -> tuple[Any, str]:
             except OSError:
                 pass
     return _agreed(mm, reasons)
+
+
+class _Said(Exception):
+    """An error a body found (``kind``, ``text``); :meth:`ShmBackend.error` makes it
+    ``kind`` with the call's name and number in front (a body does not know its number)."""
+
+    def __init__(self, kind: type[HpccommError], text: str) -> None:
+        super().__init__(text)
+        self.kind = kind
+        self.text = text
 
 
 class _IoVec(ctypes.Structure):

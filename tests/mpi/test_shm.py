@@ -200,7 +200,9 @@ def test_default_path_is_set_on_one_node(comm):
             assert (got == comm.size * (comm.size + 1) / 2).all()
             direct = fast.cma is not None and dlow <= count * 4 <= dhigh
             copies = not direct and low <= count * 4 <= high
-            assert (fast.calls, fast.direct_calls) == (before[0] + copies, before[1] + direct), count
+            assert (fast.calls, fast.direct_calls) == (before[0] + copies, before[1] + direct), (
+                count
+            )
 
 
 @pytest.mark.parametrize("dtype", ALL, ids=name)
@@ -669,6 +671,246 @@ def test_symmetric_late_rank_times_out_the_others_then_the_group_goes_on(sym):
     total = comm.size * (comm.size + 1) / 2
     assert (x == total).all()
     assert fast.sym_calls == 1
+
+
+# -- the single-copy path (ordinary arrays, process_vm_readv/writev) ----------------------
+
+
+def ptrace_scope():
+    """Yama's ptrace_scope, or None where Yama is not there (then nothing but the user and
+    the container's seccomp profile decide)."""
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            return int(f.read())
+    except OSError:
+        return None
+
+
+@pytest.fixture
+def direct(comm, monkeypatch):
+    """``comm`` with the single-copy path from 1 KiB, pieces of 4 KiB (so small sizes
+    cross many) and the copy path's 4 KiB chunk for anything the single-copy path cannot
+    take. Skipped, with the reason, only where Yama forbids one rank reading another's
+    memory; elsewhere the probe must succeed."""
+    if comm.size < 2:
+        pytest.skip("the fast path needs 2 or more ranks (a group of 1 never takes it)")
+    if comm.num_nodes != 1:
+        pytest.skip("the fast path needs every rank on one node")
+    monkeypatch.setattr(shm_mod, "SYM_PIECE", PIECE)
+    fast = ShmBackend(comm._backend, THRESHOLD, CHUNK, direct=True)
+    comm._dispatcher.shm = fast
+    comm._dispatcher.cache.clear()
+    comm.all_reduce(np.ones(THRESHOLD, np.uint8))  # the first call probes
+    if fast.cma is None:
+        scope = ptrace_scope()
+        if scope:
+            pytest.skip(f"Yama's ptrace_scope is {scope} here: {fast.cma_why}")
+        pytest.fail(f"the single-copy probe failed: {fast.cma_why}")
+    assert (fast.direct_calls, fast.calls) == (1, 0)
+    fast.direct_calls = 0
+    return comm, fast
+
+
+@pytest.mark.parametrize("dtype", ALL, ids=name)
+def test_direct_all_reduce_every_op_and_size(direct, dtype):
+    comm, fast = direct
+    seed = 0
+    check = Checks()
+    for opname in ops_for(dtype):
+        for count in sym_sizes(dtype, comm.size):
+            seed += 1
+            before = fast.direct_calls
+            x = inputs(comm.rank, count, dtype, seed)
+            got = comm.all_reduce(x, op=op_of(opname))
+            what = f"{opname} {count}"
+            check(what, x, expected(comm.size, count, dtype, opname, seed))
+            check.count(what, fast.direct_calls, before + 1)
+            if got is not x:
+                check.bad.append(f"{what}: all_reduce did not return its array")
+    check.done()
+    assert fast.calls == 0
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint16, np.int64, np.float32, np.float64,
+                                   ml_dtypes.bfloat16, np.complex64, np.bool_], ids=name)  # fmt: skip
+def test_direct_reduce_scatter_every_op_and_size(direct, dtype):
+    comm, fast = direct
+    n = comm.size
+    item = np.dtype(dtype).itemsize
+    blocks = sorted({-(-THRESHOLD // item // n) + 1, PIECE // item - 1, PIECE // item + 1,
+                     3 * PIECE // item + 5})  # fmt: skip
+    seed = 0
+    check = Checks()
+    for opname in ops_for(dtype):
+        for k in blocks:
+            seed += 1
+            before = fast.direct_calls
+            y = inputs(comm.rank, n * k, dtype, seed)
+            out = comm.reduce_scatter(y, op=op_of(opname))
+            want = expected(n, n * k, dtype, opname, seed)[comm.rank * k : (comm.rank + 1) * k]
+            check(f"{opname} {k}", out, want)
+            check(f"{opname} {k} input kept", y, inputs(comm.rank, n * k, dtype, seed))
+            check.count(f"{opname} {k}", fast.direct_calls, before + 1)
+    check.done()
+
+
+def test_direct_reduce_scatter_uneven_and_2d(direct):
+    comm, fast = direct
+    n = comm.size
+    sizes = [PIECE // 4 + 3 * r + 1 for r in range(n)]  # rows of 2 float32 per rank
+    total = sum(sizes)
+    x = inputs(comm.rank, 2 * total, np.float32, 5).reshape(total, 2)
+    out = comm.reduce_scatter(x, sizes=sizes)
+    start = sum(sizes[: comm.rank])
+    want = expected(n, 2 * total, np.float32, "SUM", 5).reshape(total, 2)
+    same(out, want[start : start + sizes[comm.rank]])
+    assert fast.direct_calls == 1
+
+
+@pytest.mark.parametrize("opname", ["SUM", "PREMUL_SUM", "AVG", "MAX"])
+def test_direct_reduce_to_each_root(direct, opname):
+    # every rank's place in the fold: rank 0 and 1 fold in place on the root, the others in
+    # scratch; non-roots keep their input
+    comm, fast = direct
+    count = 3 * PIECE + 5
+    check = Checks()
+    for root in range(comm.size):
+        before = fast.direct_calls
+        x = inputs(comm.rank, count, np.float32, root)
+        comm.reduce(x, root, op=op_of(opname))
+        check.count(root, fast.direct_calls, before + 1)
+        if comm.rank == root:
+            check(root, x, expected(comm.size, count, np.float32, opname, root))
+        else:
+            check(root, x, inputs(comm.rank, count, np.float32, root))
+    check.done()
+
+
+def test_direct_async_timeout_and_repeated_calls_of_every_kind(direct):
+    comm, fast = direct
+    n = comm.size
+    check = Checks()
+    for i in range(12):
+        count = (i % 4 + 1) * PIECE // 8 + 3 * i
+        x = inputs(comm.rank, count, np.float64, i)
+        how = i % 3
+        if how == 0:
+            comm.all_reduce(x, async_op=True).wait()
+        elif how == 1:
+            comm.timeout = 30  # a bounded call: the body runs on the worker thread
+            comm.all_reduce(x)
+            comm.timeout = None
+        else:
+            comm.all_reduce(x)
+        check(f"{i} all_reduce", x, expected(n, count, np.float64, "SUM", i))
+        y = inputs(comm.rank, n * count, np.int32, i)
+        work = comm.reduce_scatter(y, op=ReduceOp.MAX, async_op=how == 0)
+        out = work.wait() if how == 0 else work
+        want = expected(n, n * count, np.int32, "MAX", i)[comm.rank * count :][:count]
+        check(f"{i} reduce_scatter", out, want)
+    check.done()
+    assert (fast.direct_calls, fast.calls) == (24, 0)
+
+
+def test_direct_results_bitwise_equal_to_the_copy_path(direct):
+    comm, fast = direct
+    count = 5 * PIECE + 3
+    copy = ShmBackend(comm._backend, THRESHOLD, CHUNK)  # no single copy: the copy path
+    for opname in ("SUM", "AVG", "PREMUL_SUM"):
+        x = inputs(comm.rank, count, np.float32, 9)
+        comm.all_reduce(x, op=op_of(opname))
+        comm._dispatcher.shm = copy
+        comm._dispatcher.cache.clear()
+        y = inputs(comm.rank, count, np.float32, 9)
+        comm.all_reduce(y, op=op_of(opname))
+        comm._dispatcher.shm = fast
+        comm._dispatcher.cache.clear()
+        same(x, y)
+        digests = comm.all_gather_object(x.tobytes())
+        assert all(d == digests[0] for d in digests)
+    assert (fast.direct_calls, copy.calls) == (3, 3)
+
+
+def test_direct_ranks_that_disagree_raise_a_mismatch_on_every_rank(direct):
+    comm, fast = direct
+    count = 2 * PIECE
+    x = np.ones(count + (comm.rank == 1), np.float32)
+    with pytest.raises(MismatchError, match=r"rank 0: all_reduce of 8192 float32 \(SUM, an "
+                       r"ordinary array, single copy.*rank 1: all_reduce of 8193 float32"):  # fmt: skip
+        comm.all_reduce(x)
+    y = np.full(count, comm.rank + 1.0)
+    comm.all_reduce(y)  # the group goes on
+    assert (y == comm.size * (comm.size + 1) / 2).all()
+
+
+def test_a_rank_that_cannot_reach_a_peer_fails_the_call_on_every_rank(direct, monkeypatch):
+    # One rank's read of a peer's array fails in the middle of the call: every rank gets a
+    # BackendError naming it (no rank returns a result with that rank's part missing), and the
+    # group goes on.
+    comm, fast = direct
+    if comm.rank == 1:
+        calls = {"n": 0}
+        real = fast.cma.read
+
+        def failing(rank, pid, addr, into):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise shm_mod._Unreachable(rank, "process_vm_readv: No such process")
+            real(rank, pid, addr, into)
+
+        monkeypatch.setattr(fast.cma, "read", failing)
+    x = np.full(5 * PIECE, comm.rank + 1.0)
+    with pytest.raises(hpccomm.BackendError, match=r"all_reduce #\d+ on .*single-copy path "
+                       r"failed: rank 1 could not reach rank \d+'s array \(process id \d+\): "
+                       r"process_vm_readv: No such process; the result is incomplete"):  # fmt: skip
+        comm.all_reduce(x)
+    if comm.rank == 1:
+        monkeypatch.setattr(fast.cma, "read", real)
+    y = np.full(5 * PIECE, comm.rank + 1.0)
+    comm.all_reduce(y)
+    assert (y == comm.size * (comm.size + 1) / 2).all()
+
+
+def test_a_failed_probe_leaves_the_group_on_the_copy_path(comm, monkeypatch):
+    # One rank cannot use process_vm_readv (a seccomp profile, Yama): every rank learns it
+    # from the probe and the calls go through the copy path, with the same results.
+    if comm.size < 2 or comm.num_nodes != 1:
+        pytest.skip("needs 2 or more ranks on one node")
+    if comm.rank == comm.size - 1:
+
+        def refuse(self, rank, pid, addr, into):
+            raise shm_mod._Unreachable(rank, "process_vm_readv: Operation not permitted")
+
+        monkeypatch.setattr(shm_mod._Cma, "read", refuse)
+    fast = ShmBackend(comm._backend, THRESHOLD, CHUNK, direct=True)
+    comm._dispatcher.shm = fast
+    comm._dispatcher.cache.clear()
+    x = inputs(comm.rank, 3 * CHUNK, np.float32, 4)
+    comm.all_reduce(x)
+    same(x, expected(comm.size, 3 * CHUNK, np.float32, "SUM", 4))
+    assert fast.cma is None and (fast.direct_calls, fast.calls) == (0, 1)
+    assert f"rank {comm.size - 1}: rank 0 (process" in fast.cma_why
+    assert "Operation not permitted" in fast.cma_why
+
+
+@pytest.mark.mpi(min_size=2)
+def test_direct_late_rank_times_out_the_others_then_the_group_goes_on(direct):
+    import time
+
+    comm, fast = direct
+    x = np.full(4 * PIECE, comm.rank + 1.0)
+    comm.timeout = 0.5
+    if comm.rank == 0:
+        with pytest.raises(CommTimeoutError, match=r"all_reduce #\d+ on .*not complete after"):
+            comm.all_reduce(x)
+    else:
+        time.sleep(1.5)
+        comm.all_reduce(x)
+    comm.timeout = 30
+    comm.barrier()  # the late call has completed everywhere (rank 0: queued behind it)
+    total = comm.size * (comm.size + 1) / 2
+    assert (x == total).all()  # the late rank wrote its part into rank 0's array
+    assert fast.direct_calls == 1
 
 
 # -- the hierarchical all_reduce, with ranks pretending to be on two nodes -----------------
