@@ -38,6 +38,17 @@ full fences) and on weakly ordered CPUs through the fences its transport issues 
 fragment; it is the same assumption MPI's own unified memory model makes for
 ``MPI_Win_sync`` + barrier on a shared window.
 
+Single copy (ordinary arrays, where the kernel allows it): a rank reads its part of every
+peer's array straight from the peer's memory (``process_vm_readv``, Linux's cross-memory
+attach, one piece in cache at a time), reduces it in the same order, and writes each reduced
+piece into every peer's array (``process_vm_writev``): between two synchronisations, no copy
+in, no copy out, about n bytes moved by the kernel per rank. Each call publishes the array's
+address in its header; the closing synchronisation is an allreduce of a failure flag, so a
+rank that could not reach a peer fails the call on every rank instead of leaving a part
+unreduced. The first call probes it (each rank reads a token from every peer and writes into
+its inbox); where that fails on any rank (Yama's ptrace_scope above 0, a container's seccomp
+profile, PID namespaces) every rank uses the copy path. ``HPCCOMM_SHM_CMA=0`` turns it off.
+
 Why not ``MPI_Win_allocate_shared``: freeing an MPI window is collective (Open MPI's osc/sm
 free runs a barrier), so freeing a communicator would block on a peer that is stuck or gone,
 and a rank that timed out must be able to free and exit. The segment here is created once per
@@ -49,7 +60,8 @@ and two result slices per rank), whatever the message size: nothing grows.
 Settings (read once per process; every rank must use the same): ``HPCCOMM_SHM=0`` turns the
 path off, ``HPCCOMM_SHM_THRESHOLD`` (bytes, K/M suffixes) makes every input from that size
 take it (default: the measured ranges of :class:`ShmBackend`), ``HPCCOMM_SHM_CHUNK`` the
-bytes of one chunk (default 1 MiB).
+bytes of one chunk (default 1 MiB), ``HPCCOMM_SHM_CMA=0`` keeps ordinary arrays off the
+single-copy path.
 """
 
 from __future__ import annotations
@@ -249,12 +261,13 @@ class ShmBackend:
     uneven) whose input has ``ranges[spec]`` bytes (smallest, largest); ``calls`` counts the
     calls it ran.
 
-    Default ranges (``threshold=None``, ``DEFAULT_RANGES``), from the measurements in the
-    README, where they were faster than MPI in every run: reduce_scatter from 1 MiB;
+    Default ranges (``threshold=None``), from the measurements in the README: the
+    single-copy path (``direct``, where the first call's probe allows it) for all three
+    from 256 KiB in groups of 2 and from 1 MiB in larger ones (``DIRECT_RANGES``); below
+    that, or without it, the copy path (``DEFAULT_RANGES``): reduce_scatter from 1 MiB;
     all_reduce and reduce from 256 KiB up to 8 MiB in groups of 3 or more ranks, never in
-    groups of 2. Above 8 MiB, and for pairs, runs of the same command on this project's VM
-    ranged from 2-3x slower to 1.3-2x faster than MPI. ``threshold`` (bytes, or
-    ``HPCCOMM_SHM_THRESHOLD``) makes every size from it on take the path, for all three."""
+    groups of 2. ``threshold`` (bytes, or ``HPCCOMM_SHM_THRESHOLD``) makes every size from
+    it on take the path (single copy where allowed), for all three."""
 
     name = "shm"
 

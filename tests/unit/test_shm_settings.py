@@ -1,5 +1,5 @@
 """The shared-memory fast path's settings (HPCCOMM_SHM, HPCCOMM_SHM_THRESHOLD,
-HPCCOMM_SHM_CHUNK): parsed without MPI."""
+HPCCOMM_SHM_CHUNK, HPCCOMM_SHM_CMA): parsed without MPI."""
 
 import pytest
 
@@ -9,7 +9,14 @@ from hpccomm.backends.shm import DEFAULT_CHUNK, settings
 
 def test_defaults():
     s = settings({})
-    assert s.enabled and s.threshold is None and s.chunk == DEFAULT_CHUNK
+    assert s.enabled and s.threshold is None and s.chunk == DEFAULT_CHUNK and s.cma
+
+
+@pytest.mark.parametrize("raw", ["0", "off"])
+def test_single_copy_off(raw):
+    s = settings({"HPCCOMM_SHM_CMA": raw})
+    assert s.enabled and not s.cma
+    assert "single-copy off" in repr(s)
 
 
 @pytest.mark.parametrize("raw", ["0", "off", "false", "no"])
@@ -29,6 +36,7 @@ def test_sizes():
         ({"HPCCOMM_SHM": "maybe"}, "HPCCOMM_SHM is 'maybe', expected 1 or 0"),
         ({"HPCCOMM_SHM_THRESHOLD": "lots"}, "HPCCOMM_SHM_THRESHOLD is 'lots', expected a size"),
         ({"HPCCOMM_SHM_CHUNK": "1K"}, "HPCCOMM_SHM_CHUNK is 1024, expected at least 4096"),
+        ({"HPCCOMM_SHM_CMA": "yes please"}, "HPCCOMM_SHM_CMA is 'yes please', expected 1 or 0"),
     ],
 )
 def test_refused(env, text):
