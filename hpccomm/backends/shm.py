@@ -604,6 +604,10 @@ class ShmBackend:
         isz = flat.itemsize
         rank = self.rank
         scatter = call.spec is O.REDUCE_SCATTER
+        if scatter and np.may_share_memory(flat, out):
+            # an output inside the input: the peers read this rank's input while its
+            # output is written, so they read a private copy instead
+            flat = flat.copy()
         if scatter:
             writes: list[int] = []
             keep = False
@@ -646,7 +650,7 @@ class ShmBackend:
             except Exception as exc:  # noqa: BLE001 - every rank must hear of it
                 failed = f"{type(exc).__name__}: {exc}"
             except BaseException:  # interrupted: the others wait (a timeout ends it); a
-                self._held.append(x)  # peer may still write into x: keep its memory
+                self._held.append(flat)  # peer may still use it: keep its memory
                 raise
             # the end: every rank has done its part, or some rank could not (then every
             # rank raises, instead of returning a result with that rank's part missing)

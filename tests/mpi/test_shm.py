@@ -767,6 +767,22 @@ def test_direct_reduce_scatter_uneven_and_2d(direct):
     assert fast.direct_calls == 1
 
 
+def test_direct_reduce_scatter_into_its_own_input(direct):
+    # The output inside the input: on every rank its own block (in place, as users of
+    # torch's reduce_scatter_tensor do), then block 0 on every rank (others read it while it
+    # is written): the peers read a private copy of the input, so the result is right.
+    comm, fast = direct
+    n = comm.size
+    k = 3 * PIECE // 4 + 5
+    want = expected(n, n * k, np.float32, "SUM", 3)
+    for where in (comm.rank, 0):
+        x = inputs(comm.rank, n * k, np.float32, 3)
+        out = x[where * k : (where + 1) * k]
+        comm.reduce_scatter(x, out=out)
+        same(out, want[comm.rank * k : (comm.rank + 1) * k])
+    assert fast.direct_calls == 2
+
+
 @pytest.mark.parametrize("opname", ["SUM", "PREMUL_SUM", "AVG", "MAX"])
 def test_direct_reduce_to_each_root(direct, opname):
     # every rank's place in the fold: rank 0 and 1 fold in place on the root, the others in
