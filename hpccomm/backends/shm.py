@@ -96,15 +96,18 @@ THRESHOLD_ENV = "HPCCOMM_SHM_THRESHOLD"
 CHUNK_ENV = "HPCCOMM_SHM_CHUNK"
 CMA_ENV = "HPCCOMM_SHM_CMA"
 NEVER = 2**63  # a size no call reaches
-# (smallest, largest) bytes of input the path takes by default, from the measurements in the
-# README: reduce_scatter from 1 MiB; all_reduce and reduce from 256 KiB up to 8 MiB in groups
-# of 3 or more ranks, never in groups of 2
+# (smallest, largest) bytes of input the copy path takes by default, from the measurements
+# in the README: reduce_scatter from 1 MiB; all_reduce from 256 KiB up to 8 MiB in groups of
+# 3 or more ranks; all_reduce and reduce never in groups of 2, reduce never at all (Open
+# MPI's reduce is cheaper than its all_reduce: the copy path lost at every size)
 DEFAULT_RANGES = {"reduce_scatter": (1 << 20, NEVER), "all_reduce": (256 << 10, 8 << 20),
-                  "pair": (NEVER, NEVER)}  # fmt: skip
+                  "reduce": (NEVER, NEVER), "pair": (NEVER, NEVER)}  # fmt: skip
 # the single-copy path (ordinary arrays, process_vm_readv/writev), where the ranks may
-# reach each other's memory: all three ops from these sizes of input, in groups of 2 and of
-# 3 or more ranks (measured: README); below them the copy path's ranges apply
-DIRECT_RANGES = {"pair": (256 << 10, NEVER), "group": (1 << 20, NEVER)}
+# reach each other's memory: all_reduce and reduce_scatter from these sizes of input in
+# groups of 2 ("pair") and of 3 or more ("group"), reduce from its own (measured: README);
+# below them the copy path's ranges apply
+DIRECT_RANGES = {"pair": (256 << 10, NEVER), "group": (1 << 20, NEVER),
+                 "reduce pair": (1 << 20, NEVER), "reduce group": (8 << 20, NEVER)}  # fmt: skip
 DEFAULT_CHUNK = 1 << 20  # bytes of the array per chunk
 # symmetric buffers: calls on them take the path from this size of input (measured: README)
 SYM_MIN = 256 << 10
@@ -261,11 +264,11 @@ class ShmBackend:
     calls it ran.
 
     Default ranges (``threshold=None``), from the measurements in the README: the
-    single-copy path (``direct``, where the first call's probe allows it) for all three
-    from 256 KiB in groups of 2 and from 1 MiB in larger ones (``DIRECT_RANGES``); below
-    that, or without it, the copy path (``DEFAULT_RANGES``): reduce_scatter from 1 MiB;
-    all_reduce and reduce from 256 KiB up to 8 MiB in groups of 3 or more ranks, never in
-    groups of 2. ``threshold`` (bytes, or ``HPCCOMM_SHM_THRESHOLD``) makes every size from
+    single-copy path (``direct``, where the first call's probe allows it) for all_reduce
+    and reduce_scatter from 256 KiB in groups of 2 and from 1 MiB in larger ones, for
+    reduce from 1 MiB and 8 MiB (``DIRECT_RANGES``); below that, or without it, the copy
+    path (``DEFAULT_RANGES``): reduce_scatter from 1 MiB; all_reduce from 256 KiB up to
+    8 MiB in groups of 3 or more ranks, never in groups of 2; reduce never. ``threshold`` (bytes, or ``HPCCOMM_SHM_THRESHOLD``) makes every size from
     it on take the path (single copy where allowed), for all three."""
 
     name = "shm"
@@ -294,8 +297,9 @@ class ShmBackend:
             self.ranges = dict.fromkeys(_SPECS, (NEVER, NEVER))
             self.ranges[O.ALL_REDUCE] = (NEVER if threshold is None else threshold, NEVER)
         elif threshold is None:
-            reducing = DEFAULT_RANGES["all_reduce" if host.size >= 3 else "pair"]
-            self.ranges = {O.ALL_REDUCE: reducing, O.REDUCE: reducing,
+            pair = host.size < 3
+            self.ranges = {O.ALL_REDUCE: DEFAULT_RANGES["pair" if pair else "all_reduce"],
+                           O.REDUCE: DEFAULT_RANGES["pair" if pair else "reduce"],
                            O.REDUCE_SCATTER: DEFAULT_RANGES["reduce_scatter"]}  # fmt: skip
         else:
             self.ranges = dict.fromkeys(_SPECS, (threshold, NEVER))
@@ -306,6 +310,7 @@ class ShmBackend:
         if self.direct and threshold is None:
             key = "pair" if host.size == 2 else "group"
             self.direct_ranges = dict.fromkeys(_SPECS, DIRECT_RANGES[key])
+            self.direct_ranges[O.REDUCE] = DIRECT_RANGES[f"reduce {key}"]
         elif self.direct and threshold is not None:
             self.direct_ranges = dict.fromkeys(_SPECS, (threshold, NEVER))
         self.cma: _Cma | None = None

@@ -19,7 +19,7 @@ import hpccomm
 from hpccomm import CommTimeoutError, MismatchError, ReduceOp
 from hpccomm.backends import shm as shm_mod
 from hpccomm.backends.shm import ShmBackend
-from hpccomm.ops import ALL_REDUCE, REDUCE_SCATTER
+from hpccomm.ops import ALL_REDUCE, REDUCE, REDUCE_SCATTER
 
 CHUNK = 4096  # bytes per chunk in the small fast path
 THRESHOLD = 1024  # bytes
@@ -174,16 +174,22 @@ def test_default_path_is_set_on_one_node(comm):
         assert fast is None
         return
     assert isinstance(fast, ShmBackend)
-    for spec, method in ((ALL_REDUCE, comm.all_reduce), (REDUCE_SCATTER, comm.reduce_scatter)):
+    total = comm.size * (comm.size + 1) / 2
+    methods = (
+        (ALL_REDUCE, comm.all_reduce, lambda x, got: (got == total).all()),
+        (REDUCE_SCATTER, comm.reduce_scatter, lambda x, got: (got == total).all()),
+        (REDUCE, lambda x: comm.reduce(x, 0), lambda x, got: comm.rank or (x == total).all()),
+    )
+    pair = "pair" if comm.size == 2 else "group"
+    for spec, method, right in methods:
         low, high = fast.ranges[spec]
         dlow, dhigh = fast.direct_ranges[spec]
         if shm_mod.settings().threshold is None:  # the defaults
-            pair = spec is not REDUCE_SCATTER and comm.size == 2
-            key = "pair" if pair else spec.name
+            key = spec.name if spec is REDUCE_SCATTER or comm.size > 2 else "pair"
             assert (low, high) == shm_mod.DEFAULT_RANGES[key]
             if shm_mod.settings().cma:
-                want = shm_mod.DIRECT_RANGES["pair" if comm.size == 2 else "group"]
-                assert (dlow, dhigh) == want
+                key = f"reduce {pair}" if spec is REDUCE else pair
+                assert (dlow, dhigh) == shm_mod.DIRECT_RANGES[key]
             else:
                 assert dlow == shm_mod.NEVER
         counts = []
@@ -197,12 +203,11 @@ def test_default_path_is_set_on_one_node(comm):
             before = (fast.calls, fast.direct_calls)
             x = np.full(count, comm.rank + 1, np.float32)
             got = method(x)
-            assert (got == comm.size * (comm.size + 1) / 2).all()
+            assert right(x, got), (spec.name, count)
             direct = fast.cma is not None and dlow <= count * 4 <= dhigh
             copies = not direct and low <= count * 4 <= high
-            assert (fast.calls, fast.direct_calls) == (before[0] + copies, before[1] + direct), (
-                count
-            )
+            want = (before[0] + copies, before[1] + direct)
+            assert (fast.calls, fast.direct_calls) == want, (spec.name, count)
 
 
 @pytest.mark.parametrize("dtype", ALL, ids=name)
