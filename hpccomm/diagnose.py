@@ -36,7 +36,18 @@ def gather_launch(comm: Communicator) -> list[dict] | None:
     info["device"] = comm.device.describe()
     info["memory"] = f"freed memory kept mapped (reuse_memory): {memory.state()}"
     info["checks"] = _checks(comm)
+    info["shm"] = _shm(comm)
     return comm.gather_object(info, dst=0)
+
+
+def _shm(comm: Communicator) -> str:
+    """The shared-memory fast path of the world group (its first use happens here: every
+    rank of the job runs ``hpccomm info``)."""
+    shm = comm._shm()
+    if shm is None:
+        why = "one rank" if comm.size < 2 else "HPCCOMM_SHM=0 or too small a chunk"
+        return f"shared-memory fast path: off ({why})"
+    return f"shared-memory fast path: {shm.describe('hpccomm info')}"
 
 
 def _checks(comm: Communicator) -> str:
@@ -82,6 +93,7 @@ def format_launch_table(infos: list[dict]) -> str:
     lines.extend(devices)
     lines.extend(sorted({d["memory"] for d in infos if "memory" in d}))
     lines.extend(sorted({d["checks"] for d in infos if "checks" in d}))
+    lines.extend(sorted({d["shm"] for d in infos if "shm" in d}))
     notes = sorted({w for d in infos for w in d.get("warnings", ())})
     lines.extend(f"warning: {w}" for w in notes)
     return "\n".join(lines)

@@ -428,6 +428,22 @@ class ShmBackend:
         cross-node ones, once made); the group's own (``host``) is not among them."""
         return [c for c in (self.cross, self.node) if c is not None and c is not self.host]
 
+    def describe(self, call: Any) -> str:
+        """One line for ``hpccomm info``: the path's form and whether ordinary arrays take
+        the single-copy path here. Collective on a group that has not made its segment yet
+        (it makes it, and probes, as a first call would; ``call`` names the step)."""
+        if self.hier is not None:
+            return "hierarchical all_reduce across nodes (from HPCCOMM_SHM_THRESHOLD only)"
+        if self._ensure(call) is None:
+            return f"off: no shared segment ({self.failed})"
+        if self.cma is not None:
+            single = "single copy (process_vm_readv/writev) for ordinary arrays"
+        elif self.direct:
+            single = f"copy path only: single copy refused ({self.cma_why})"
+        else:
+            single = f"copy path only: single copy off ({CMA_ENV}=0)"
+        return f"on, {self.size} ranks on this node: {single}"
+
     # -- the segment --------------------------------------------------------------------
 
     def _barrier(self) -> None:

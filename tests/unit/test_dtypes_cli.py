@@ -1,6 +1,7 @@
 """Dtype/op tables, in-process CLI calls, and the CLI under mpiexec (bounded)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +102,22 @@ def test_info_table_under_mpiexec_4_ranks(mpiexec, venv_bin, mpi_env):
         "debug level: large (collectives above 31,744 bytes compared across ranks; node "
         "eager limit: 32768)" in lines
     )
+    # the fast path, probed by the command itself (this machine allows single copy: no Yama)
+    shm = [line for line in lines if line.startswith("shared-memory fast path: ")]
+    assert shm == ["shared-memory fast path: on, 4 ranks on this node: single copy "
+                   "(process_vm_readv/writev) for ordinary arrays"] or (
+        os.path.exists("/proc/sys/kernel/yama/ptrace_scope") and "refused" in shm[0]
+    ), shm  # fmt: skip
+    off = subprocess.run(
+        [mpiexec, "--oversubscribe", "-n", "2", str(venv_bin / "hpccomm"), "info"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**mpi_env, "HPCCOMM_SHM_CMA": "0"},
+    )
+    assert off.returncode == 0, off.stderr
+    assert ("shared-memory fast path: on, 2 ranks on this node: copy path only: single copy "
+            "off (HPCCOMM_SHM_CMA=0)") in off.stdout.splitlines()  # fmt: skip
 
 
 @pytest.mark.usefixtures("mpiexec")  # skips without one
