@@ -628,10 +628,6 @@ class ShmBackend:
         isz = flat.itemsize
         rank = self.rank
         scatter = call.spec is O.REDUCE_SCATTER
-        if scatter and np.may_share_memory(flat, out):
-            # an output inside the input: the peers read this rank's input while its
-            # output is written, so they read a private copy instead
-            flat = flat.copy()
         if scatter:
             writes: list[int] = []
             keep = False
@@ -644,44 +640,67 @@ class ShmBackend:
         # the result may be folded in place where this rank's own input is read before
         # anything is written over it: rank 0, or rank 1 without PREMUL_SUM's scaling
         in_place = keep and (rank == 0 or (rank == 1 and plan.factor is None))
-        acc_buf, tmp = self._scratch_for(
-            x.dtype, max((p.stop - p.start for p, _ in parts), default=0)
-        )
         dest = out.reshape(-1) if scatter else flat
+        # reduce_scatter into exactly its own block (torch's in-place form): each piece is
+        # folded in place where the rules above allow it, else from a copy of the piece
+        alias = False
+        failed = ""  # why this rank could not do its part (every rank learns it at the end)
+        try:  # whatever fails here is told to every rank at the end, not left unsaid
+            m = max((p.stop - p.start for p, _ in parts), default=0)
+            acc_buf, tmp = self._scratch_for(x.dtype, m)
+            if scatter and np.may_share_memory(flat, dest):
+                how = _overlap(call, rank, flat, dest)
+                if how == "block":  # the output is this rank's own block, exactly
+                    alias = True
+                    in_place = rank == 0 or (rank == 1 and plan.factor is None)
+                    own_buf = acc_buf if in_place else np.empty(m, x.dtype)
+                else:  # elsewhere in the input: the peers read a copy, and so does this rank
+                    flat = flat.copy()
+        except Exception as exc:  # noqa: BLE001 - a MemoryError, say
+            failed = f"{type(exc).__name__}: {exc}"
         tick, mine = self._start(seg, call, plan, _DIRECT, -1)
         seg.headers[rank, tick % 2, _ADDR] = flat.ctypes.data
         pids = self.pids
-        failed = ""  # why this rank could not do its part (every rank learns it at the end)
-        with np.errstate(all="ignore"):
-            self._barrier()
-            self._check(seg, call, mine, tick % 2)
-            addrs = seg.headers[:, tick % 2, _ADDR].tolist()
-            try:
-                for src, dst in parts:
-                    m = src.stop - src.start
-                    own = flat[src]
-                    at = src.start * isz
-                    acc = dest[dst] if scatter else own if in_place else acc_buf[:m]
-                    _fold_direct(plan, cma, pids, addrs, at, rank, own, acc, tmp[:m])
-                    _finish(plan, acc)
-                    if keep and acc is not own:
-                        np.copyto(own, acc)
-                    for j in writes:
-                        cma.write(j, pids[j], addrs[j] + at, acc)
-            except _Unreachable as exc:
-                failed = (f"could not reach rank {exc.rank}'s array (process id "
-                          f"{pids[exc.rank]}): {exc.reason}")  # fmt: skip
-            except Exception as exc:  # noqa: BLE001 - every rank must hear of it
-                failed = f"{type(exc).__name__}: {exc}"
-            except BaseException:  # interrupted: the others wait (a timeout ends it); a
-                self._held.append(flat)  # peer may still use it: keep its memory
-                raise
-            # the end: every rank has done its part, or some rank could not (then every
-            # rank raises, instead of returning a result with that rank's part missing)
-            verdict = self._verdict
-            verdict[0] = 1 if failed else 0
-            here, most = self._max_in_place
-            self.host.mpi.Allreduce(here, verdict, op=most)
+        try:
+            with np.errstate(all="ignore"):
+                self._barrier()
+                self._check(seg, call, mine, tick % 2)
+                addrs = seg.headers[:, tick % 2, _ADDR].tolist()
+                try:
+                    for src, dst in parts if not failed else ():
+                        m = src.stop - src.start
+                        own = flat[src]
+                        at = src.start * isz
+                        acc = dest[dst] if scatter else own if in_place else acc_buf[:m]
+                        if alias:  # acc is this piece of the input itself
+                            if in_place:
+                                own = acc
+                            else:
+                                own = own_buf[:m]
+                                np.copyto(own, acc)
+                        _fold_direct(plan, cma, pids, addrs, at, rank, own, acc, tmp[:m])
+                        _finish(plan, acc)
+                        if keep and acc is not own:
+                            np.copyto(own, acc)
+                        for j in writes:
+                            cma.write(j, pids[j], addrs[j] + at, acc)
+                except _Unreachable as exc:
+                    failed = (f"could not reach rank {exc.rank}'s array (process id "
+                              f"{pids[exc.rank]}): {exc.reason}")  # fmt: skip
+                except Exception as exc:  # noqa: BLE001 - every rank must hear of it
+                    failed = f"{type(exc).__name__}: {exc}"
+                # the end: every rank has done its part, or some rank could not (then
+                # every rank raises, instead of returning a result with a part missing)
+                verdict = self._verdict
+                verdict[0] = 1 if failed else 0
+                here, most = self._max_in_place
+                self.host.mpi.Allreduce(here, verdict, op=most)
+        except _Said:  # the header check: every rank raises there, nobody wrote anything
+            raise
+        except BaseException:  # interrupted (SIGINT), or a peer's failure (ULFM) in a
+            # barrier: a peer may still be reading or writing this array: keep its memory
+            self._held.append(flat)
+            raise
         self.tick = tick + 1
         if verdict[0]:
             reasons = self.host.mpi.allgather(failed)
@@ -922,6 +941,16 @@ def _map_named(mpi: Any, rank: int, total: int) -> tuple[Any, str]:
             except OSError:
                 pass
     return _agreed(mm, reasons)
+
+
+def _overlap(call: Call, rank: int, flat: np.ndarray, dest: np.ndarray) -> str:
+    """How a reduce_scatter output overlaps its input: "block" when it is exactly this
+    rank's own block (torch's in-place reduce_scatter_tensor; no peer reads that block),
+    else "other" (the peers may read what is written over)."""
+    counts, displs = call.counts
+    block = flat[displs[rank] : displs[rank] + counts[rank]]
+    same = dest.ctypes.data == block.ctypes.data and dest.nbytes == block.nbytes
+    return "block" if same else "other"
 
 
 class _Said(Exception):

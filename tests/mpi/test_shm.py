@@ -772,20 +772,25 @@ def test_direct_reduce_scatter_uneven_and_2d(direct):
     assert fast.direct_calls == 1
 
 
-def test_direct_reduce_scatter_into_its_own_input(direct):
-    # The output inside the input: on every rank its own block (in place, as users of
-    # torch's reduce_scatter_tensor do), then block 0 on every rank (others read it while it
-    # is written): the peers read a private copy of the input, so the result is right.
+@pytest.mark.parametrize("opname", ["SUM", "PREMUL_SUM", "AVG", "MIN"])
+def test_direct_reduce_scatter_into_its_own_input(direct, opname):
+    # The output inside the input: on every rank exactly its own block (in place, as users
+    # of torch's reduce_scatter_tensor do: folded in place on ranks 0 and 1, from a copy of
+    # each piece elsewhere and with PREMUL_SUM), then block 0 on every rank (the others read
+    # it while it is written: they read a private copy of the input), then a block shifted
+    # by one element. The result is right in each case.
     comm, fast = direct
     n = comm.size
     k = 3 * PIECE // 4 + 5
-    want = expected(n, n * k, np.float32, "SUM", 3)
-    for where in (comm.rank, 0):
+    want = expected(n, n * k, np.float32, opname, 3)[comm.rank * k : (comm.rank + 1) * k]
+    check = Checks()
+    for where in (comm.rank * k, 0, 1):
         x = inputs(comm.rank, n * k, np.float32, 3)
-        out = x[where * k : (where + 1) * k]
-        comm.reduce_scatter(x, out=out)
-        same(out, want[comm.rank * k : (comm.rank + 1) * k])
-    assert fast.direct_calls == 2
+        out = x[where : where + k]
+        comm.reduce_scatter(x, out=out, op=op_of(opname))
+        check(f"output at {where}", out, want)
+    check.done()
+    assert fast.direct_calls == 3
 
 
 @pytest.mark.parametrize("opname", ["SUM", "PREMUL_SUM", "AVG", "MAX"])
@@ -811,16 +816,14 @@ def test_direct_async_timeout_and_repeated_calls_of_every_kind(direct):
     comm, fast = direct
     n = comm.size
     check = Checks()
+    given = comm.timeout
     for i in range(12):
         count = (i % 4 + 1) * PIECE // 8 + 3 * i
         x = inputs(comm.rank, count, np.float64, i)
         how = i % 3
+        comm.timeout = 30 if how == 1 else None  # bounded: the body runs on the worker
         if how == 0:
             comm.all_reduce(x, async_op=True).wait()
-        elif how == 1:
-            comm.timeout = 30  # a bounded call: the body runs on the worker thread
-            comm.all_reduce(x)
-            comm.timeout = None
         else:
             comm.all_reduce(x)
         check(f"{i} all_reduce", x, expected(n, count, np.float64, "SUM", i))
@@ -829,27 +832,55 @@ def test_direct_async_timeout_and_repeated_calls_of_every_kind(direct):
         out = work.wait() if how == 0 else work
         want = expected(n, n * count, np.int32, "MAX", i)[comm.rank * count :][:count]
         check(f"{i} reduce_scatter", out, want)
+        root = i % n
+        z = inputs(comm.rank, count, np.float32, i)
+        work = comm.reduce(z, root, op=ReduceOp.AVG, async_op=how == 0)
+        if how == 0:
+            work.wait()
+        want = expected(n, count, np.float32, "AVG", i) if comm.rank == root else None
+        check(f"{i} reduce", z, want if want is not None else inputs(comm.rank, count,
+                                                                     np.float32, i))  # fmt: skip
+    comm.timeout = given
     check.done()
-    assert (fast.direct_calls, fast.calls) == (24, 0)
+    assert (fast.direct_calls, fast.calls) == (36, 0)
 
 
-def test_direct_results_bitwise_equal_to_the_copy_path(direct):
+def signed(rank, count, dtype, seed):
+    """``inputs`` with signed zeros and NaNs of either sign placed so that the order of the
+    operands shows in the bits: MAX(0.0, -0.0) is 0.0 but MAX(-0.0, 0.0) is -0.0, and
+    NaN + NaN keeps the first operand's sign."""
+    x = inputs(rank, count, dtype, seed)
+    x[::7] = 0.0 if rank % 2 else -0.0
+    x[3::11] = np.nan if rank % 2 else -np.nan
+    return x
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.complex64], ids=name)
+def test_direct_results_bitwise_equal_to_the_copy_path(direct, dtype):
     comm, fast = direct
     count = 5 * PIECE + 3
     copy = ShmBackend(comm._backend, THRESHOLD, CHUNK)  # no single copy: the copy path
-    for opname in ("SUM", "AVG", "PREMUL_SUM"):
-        x = inputs(comm.rank, count, np.float32, 9)
-        comm.all_reduce(x, op=op_of(opname))
-        comm._dispatcher.shm = copy
-        comm._dispatcher.cache.clear()
-        y = inputs(comm.rank, count, np.float32, 9)
-        comm.all_reduce(y, op=op_of(opname))
-        comm._dispatcher.shm = fast
-        comm._dispatcher.cache.clear()
-        same(x, y)
-        digests = comm.all_gather_object(x.tobytes())
-        assert all(d == digests[0] for d in digests)
-    assert (fast.direct_calls, copy.calls) == (3, 3)
+    ops = ["SUM", "AVG", "PREMUL_SUM"] + (["MAX", "MIN"] if np.dtype(dtype).kind == "f" else [])
+    for opname in ops:
+        for root in [None, *range(comm.size)]:
+            got = []
+            for path in (fast, copy):
+                comm._dispatcher.shm = path
+                comm._dispatcher.cache.clear()
+                x = signed(comm.rank, count, dtype, 9)
+                if root is None:
+                    comm.all_reduce(x, op=op_of(opname))
+                else:
+                    comm.reduce(x, root, op=op_of(opname))
+                got.append(x.tobytes())
+            comm._dispatcher.shm = fast
+            comm._dispatcher.cache.clear()
+            assert got[0] == got[1], (opname, root)  # bytes: NaN signs and -0.0 included
+            if root is None:
+                digests = comm.all_gather_object(got[0])
+                assert all(d == digests[0] for d in digests)
+    calls = len(ops) * (comm.size + 1)
+    assert (fast.direct_calls, copy.calls) == (calls, calls)
 
 
 def test_direct_ranks_that_disagree_raise_a_mismatch_on_every_rank(direct):
@@ -890,6 +921,76 @@ def test_a_rank_that_cannot_reach_a_peer_fails_the_call_on_every_rank(direct, mo
     y = np.full(5 * PIECE, comm.rank + 1.0)
     comm.all_reduce(y)
     assert (y == comm.size * (comm.size + 1) / 2).all()
+
+
+def test_a_rank_failing_before_the_first_barrier_fails_the_call_on_every_rank(direct, monkeypatch):
+    # Rank 1 cannot get its scratch buffers (before the call's first barrier): it still
+    # joins the call and tells the others at its end, so every rank raises, nobody's next
+    # call pairs with a call left behind, and the group goes on.
+    comm, fast = direct
+    if comm.rank == 1:
+
+        def no_memory(dtype, n):
+            raise MemoryError(f"no {n} elements of {dtype}")
+
+        monkeypatch.setattr(fast, "_scratch_for", no_memory)
+    x = np.full(5 * PIECE, comm.rank + 1.0)
+    with pytest.raises(hpccomm.BackendError, match=r"all_reduce #\d+ on .*single-copy path "
+                       r"failed: rank 1 MemoryError: no \d+ elements of float64; the result "
+                       r"is incomplete on every rank"):  # fmt: skip
+        comm.all_reduce(x)
+    monkeypatch.undo()
+    for k in range(3):
+        y = np.full(5 * PIECE, comm.rank + 10.0 * k)
+        comm.all_reduce(y)
+        assert (y == comm.size * (comm.size - 1) / 2 + comm.size * 10.0 * k).all()
+    assert fast._held == []  # every rank left the call together: nothing to keep
+
+
+@pytest.mark.mpi(min_size=2)
+def test_an_interrupted_rank_keeps_its_array_for_the_peers_writes(direct, monkeypatch):
+    # Rank 0 is interrupted (a KeyboardInterrupt) in the call's first barrier, after it
+    # published its array's address; rank 1 goes on, reads rank 0's input and writes its
+    # part of the result into rank 0's array after rank 0's call has raised. The array is
+    # kept referenced (never freed under those writes). Rank 0 then completes the call's
+    # collectives by hand, as a rank still inside it that failed would: rank 1 raises.
+    comm, fast = direct
+    if comm.size != 2:
+        pytest.skip("written for 2 ranks")
+    if comm.timeout is not None:
+        pytest.skip("an interrupt reaches a body run on the caller's thread (no timeout)")
+    count = 4 * PIECE
+    x = np.full(count, comm.rank + 1.0)
+    if comm.rank == 0:
+        real = fast._barrier
+
+        def interrupted():
+            monkeypatch.setattr(fast, "_barrier", real)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(fast, "_barrier", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            comm.all_reduce(x)
+        assert len(fast._held) == 1 and np.shares_memory(fast._held[0], x)
+        mpi = comm._backend.mpi
+        mpi.Barrier()  # rank 1's first barrier
+        flag = np.zeros(1, np.int64)
+        from mpi4py import MPI
+
+        flag[0] = 1
+        mpi.Allreduce(MPI.IN_PLACE, flag, op=MPI.MAX)  # rank 1's closing allreduce
+        mpi.allgather("interrupted")  # the reasons
+        fast.tick += 1  # as the completed call would have
+        half = count // 2
+        assert (x[half:] == 3.0).all() and (x[:half] == 1.0).all()  # rank 1 wrote after
+    else:
+        with pytest.raises(hpccomm.BackendError, match="failed: rank 0 interrupted; the "
+                           "result is incomplete"):  # fmt: skip
+            comm.all_reduce(x)
+        assert (x[: count // 2] == 2.0).all()  # rank 0's part never came
+    y = np.full(count, comm.rank + 1.0)
+    comm.all_reduce(y)
+    assert (y == 3.0).all()
 
 
 def test_a_failed_probe_leaves_the_group_on_the_copy_path(comm, monkeypatch):
