@@ -42,12 +42,14 @@ Single copy (ordinary arrays, where the kernel allows it): a rank reads its part
 peer's array straight from the peer's memory (``process_vm_readv``, Linux's cross-memory
 attach, one piece in cache at a time), reduces it in the same order, and writes each reduced
 piece into every peer's array (``process_vm_writev``): between two synchronisations, no copy
-in, no copy out, about n bytes moved by the kernel per rank. Each call publishes the array's
+in, no copy out; the kernel moves 2n(p-1)/p bytes per rank for an all_reduce of n bytes
+(n at 2 ranks). Each call publishes the array's
 address in its header; the closing synchronisation is an allreduce of a failure flag, so a
 rank that could not reach a peer fails the call on every rank instead of leaving a part
 unreduced. The first call probes it (each rank reads a token from every peer and writes into
 its inbox); where that fails on any rank (Yama's ptrace_scope above 0, a container's seccomp
-profile, PID namespaces) every rank uses the copy path. ``HPCCOMM_SHM_CMA=0`` turns it off.
+profile, PID namespaces) every rank uses the copy path in its ranges, MPI elsewhere.
+``HPCCOMM_SHM_CMA=0`` turns it off.
 
 Why not ``MPI_Win_allocate_shared``: freeing an MPI window is collective (Open MPI's osc/sm
 free runs a barrier), so freeing a communicator would block on a peer that is stuck or gone,
