@@ -311,6 +311,48 @@ def test_peer_killed_with_ulfm_is_a_peer_error_naming_it(launch, end, op):
         assert (rank, "early_handler") in job.reports, job.stdout
 
 
+def test_peer_killed_during_single_copy_all_reduces_with_ulfm(launch):
+    # 16 MiB all_reduces at 3 ranks run on the shared-memory single-copy path (the ranks
+    # read and write each other's arrays); rank 1 is killed in the middle of them. The
+    # survivors get a PeerError naming it (from a barrier or the closing allreduce, which a
+    # survivor whose read of the dead rank's memory failed still enters) and leave as
+    # survivors: no hang.
+    job = launch(
+        3,
+        """
+        import threading
+        c = hpccomm.init(timeout=30)
+        x = np.ones(1 << 21)
+        shm = c._dispatcher.shm
+        if c.rank == 1:
+            def die():
+                time.sleep(0.7)
+                os.kill(os.getpid(), 9)
+            threading.Thread(target=die, daemon=True).start()
+        def loop():
+            for _ in range(10**6):
+                c.all_reduce(x)
+        outcome(c, "call", loop)
+        report(c, "paths", direct=shm.direct_calls, cma=shm.cma is not None)
+        """,
+        args=("--with-ft", "ulfm"),
+    )
+    for rank in (0, 2):
+        got = job.of(rank, "call")
+        assert got["cls"] == "PeerError", got
+        assert got["msg"].startswith("all_reduce #"), got
+        assert (
+            "rank(s) [1] of this group failed" in got["msg"]
+            or "another rank saw a process failure and revoked this group" in got["msg"]
+        ), got
+        assert got["s"] < 20
+        paths = job.of(rank, "paths")
+        assert paths["cma"] and paths["direct"] >= 2, paths
+    assert job.rc != 0
+    for rank in (0, 2):
+        assert f"hpccomm (rank {rank} of 3): world rank(s) [1] failed during the job" in job.stderr
+
+
 def test_receive_from_a_killed_peer_waited_for_after_free_is_a_peer_error(launch):
     # The failure is read when the Work is waited for, after the group was freed: the revoke
     # then runs on freed communicators and must not replace the PeerError with its own error.
