@@ -308,13 +308,14 @@ class ShmBackend:
         # the single-copy path (ordinary arrays): wanted (``direct``; one node only), then
         # found possible or not by the first call's probe (``cma``, ``cma_why``)
         self.direct = direct and node is None
-        self.direct_ranges: dict[O.OpSpec, tuple[int, int]] = dict.fromkeys(_SPECS, (NEVER, NEVER))
-        if self.direct and threshold is None:
+        if not self.direct:
+            self.direct_ranges = dict.fromkeys(_SPECS, (NEVER, NEVER))
+        elif threshold is not None:
+            self.direct_ranges = dict.fromkeys(_SPECS, (threshold, NEVER))
+        else:
             key = "pair" if host.size == 2 else "group"
             self.direct_ranges = dict.fromkeys(_SPECS, DIRECT_RANGES[key])
             self.direct_ranges[O.REDUCE] = DIRECT_RANGES[f"reduce {key}"]
-        elif self.direct and threshold is not None:
-            self.direct_ranges = dict.fromkeys(_SPECS, (threshold, NEVER))
         self.cma: _Cma | None = None
         self.cma_why = "" if self.direct else "off"  # why the single-copy path does not run
         self.pids: list[int] = []  # every rank's process id (single-copy path)
@@ -641,7 +642,8 @@ class ShmBackend:
             keep = call.peer == rank
         # the result may be folded in place where this rank's own input is read before
         # anything is written over it: rank 0, or rank 1 without PREMUL_SUM's scaling
-        in_place = keep and (rank == 0 or (rank == 1 and plan.factor is None))
+        foldable = rank == 0 or (rank == 1 and plan.factor is None)
+        in_place = keep and foldable
         dest = out.reshape(-1) if scatter else flat
         # reduce_scatter into exactly its own block (torch's in-place form): each piece is
         # folded in place where the rules above allow it, else from a copy of the piece
@@ -651,11 +653,9 @@ class ShmBackend:
             m = max((p.stop - p.start for p, _ in parts), default=0)
             acc_buf, tmp = self._scratch_for(x.dtype, m)
             if scatter and np.may_share_memory(flat, dest):
-                how = _overlap(call, rank, flat, dest)
-                if how == "block":  # the output is this rank's own block, exactly
+                if _is_own_block(call, rank, flat, dest):
                     alias = True
-                    in_place = rank == 0 or (rank == 1 and plan.factor is None)
-                    own_buf = acc_buf if in_place else np.empty(m, x.dtype)
+                    in_place = foldable
                 else:  # elsewhere in the input: the peers read a copy, and so does this rank
                     flat = flat.copy()
         except Exception as exc:  # noqa: BLE001 - a MemoryError, say
@@ -677,8 +677,8 @@ class ShmBackend:
                         if alias:  # acc is this piece of the input itself
                             if in_place:
                                 own = acc
-                            else:
-                                own = own_buf[:m]
+                            else:  # reduce_scatter has no other use for acc_buf
+                                own = acc_buf[:m]
                                 np.copyto(own, acc)
                         _fold_direct(plan, cma, pids, addrs, at, rank, own, acc, tmp[:m])
                         _finish(plan, acc)
@@ -945,14 +945,13 @@ def _map_named(mpi: Any, rank: int, total: int) -> tuple[Any, str]:
     return _agreed(mm, reasons)
 
 
-def _overlap(call: Call, rank: int, flat: np.ndarray, dest: np.ndarray) -> str:
-    """How a reduce_scatter output overlaps its input: "block" when it is exactly this
-    rank's own block (torch's in-place reduce_scatter_tensor; no peer reads that block),
-    else "other" (the peers may read what is written over)."""
+def _is_own_block(call: Call, rank: int, flat: np.ndarray, dest: np.ndarray) -> bool:
+    """True when a reduce_scatter output is exactly this rank's own block of its input
+    (torch's in-place reduce_scatter_tensor; no peer reads that block); any other overlap
+    lets the peers read what is written over."""
     counts, displs = call.counts
     block = flat[displs[rank] : displs[rank] + counts[rank]]
-    same = dest.ctypes.data == block.ctypes.data and dest.nbytes == block.nbytes
-    return "block" if same else "other"
+    return dest.ctypes.data == block.ctypes.data and dest.nbytes == block.nbytes
 
 
 class _Said(Exception):
@@ -1115,42 +1114,16 @@ def _fold(
         f(acc, inputs[j][b][part], out=acc)
 
 
-def _fold_from(plan: _Plan, arrays: list[np.ndarray], part: slice, acc: np.ndarray,
-               tmp: np.ndarray) -> None:  # fmt: skip
-    """Reduce ``part`` of every rank's symmetric buffer into ``acc``, in the fixed order
-    rank 0, 1, ..., p-1, as _copy_in + _fold do (PREMUL_SUM scales each input into ``tmp``,
-    rounded to the dtype), so the result is bitwise the copy path's."""
+def _fold_pieces(plan: _Plan, size: int, piece: Callable[[int, np.ndarray], np.ndarray],
+                 acc: np.ndarray, tmp: np.ndarray, first: np.ndarray) -> None:  # fmt: skip
+    """Reduce one piece of every rank's input into ``acc``, in the fixed order rank 0, 1,
+    ..., p-1, as _copy_in + _fold do (PREMUL_SUM scales each input into ``tmp``, rounded to
+    the dtype), so the result is bitwise the copy path's. ``piece(j, into)`` gives rank j's
+    piece: a view of it, or ``into`` filled with it (``first`` for rank 0's without
+    PREMUL_SUM, ``acc`` with it, ``tmp`` for the others)."""
     f, factor = plan.f, plan.factor
     if factor is None:
-        f(arrays[0][part], arrays[1][part], out=acc)
-        for j in range(2, len(arrays)):
-            f(acc, arrays[j][part], out=acc)
-        return
-    np.multiply(arrays[0][part], factor, out=acc, casting="unsafe")
-    for j in range(1, len(arrays)):
-        np.multiply(arrays[j][part], factor, out=tmp, casting="unsafe")
-        f(acc, tmp, out=acc)
-
-
-def _fold_direct(plan: _Plan, cma: _Cma, pids: list[int], addrs: list[int], at: int,
-                 rank: int, own: np.ndarray, acc: np.ndarray, tmp: np.ndarray) -> None:  # fmt: skip
-    """Reduce one piece of every rank's array into ``acc``, in the fixed order rank 0, 1,
-    ..., p-1, as _fold_from does (so bitwise its result): ``own`` is this rank's piece, the
-    others are read from byte ``at`` of each rank's array (``addrs``) into ``acc`` (rank 0's,
-    where ``acc`` is not ``own``) or ``tmp``. ``acc`` may be ``own`` on rank 0, and on rank 1
-    without PREMUL_SUM (each step reads this rank's input before writing over it)."""
-    f, factor = plan.f, plan.factor
-
-    def piece(j: int, into: np.ndarray) -> np.ndarray:
-        if j == rank:
-            return own
-        cma.read(j, pids[j], addrs[j] + at, into)
-        return into
-
-    size = len(addrs)
-    if factor is None:
-        first = piece(0, tmp if acc is own else acc)
-        f(first, piece(1, tmp), out=acc)
+        f(piece(0, first), piece(1, tmp), out=acc)
         for j in range(2, size):
             f(acc, piece(j, tmp), out=acc)
         return
@@ -1158,6 +1131,30 @@ def _fold_direct(plan: _Plan, cma: _Cma, pids: list[int], addrs: list[int], at: 
     for j in range(1, size):
         np.multiply(piece(j, tmp), factor, out=tmp, casting="unsafe")
         f(acc, tmp, out=acc)
+
+
+def _fold_from(plan: _Plan, arrays: list[np.ndarray], part: slice, acc: np.ndarray,
+               tmp: np.ndarray) -> None:  # fmt: skip
+    """Reduce ``part`` of every rank's symmetric buffer into ``acc`` (:func:`_fold_pieces`
+    on views of the buffers)."""
+    _fold_pieces(plan, len(arrays), lambda j, _: arrays[j][part], acc, tmp, acc)
+
+
+def _fold_direct(plan: _Plan, cma: _Cma, pids: list[int], addrs: list[int], at: int,
+                 rank: int, own: np.ndarray, acc: np.ndarray, tmp: np.ndarray) -> None:  # fmt: skip
+    """Reduce one piece of every rank's array into ``acc`` (:func:`_fold_pieces`): ``own``
+    is this rank's piece, the others are read from byte ``at`` of each rank's array
+    (``addrs``) into ``acc`` (rank 0's, where ``acc`` is not ``own``) or ``tmp``. ``acc``
+    may be ``own`` on rank 0, and on rank 1 without PREMUL_SUM (each step reads this rank's
+    input before writing over it)."""
+
+    def piece(j: int, into: np.ndarray) -> np.ndarray:
+        if j == rank:
+            return own
+        cma.read(j, pids[j], addrs[j] + at, into)
+        return into
+
+    _fold_pieces(plan, len(addrs), piece, acc, tmp, tmp if acc is own else acc)
 
 
 def _finish(plan: _Plan, acc: np.ndarray) -> None:
