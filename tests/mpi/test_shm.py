@@ -153,17 +153,37 @@ def sizes_for(dtype, size):
     return sorted({t, t + 1, c - 1, c, c + 1, 2 * c - 1, 2 * c + 1, 3 * c + size + 2, 5 * c + 7})
 
 
-@pytest.fixture
-def small(comm):
-    """``comm`` with a fast path of a 4 KiB chunk and a 1 KiB threshold."""
+def with_fast_path(comm, monkeypatch=None, *, direct=False):
+    """``comm`` with a fast path of a 4 KiB chunk and a 1 KiB threshold; with
+    ``monkeypatch``, pieces of 4 KiB for symmetric buffers and single copy (so small sizes
+    cross many); with ``direct``, the single-copy path from 1 KiB, probed here: skipped,
+    with the reason, only where Yama forbids one rank reading another's memory; elsewhere
+    the probe must succeed."""
     if comm.size < 2:
         pytest.skip("the fast path needs 2 or more ranks (a group of 1 never takes it)")
     if comm.num_nodes != 1:
         pytest.skip("the fast path needs every rank on one node")
-    fast = ShmBackend(comm._backend, THRESHOLD, CHUNK)
+    if monkeypatch is not None:
+        monkeypatch.setattr(shm_mod, "SYM_PIECE", PIECE)
+    fast = ShmBackend(comm._backend, THRESHOLD, CHUNK, direct=direct)
     comm._dispatcher.shm = fast
     comm._dispatcher.cache.clear()
+    if direct:
+        comm.all_reduce(np.ones(THRESHOLD, np.uint8))  # the first call probes
+        if fast.cma is None:
+            scope = ptrace_scope()
+            if scope:
+                pytest.skip(f"Yama's ptrace_scope is {scope} here: {fast.cma_why}")
+            pytest.fail(f"the single-copy probe failed: {fast.cma_why}")
+        assert (fast.direct_calls, fast.calls) == (1, 0)
+        fast.direct_calls = 0
     return comm, fast
+
+
+@pytest.fixture
+def small(comm):
+    """``comm`` with a fast path of a 4 KiB chunk and a 1 KiB threshold (the copy path)."""
+    return with_fast_path(comm)
 
 
 def test_default_path_is_set_on_one_node(comm):
@@ -460,10 +480,9 @@ PIECE = 4096  # bytes each rank reduces at a time from symmetric buffers, in the
 
 
 @pytest.fixture
-def sym(small, monkeypatch):
+def sym(comm, monkeypatch):
     """``small`` with pieces of 4 KiB for symmetric buffers, so small sizes cross many."""
-    monkeypatch.setattr(shm_mod, "SYM_PIECE", PIECE)
-    return small
+    return with_fast_path(comm, monkeypatch)
 
 
 def sym_sizes(dtype, size):
@@ -501,62 +520,6 @@ def test_symmetric_all_reduce_every_op_and_size(sym, dtype):
             check(what, got, expected(comm.size, count, dtype, opname, seed))
             check.count(what, fast.sym_calls - before + fast.calls - copies, 1)
             check.count(what + " copies", fast.calls - copies, 0)
-    check.done()
-
-
-@pytest.mark.parametrize("dtype", [np.int8, np.uint16, np.int64, np.float32, np.float64,
-                                   ml_dtypes.bfloat16, np.complex64, np.bool_], ids=name)  # fmt: skip
-def test_symmetric_reduce_scatter_every_op_and_size(sym, dtype):
-    comm, fast = sym
-    n = comm.size
-    item = np.dtype(dtype).itemsize
-    blocks = sorted({-(-THRESHOLD // item // n) + 1, PIECE // item - 1, PIECE // item + 1,
-                     3 * PIECE // item + 5})  # fmt: skip
-    x = comm.zeros(n * max(blocks), dtype)
-    seed = 0
-    check = Checks()
-    for opname in ops_for(dtype):
-        for k in blocks:
-            seed += 1
-            before = fast.sym_calls
-            y = written(x, inputs(comm.rank, n * k, dtype, seed))
-            out = comm.reduce_scatter(y, op=op_of(opname))
-            want = expected(n, n * k, dtype, opname, seed)[comm.rank * k : (comm.rank + 1) * k]
-            check(f"{opname} {k}", out, want)
-            check(f"{opname} {k} input kept", y, inputs(comm.rank, n * k, dtype, seed))
-            check.count(f"{opname} {k}", fast.sym_calls, before + 1)
-    check.done()
-
-
-def test_symmetric_reduce_scatter_uneven_and_2d(sym):
-    comm, fast = sym
-    n = comm.size
-    sizes = [PIECE // 4 + 3 * r + 1 for r in range(n)]  # rows of 2 float32 per rank
-    total = sum(sizes)
-    x = comm.empty((total, 2), np.float32)
-    x[...] = inputs(comm.rank, 2 * total, np.float32, 5).reshape(total, 2)
-    out = comm.reduce_scatter(x, sizes=sizes)
-    start = sum(sizes[: comm.rank])
-    want = expected(n, 2 * total, np.float32, "SUM", 5).reshape(total, 2)
-    same(out, want[start : start + sizes[comm.rank]])
-    assert fast.sym_calls == 1
-
-
-@pytest.mark.parametrize("dtype", [np.uint8, np.float32], ids=name)
-def test_symmetric_reduce_to_each_root(sym, dtype):
-    comm, fast = sym
-    count = 3 * PIECE + 5
-    x = comm.empty(count, dtype)
-    check = Checks()
-    for root in range(comm.size):
-        before = fast.sym_calls
-        written(x, inputs(comm.rank, count, dtype, root))
-        comm.reduce(x, root, op=ReduceOp.SUM)
-        check.count(root, fast.sym_calls, before + 1)
-        if comm.rank == root:
-            check(root, x, expected(comm.size, count, dtype, "SUM", root))
-        else:
-            check(root, x, inputs(comm.rank, count, dtype, root))  # non-roots keep their input
     check.done()
 
 
@@ -657,27 +620,6 @@ def test_symmetric_entry_goes_with_the_last_view(sym):
     assert fast.allocs == {}
 
 
-@pytest.mark.mpi(min_size=2)
-def test_symmetric_late_rank_times_out_the_others_then_the_group_goes_on(sym):
-    import time
-
-    comm, fast = sym
-    x = comm.empty(4 * PIECE, np.float64)
-    x[...] = comm.rank + 1
-    comm.timeout = 0.5
-    if comm.rank == 0:
-        with pytest.raises(CommTimeoutError, match=r"all_reduce #\d+ on .*not complete after"):
-            comm.all_reduce(x)
-    else:
-        time.sleep(1.5)
-        comm.all_reduce(x)
-    comm.timeout = 30
-    comm.barrier()  # the late call has completed everywhere (rank 0: queued behind it)
-    total = comm.size * (comm.size + 1) / 2
-    assert (x == total).all()
-    assert fast.sym_calls == 1
-
-
 # -- the single-copy path (ordinary arrays, process_vm_readv/writev) ----------------------
 
 
@@ -693,27 +635,9 @@ def ptrace_scope():
 
 @pytest.fixture
 def direct(comm, monkeypatch):
-    """``comm`` with the single-copy path from 1 KiB, pieces of 4 KiB (so small sizes
-    cross many) and the copy path's 4 KiB chunk for anything the single-copy path cannot
-    take. Skipped, with the reason, only where Yama forbids one rank reading another's
-    memory; elsewhere the probe must succeed."""
-    if comm.size < 2:
-        pytest.skip("the fast path needs 2 or more ranks (a group of 1 never takes it)")
-    if comm.num_nodes != 1:
-        pytest.skip("the fast path needs every rank on one node")
-    monkeypatch.setattr(shm_mod, "SYM_PIECE", PIECE)
-    fast = ShmBackend(comm._backend, THRESHOLD, CHUNK, direct=True)
-    comm._dispatcher.shm = fast
-    comm._dispatcher.cache.clear()
-    comm.all_reduce(np.ones(THRESHOLD, np.uint8))  # the first call probes
-    if fast.cma is None:
-        scope = ptrace_scope()
-        if scope:
-            pytest.skip(f"Yama's ptrace_scope is {scope} here: {fast.cma_why}")
-        pytest.fail(f"the single-copy probe failed: {fast.cma_why}")
-    assert (fast.direct_calls, fast.calls) == (1, 0)
-    fast.direct_calls = 0
-    return comm, fast
+    """``comm`` with the single-copy path from 1 KiB, pieces of 4 KiB and the copy path's
+    4 KiB chunk for anything the single-copy path cannot take (``with_fast_path``)."""
+    return with_fast_path(comm, monkeypatch, direct=True)
 
 
 @pytest.mark.parametrize("dtype", ALL, ids=name)
@@ -736,42 +660,6 @@ def test_direct_all_reduce_every_op_and_size(direct, dtype):
     assert fast.calls == 0
 
 
-@pytest.mark.parametrize("dtype", [np.int8, np.uint16, np.int64, np.float32, np.float64,
-                                   ml_dtypes.bfloat16, np.complex64, np.bool_], ids=name)  # fmt: skip
-def test_direct_reduce_scatter_every_op_and_size(direct, dtype):
-    comm, fast = direct
-    n = comm.size
-    item = np.dtype(dtype).itemsize
-    blocks = sorted({-(-THRESHOLD // item // n) + 1, PIECE // item - 1, PIECE // item + 1,
-                     3 * PIECE // item + 5})  # fmt: skip
-    seed = 0
-    check = Checks()
-    for opname in ops_for(dtype):
-        for k in blocks:
-            seed += 1
-            before = fast.direct_calls
-            y = inputs(comm.rank, n * k, dtype, seed)
-            out = comm.reduce_scatter(y, op=op_of(opname))
-            want = expected(n, n * k, dtype, opname, seed)[comm.rank * k : (comm.rank + 1) * k]
-            check(f"{opname} {k}", out, want)
-            check(f"{opname} {k} input kept", y, inputs(comm.rank, n * k, dtype, seed))
-            check.count(f"{opname} {k}", fast.direct_calls, before + 1)
-    check.done()
-
-
-def test_direct_reduce_scatter_uneven_and_2d(direct):
-    comm, fast = direct
-    n = comm.size
-    sizes = [PIECE // 4 + 3 * r + 1 for r in range(n)]  # rows of 2 float32 per rank
-    total = sum(sizes)
-    x = inputs(comm.rank, 2 * total, np.float32, 5).reshape(total, 2)
-    out = comm.reduce_scatter(x, sizes=sizes)
-    start = sum(sizes[: comm.rank])
-    want = expected(n, 2 * total, np.float32, "SUM", 5).reshape(total, 2)
-    same(out, want[start : start + sizes[comm.rank]])
-    assert fast.direct_calls == 1
-
-
 @pytest.mark.parametrize("opname", ["SUM", "PREMUL_SUM", "AVG", "MIN"])
 def test_direct_reduce_scatter_into_its_own_input(direct, opname):
     # The output inside the input: on every rank exactly its own block (in place, as users
@@ -791,25 +679,6 @@ def test_direct_reduce_scatter_into_its_own_input(direct, opname):
         check(f"output at {where}", out, want)
     check.done()
     assert fast.direct_calls == 3
-
-
-@pytest.mark.parametrize("opname", ["SUM", "PREMUL_SUM", "AVG", "MAX"])
-def test_direct_reduce_to_each_root(direct, opname):
-    # every rank's place in the fold: rank 0 and 1 fold in place on the root, the others in
-    # scratch; non-roots keep their input
-    comm, fast = direct
-    count = 3 * PIECE + 5
-    check = Checks()
-    for root in range(comm.size):
-        before = fast.direct_calls
-        x = inputs(comm.rank, count, np.float32, root)
-        comm.reduce(x, root, op=op_of(opname))
-        check.count(root, fast.direct_calls, before + 1)
-        if comm.rank == root:
-            check(root, x, expected(comm.size, count, np.float32, opname, root))
-        else:
-            check(root, x, inputs(comm.rank, count, np.float32, root))
-    check.done()
 
 
 def test_direct_async_timeout_and_repeated_calls_of_every_kind(direct):
@@ -1015,12 +884,101 @@ def test_a_failed_probe_leaves_the_group_on_the_copy_path(comm, monkeypatch):
     assert "Operation not permitted" in fast.cma_why
 
 
+# -- both paths without a copy in: symmetric buffers and single copy ----------------------
+
+
+class OnPath:
+    """How a test hands its inputs to the path under test (``symmetric``: written into one
+    symmetric buffer per dtype, made by the first call with ``room`` elements, alike on
+    every rank; single copy: the ordinary arrays themselves) and that path's call count."""
+
+    def __init__(self, comm, fast, symmetric):
+        self.comm, self.fast, self.symmetric = comm, fast, symmetric
+        self.buffers = {}
+
+    def place(self, values, room):
+        if not self.symmetric:
+            return values
+        buf = self.buffers.get(values.dtype)
+        if buf is None:
+            buf = self.buffers[values.dtype] = self.comm.zeros(room, values.dtype)
+        return written(buf, values.reshape(-1)).reshape(values.shape)
+
+    def runs(self):
+        return self.fast.sym_calls if self.symmetric else self.fast.direct_calls
+
+
+@pytest.fixture(params=["symmetric", "single_copy"])
+def on_path(comm, monkeypatch, request):
+    single = request.param == "single_copy"
+    comm, fast = with_fast_path(comm, monkeypatch, direct=single)
+    return OnPath(comm, fast, not single)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint16, np.int64, np.float32, np.float64,
+                                   ml_dtypes.bfloat16, np.complex64, np.bool_], ids=name)  # fmt: skip
+def test_no_copy_in_reduce_scatter_every_op_and_size(on_path, dtype):
+    comm = on_path.comm
+    n = comm.size
+    item = np.dtype(dtype).itemsize
+    blocks = sorted({-(-THRESHOLD // item // n) + 1, PIECE // item - 1, PIECE // item + 1,
+                     3 * PIECE // item + 5})  # fmt: skip
+    seed = 0
+    check = Checks()
+    for opname in ops_for(dtype):
+        for k in blocks:
+            seed += 1
+            before = on_path.runs()
+            y = on_path.place(inputs(comm.rank, n * k, dtype, seed), n * max(blocks))
+            out = comm.reduce_scatter(y, op=op_of(opname))
+            want = expected(n, n * k, dtype, opname, seed)[comm.rank * k : (comm.rank + 1) * k]
+            check(f"{opname} {k}", out, want)
+            check(f"{opname} {k} input kept", y, inputs(comm.rank, n * k, dtype, seed))
+            check.count(f"{opname} {k}", on_path.runs(), before + 1)
+    check.done()
+
+
+def test_no_copy_in_reduce_scatter_uneven_and_2d(on_path):
+    comm = on_path.comm
+    n = comm.size
+    sizes = [PIECE // 4 + 3 * r + 1 for r in range(n)]  # rows of 2 float32 per rank
+    total = sum(sizes)
+    x = inputs(comm.rank, 2 * total, np.float32, 5).reshape(total, 2)
+    x = on_path.place(x, 2 * total)
+    out = comm.reduce_scatter(x, sizes=sizes)
+    start = sum(sizes[: comm.rank])
+    want = expected(n, 2 * total, np.float32, "SUM", 5).reshape(total, 2)
+    same(out, want[start : start + sizes[comm.rank]])
+    assert on_path.runs() == 1
+
+
+@pytest.mark.parametrize(("dtype", "opname"), [(np.uint8, "SUM"), (np.float32, "SUM"),
+                         (np.float32, "PREMUL_SUM"), (np.float32, "AVG"), (np.float32, "MAX")],
+                         ids=lambda v: v if isinstance(v, str) else name(v))  # fmt: skip
+def test_no_copy_in_reduce_to_each_root(on_path, dtype, opname):
+    # every rank's place in the fold (single copy: rank 0 and 1 fold in place on the root,
+    # the others in scratch); non-roots keep their input
+    comm = on_path.comm
+    count = 3 * PIECE + 5
+    check = Checks()
+    for root in range(comm.size):
+        before = on_path.runs()
+        x = on_path.place(inputs(comm.rank, count, dtype, root), count)
+        comm.reduce(x, root, op=op_of(opname))
+        check.count(root, on_path.runs(), before + 1)
+        if comm.rank == root:
+            check(root, x, expected(comm.size, count, dtype, opname, root))
+        else:
+            check(root, x, inputs(comm.rank, count, dtype, root))  # non-roots keep their input
+    check.done()
+
+
 @pytest.mark.mpi(min_size=2)
-def test_direct_late_rank_times_out_the_others_then_the_group_goes_on(direct):
+def test_no_copy_in_late_rank_times_out_the_others_then_the_group_goes_on(on_path):
     import time
 
-    comm, fast = direct
-    x = np.full(4 * PIECE, comm.rank + 1.0)
+    comm = on_path.comm
+    x = on_path.place(np.full(4 * PIECE, comm.rank + 1.0), 4 * PIECE)
     comm.timeout = 0.5
     if comm.rank == 0:
         with pytest.raises(CommTimeoutError, match=r"all_reduce #\d+ on .*not complete after"):
@@ -1032,7 +990,7 @@ def test_direct_late_rank_times_out_the_others_then_the_group_goes_on(direct):
     comm.barrier()  # the late call has completed everywhere (rank 0: queued behind it)
     total = comm.size * (comm.size + 1) / 2
     assert (x == total).all()  # the late rank wrote its part into rank 0's array
-    assert fast.direct_calls == 1
+    assert on_path.runs() == 1
 
 
 # -- the hierarchical all_reduce, with ranks pretending to be on two nodes -----------------
