@@ -339,7 +339,11 @@ class ShmBackend:
         self.closed = False
         self.allocs: dict[int, _Allocation] = {}  # live symmetric allocations, by id
         self.allocated = 0  # allocations made so far (alike on every rank): their ids
-        self._scratch: dict[np.dtype, tuple[np.ndarray, np.ndarray]] = {}
+        # the accumulator and the scaled/peer piece of the symmetric and single-copy paths:
+        # one piece each, made here, so that no call allocates before its first barrier (a
+        # rank failing there would be out of the call its peers are in)
+        self.piece = _round_up(SYM_PIECE, _ALIGN)  # bytes reduced at a time (in cache)
+        self._scratch = (np.empty(self.piece, np.uint8), np.empty(self.piece, np.uint8))
         self._bodies: dict[O.OpSpec, Callable[..., Any]] = {
             O.ALL_REDUCE: self._all_reduce,
             O.REDUCE: self._all_reduce,
@@ -588,7 +592,7 @@ class ShmBackend:
         arrays = alloc.arrays(off, x.dtype, x.size)
         parts = plan.parts
         if parts is None:
-            parts = plan.parts = _symmetric_parts(call, self.size, self.rank)
+            parts = plan.parts = _symmetric_parts(call, self.size, self.rank, self.piece)
         acc, tmp = self._scratch_for(x.dtype, max((p.stop - p.start for p, _ in parts), default=0))
         tick, mine = self._start(seg, call, plan, alloc.id, off)
         with np.errstate(all="ignore"):
@@ -626,7 +630,7 @@ class ShmBackend:
         plan: _Plan = call.how
         parts = plan.parts
         if parts is None:
-            parts = plan.parts = _symmetric_parts(call, self.size, self.rank)
+            parts = plan.parts = _symmetric_parts(call, self.size, self.rank, self.piece)
         flat = x.reshape(-1)
         isz = flat.itemsize
         rank = self.rank
@@ -714,13 +718,10 @@ class ShmBackend:
         return out if scatter else x
 
     def _scratch_for(self, dtype: np.dtype, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Two private arrays of at least ``n`` elements, one piece (the accumulator and the
-        peer's or PREMUL_SUM's scaled input)."""
-        got = self._scratch.get(dtype)
-        if got is None or got[0].size < n:
-            n = max(n, 1, SYM_PIECE // dtype.itemsize)
-            got = self._scratch[dtype] = (np.empty(n, dtype), np.empty(n, dtype))
-        return got
+        """The two private piece buffers as ``n`` elements of ``dtype`` (``n`` is at most
+        one piece of ``self.piece`` bytes: see _symmetric_parts)."""
+        a, b = self._scratch
+        return a.view(dtype)[:n], b.view(dtype)[:n]
 
     def _cross_call(self, call: Call) -> Call:
         """The cross-node all_reduce of a slice: the same call, prepared on the cross
@@ -1083,12 +1084,13 @@ class _Allocation:
         return got
 
 
-def _symmetric_parts(call: Call, size: int, rank: int) -> list[tuple[slice, slice]]:
-    """The pieces this rank reduces from symmetric buffers: (elements of the buffers, the
-    same piece's place in the output). all_reduce/reduce: part ``rank`` of the array (cut as
-    the copy path cuts a chunk, on cache lines); reduce_scatter: block ``rank``."""
+def _symmetric_parts(call: Call, size: int, rank: int, nbytes: int) -> list[tuple[slice, slice]]:
+    """The pieces (of at most ``nbytes``) this rank reduces on symmetric buffers and single
+    copy: (elements of the arrays, the same piece's place in the output). all_reduce/reduce:
+    part ``rank`` of the array (cut as the copy path cuts a chunk, on cache lines);
+    reduce_scatter: block ``rank``."""
     itemsize = call.dtype_info().dtype.itemsize
-    piece = max(1, SYM_PIECE // itemsize)
+    piece = max(1, nbytes // itemsize)
     if call.spec is O.REDUCE_SCATTER:
         counts, displs = call.counts
         lo, hi, base = displs[rank], displs[rank] + counts[rank], displs[rank]

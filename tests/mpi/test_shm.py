@@ -153,8 +153,8 @@ def sizes_for(dtype, size):
     return sorted({t, t + 1, c - 1, c, c + 1, 2 * c - 1, 2 * c + 1, 3 * c + size + 2, 5 * c + 7})
 
 
-def with_fast_path(comm, monkeypatch=None, *, direct=False):
-    """``comm`` with a fast path of a 4 KiB chunk and a 1 KiB threshold; with
+def with_fast_path(comm, monkeypatch=None, *, direct=False, chunk=CHUNK):
+    """``comm`` with a fast path of a 4 KiB chunk (or ``chunk``) and a 1 KiB threshold; with
     ``monkeypatch``, pieces of 4 KiB for symmetric buffers and single copy (so small sizes
     cross many); with ``direct``, the single-copy path from 1 KiB, probed here: skipped,
     with the reason, only where Yama forbids one rank reading another's memory; elsewhere
@@ -165,7 +165,7 @@ def with_fast_path(comm, monkeypatch=None, *, direct=False):
         pytest.skip("the fast path needs every rank on one node")
     if monkeypatch is not None:
         monkeypatch.setattr(shm_mod, "SYM_PIECE", PIECE)
-    fast = ShmBackend(comm._backend, THRESHOLD, CHUNK, direct=direct)
+    fast = ShmBackend(comm._backend, THRESHOLD, chunk, direct=direct)
     comm._dispatcher.shm = fast
     comm._dispatcher.cache.clear()
     if direct:
@@ -814,6 +814,33 @@ def test_a_rank_failing_before_the_first_barrier_fails_the_call_on_every_rank(di
         comm.all_reduce(y)
         assert (y == comm.size * (comm.size - 1) / 2 + comm.size * 10.0 * k).all()
     assert fast._held == []  # every rank left the call together: nothing to keep
+
+
+@pytest.mark.parametrize("path", ["symmetric", "single_copy"])
+def test_a_call_allocates_nothing_of_array_size_before_its_first_barrier(comm, path):
+    # A rank that fails before the call's first barrier (no memory for a buffer) is out of
+    # the call its peers are in. Symmetric buffers and single copy reduce through two
+    # piece buffers made with the path, so even a group's first call of a dtype allocates
+    # no more than a few small Python objects (the pieces here are 256 KiB; the chunk of
+    # 1 MiB keeps the copy path's plan, made with the call's description, small).
+    import tracemalloc
+
+    comm, fast = with_fast_path(comm, direct=path == "single_copy", chunk=1 << 20)
+    count = 3 * fast.piece // 8 * comm.size + 5  # several pieces per rank, float64
+    on = OnPath(comm, fast, path == "symmetric")
+    warm = on.place(np.ones(count, np.float32), count)
+    comm.all_reduce(warm)  # the segment (and the probe): float32 only
+    x = on.place(np.full(count, comm.rank + 1.0), count)
+    before = on.runs()
+    tracemalloc.start()
+    try:
+        comm.all_reduce(x)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert on.runs() == before + 1
+    assert (x == comm.size * (comm.size + 1) / 2).all()
+    assert peak < fast.piece // 4, f"rank {comm.rank}: {peak} bytes allocated by the call"
 
 
 @pytest.mark.mpi(min_size=2)
