@@ -295,10 +295,15 @@ def _check_array(call: Call, b: Buffer, arg: str = "array") -> DtypeInfo:
 def _check_writable(call: Call, b: Buffer, arg: str = "array") -> None:
     """Refuse a read-only array the operation writes into (before MPI sees it)."""
     if not b.writable:
-        raise InvalidArgumentError(
-            f"{call}: {arg} is read-only (its writeable flag is False), expected a writable "
-            f"array: {call.spec.name} writes its result into it; pass a copy, e.g. np.array({arg})"
-        )
+        raise read_only(call, arg)
+
+
+def read_only(call: Call, arg: str = "array") -> InvalidArgumentError:
+    """The error for a read-only array the operation writes into."""
+    return InvalidArgumentError(
+        f"{call}: {arg} is read-only (its writeable flag is False), expected a writable "
+        f"array: {call.spec.name} writes its result into it; pass a copy, e.g. np.array({arg})"
+    )
 
 
 def _check_rank(call: Call, value: Any, name: str, allow_any: bool = False) -> int | None:

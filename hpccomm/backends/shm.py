@@ -73,6 +73,7 @@ import mmap
 import os
 import uuid
 import weakref
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -88,7 +89,7 @@ from ..errors import (
     MismatchError,
     PeerError,
 )
-from ..ops import Call
+from ..ops import Call, read_only
 from ..switches import switch
 
 __all__ = ["ShmBackend", "Settings", "settings", "ENV"]
@@ -118,6 +119,9 @@ SHM_DIR = "/dev/shm"
 
 _HEADER = 128  # bytes per header slot (two slots per rank)
 _ADDR = _HEADER // 8 - 1  # the header word with the address of the rank's array (single copy)
+# words the header check does not compare (they may differ by rank), read by every rank
+_READONLY = _ADDR - 1  # 1: the array the call writes into is read-only on this rank
+_FACTOR = _ADDR - 2  # PREMUL_SUM: a CRC of this rank's factor (its type and value)
 _DIRECT = -1  # the header's buffer word on the single-copy path
 _ALIGN = 64  # slice boundaries and areas on cache-line multiples
 
@@ -500,12 +504,28 @@ class ShmBackend:
 
     # -- the header check -----------------------------------------------------------------
 
-    def _check(self, seg: _Segment, call: Call, mine: np.ndarray, slot: int) -> None:
-        """Every rank's header of this call equals this rank's, else MismatchError (on every
-        rank: all read the same headers)."""
+    def _check(self, seg: _Segment, call: Call, mine: np.ndarray, slot: int) -> bool:
+        """Every rank's header of this call equals this rank's, else MismatchError, and no
+        rank's array to write into is read-only, else InvalidArgumentError (on every rank:
+        all read the same headers; nothing was read or written). Returns whether the ranks'
+        PREMUL_SUM factors differ."""
         rows = seg.headers[:, slot, : mine.size]
         if (rows == mine).all():
-            return
+            refused = seg.headers[:, slot, _READONLY].nonzero()[0].tolist()
+            if not refused:
+                factors = seg.headers[:, slot, _FACTOR]
+                return bool((factors != factors[0]).any())
+            self.tick += 1  # as below
+            arg = "out" if call.spec is O.REDUCE_SCATTER else "array"
+            if self.rank in refused:
+                raise read_only(call, arg)
+            ranks = ", ".join(map(str, refused))
+            raise _Said(
+                InvalidArgumentError,
+                f"rank {ranks}'s {arg} is read-only (its writeable flag is False) on the "
+                f"shared-memory path, expected a writable array on every rank; nothing was "
+                f"reduced",
+            )
         self.tick += 1  # alike on every rank: the next call writes the other header slot
         # and buffers, which no rank reads any more
 
@@ -528,14 +548,24 @@ class ShmBackend:
         )
 
     def _start(
-        self, seg: _Segment, call: Call, plan: _Plan, sym: int = 0, off: int = -1
+        self,
+        seg: _Segment,
+        call: Call,
+        plan: _Plan,
+        sym: int = 0,
+        off: int = -1,
+        target: np.ndarray | None = None,
     ) -> tuple[int, np.ndarray]:
         """Write this call's header (its description, the symmetric buffer and offset, and
-        the tick) into this rank's slot."""
+        the tick) into this rank's slot, with whether ``target`` (the array the call writes
+        into on this rank) is read-only and PREMUL_SUM's factor."""
         tick = self.tick
         mine = plan.words.copy()
         mine[-3:] = (sym, off, tick)
-        seg.headers[self.rank, tick % 2, : mine.size] = mine
+        row = seg.headers[self.rank, tick % 2]
+        row[: mine.size] = mine
+        row[_READONLY] = target is not None and not target.flags.writeable
+        row[_FACTOR] = plan.factor_id
         return tick, mine
 
     # -- symmetric buffers ----------------------------------------------------------------
@@ -582,27 +612,57 @@ class ShmBackend:
     ) -> Any:
         """A call on symmetric buffers: no copy in, no segment chunks. Barrier (every rank's
         buffer holds its input); rank r reduces its part straight from every rank's buffer,
-        a piece (in cache) at a time, in the order rank 0, 1, ..., p-1, and writes each
-        piece of the result into every rank's buffer (all_reduce), the destination's
-        (reduce) or its output (reduce_scatter); barrier (every result written; nobody
-        reads a buffer any more, so the caller may overwrite it). Only rank r reads or
-        writes part r of any buffer between the barriers."""
+        a piece (in cache) at a time, in the order rank 0, 1, ..., p-1, and writes each piece
+        of the result into every rank's buffer (all_reduce), the destination's (reduce) or
+        its output (reduce_scatter); barrier (every result written; nobody reads a buffer
+        any more, so the caller may overwrite it). Only rank r reads or writes part r of any
+        buffer between the barriers. Ranks scaling by different PREMUL_SUM factors run the
+        call on MPI (all of them, after the header check)."""
         self.sym_calls += 1
         plan: _Plan = call.how
+        rank = self.rank
         arrays = alloc.arrays(off, x.dtype, x.size)
         parts = plan.parts
         if parts is None:
-            parts = plan.parts = _symmetric_parts(call, self.size, self.rank, self.piece)
+            parts = plan.parts = _symmetric_parts(call, self.size, rank, self.piece)
         acc, tmp = self._scratch_for(x.dtype, max((p.stop - p.start for p, _ in parts), default=0))
-        tick, mine = self._start(seg, call, plan, alloc.id, off)
+        scatter = call.spec is O.REDUCE_SCATTER
+        target = out if scatter else x if call.spec is O.ALL_REDUCE or call.peer == rank else None
+        tick, mine = self._start(seg, call, plan, alloc.id, off, target)
+        lost = ""  # reduce_scatter: why this rank could not write its output (only its own)
+        own_block: np.ndarray | None = None
+        private: np.ndarray | None = None
         with np.errstate(all="ignore"):
             self._barrier()
-            self._check(seg, call, mine, tick % 2)
-            if call.spec is O.REDUCE_SCATTER:
+            if self._check(seg, call, mine, tick % 2):
+                self.tick = tick + 1
+                return self._fallback(call, x, out, None)
+            if scatter:
                 dest = out.reshape(-1)
-                for src, dst in parts:
-                    into = dest[dst]
-                    _fold_from(plan, arrays, src, into, tmp[: dst.stop - dst.start])
+                flat = x.reshape(-1)
+                # an output inside the input: exactly its own block (torch's in-place form,
+                # read by no peer) is folded in place where the order allows it (rank 0, or
+                # rank 1 without PREMUL_SUM's scaling), else from a copy of each piece; any
+                # other overlap is written into a private block, copied out at the end
+                if np.may_share_memory(flat, dest):
+                    if _is_own_block(call, rank, flat, dest):
+                        if not (rank == 0 or (rank == 1 and plan.factor is None)):
+                            own_block = acc  # the piece copy (reduce_scatter has no acc)
+                    else:
+                        try:
+                            private = np.empty_like(dest)
+                        except MemoryError as exc:
+                            lost = f"no memory for a private copy of the output: {exc}"
+                for src, dst in parts if not lost else ():
+                    m = dst.stop - dst.start
+                    into = (dest if private is None else private)[dst]
+                    if own_block is None:
+                        _fold_from(plan, arrays, src, into, tmp[:m])
+                    else:
+                        mine_piece = own_block[:m]
+                        np.copyto(mine_piece, arrays[rank][src])
+                        pieces = [mine_piece if j == rank else a[src] for j, a in enumerate(arrays)]
+                        _fold_from(plan, pieces, slice(None), into, tmp[:m])
                     _finish(plan, into)
             else:
                 targets = arrays if call.spec is O.ALL_REDUCE else [arrays[call.peer]]
@@ -615,7 +675,13 @@ class ShmBackend:
                         np.copyto(t[src], a)
             self._barrier()
         self.tick = tick + 1
-        return out if call.spec is O.REDUCE_SCATTER else x
+        if not scatter:
+            return x
+        if lost:
+            raise _Said(BackendError, f"{lost}; the other ranks' results are complete")
+        if private is not None:
+            np.copyto(dest, private)
+        return out
 
     def _direct(self, call: Call, x: np.ndarray, out: Any, seg: _Segment, cma: _Cma) -> Any:
         """A call on ordinary arrays, single copy: every rank publishes its array's address
@@ -664,13 +730,16 @@ class ShmBackend:
                     flat = flat.copy()
         except Exception as exc:  # noqa: BLE001 - a MemoryError, say
             failed = f"{type(exc).__name__}: {exc}"
-        tick, mine = self._start(seg, call, plan, _DIRECT, -1)
+        target = out if scatter else x if keep else None
+        tick, mine = self._start(seg, call, plan, _DIRECT, -1, target)
         seg.headers[rank, tick % 2, _ADDR] = flat.ctypes.data
         pids = self.pids
         try:
             with np.errstate(all="ignore"):
                 self._barrier()
-                self._check(seg, call, mine, tick % 2)
+                if self._check(seg, call, mine, tick % 2):  # factors differ: all on MPI
+                    self.tick = tick + 1
+                    return self._fallback(call, x, out, None)
                 addrs = seg.headers[:, tick % 2, _ADDR].tolist()
                 try:
                     for src, dst in parts if not failed else ():
@@ -768,7 +837,7 @@ class ShmBackend:
         inputs, results = seg.views(x.dtype)
         mine_in, mine_res = inputs[self.rank], results[self.rank]
         chunks = plan.chunks
-        tick, mine = self._start(seg, call, plan)
+        tick, mine = self._start(seg, call, plan, target=x if plan.receives else None)
         with np.errstate(all="ignore"):  # overflow to inf, inf - inf: as MPI, no warnings
             for k in range(-1, chunks):
                 if k >= 0:
@@ -796,17 +865,28 @@ class ShmBackend:
 
     def _reduce_scatter(self, call: Call, x: np.ndarray, out: np.ndarray, stream: Any) -> Any:
         """Rank r reduces block r (``call.counts``: elements and offsets per rank) of every
-        rank's input, a piece of every block per chunk, straight into its output."""
+        rank's input, a piece of every block per chunk, straight into its output. An output
+        inside the input other than exactly block r (which each chunk's copy-in has read
+        before the fold writes it) is written into a private block and copied out at the
+        end: later chunks' copy-ins read what the fold would write over."""
         plan: _Plan = call.how
         seg, done = self._enter(call, x, out, stream, plan)
         if seg is None:
             return done
         flat = x.reshape(-1)
         dest = out.reshape(-1)
+        private: np.ndarray | None = None
+        lost = ""  # why this rank could not write its output (its own result only)
+        if np.may_share_memory(flat, dest) and not _is_own_block(call, self.rank, flat, dest):
+            try:
+                private = np.empty_like(dest)
+            except MemoryError as exc:
+                lost = f"no memory for a private copy of the output: {exc}"
+        into = dest if private is None else private
         inputs, _ = seg.views(x.dtype)
         mine_in = inputs[self.rank]
         chunks = plan.chunks
-        tick, mine = self._start(seg, call, plan)
+        tick, mine = self._start(seg, call, plan, target=out)
         with np.errstate(all="ignore"):
             for k in range(-1, chunks):
                 if k >= 0:
@@ -814,15 +894,19 @@ class ShmBackend:
                     if k == 0:
                         self._check(seg, call, mine, tick % 2)
                     reduced = plan.mine[k]
-                    if reduced is not None:
+                    if reduced is not None and not lost:
                         dst, lo_hi = reduced
-                        _fold(plan, inputs, (tick + k) % 2, lo_hi, dest[dst])
-                        _finish(plan, dest[dst])
+                        _fold(plan, inputs, (tick + k) % 2, lo_hi, into[dst])
+                        _finish(plan, into[dst])
                 if k + 1 < chunks:
                     area = mine_in[(tick + k + 1) % 2]
                     for src, dst in plan.copy_in[k + 1]:
                         _copy_in(plan, area[dst], flat[src])
         self.tick = tick + chunks
+        if lost:
+            raise _Said(BackendError, f"{lost}; the other ranks' results are complete")
+        if private is not None:
+            np.copyto(dest, private)
         return out
 
 
@@ -1192,7 +1276,7 @@ class _Plan:
 
     __slots__ = ("f", "factor", "avg", "words", "chunks", "copy_in", "mine", "copy_out",
                  "receives", "copies", "divisor", "plain", "cross", "parts",
-                 "direct")  # fmt: skip
+                 "direct", "factor_id")  # fmt: skip
 
     def __init__(self, call: Call, size: int, rank: int, chunk: int, copies: bool,
                  divisor: int, direct: bool = False) -> None:  # fmt: skip
@@ -1206,6 +1290,9 @@ class _Plan:
         name = call.redop.name
         self.f = _UFUNCS[(info.category, name)]
         self.factor = call.redop.factor if name == "PREMUL_SUM" else None
+        # ranks may scale by different factors (the sum of f_r * x_r): those who reduce
+        # others' inputs compare them (the same in every process: type and value)
+        self.factor_id = zlib.crc32(f"{type(self.factor).__name__}:{self.factor!r}".encode())
         self.avg = name == "AVG"
         itemsize = info.dtype.itemsize
         align = max(1, _ALIGN // itemsize)

@@ -8,6 +8,7 @@ small chunk and threshold (``small``), so a few KiB cross many chunk boundaries;
 runs the default settings. Each test checks that the fast path ran (its call counter), so
 none can pass by testing MPI instead."""
 
+import contextlib
 import gc
 import os
 
@@ -367,16 +368,59 @@ def test_the_record_names_the_backend(small):
     assert ends == ["shm", "mpi"]
 
 
-def test_ranks_that_disagree_raise_a_mismatch_on_every_rank(small):
+@pytest.mark.parametrize("debug", ["large", "off"])
+def test_ranks_that_disagree_raise_a_mismatch_on_every_rank(small, debug):
+    # debug "large" (the default) compares the calls before the fast path runs (a rank whose
+    # call differs may be on MPI, another size); with it off the header check finds it
     comm, fast = small
     count = CHUNK + 8 * comm.rank  # a different count on every rank, all above the threshold
     x = np.ones(count, np.float32)
-    with pytest.raises(MismatchError, match=r"the ranks' calls differ on the shared-memory path"):
+    said = "shape is" if debug == "large" else "on the shared-memory path"
+    with at_debug(comm, debug), pytest.raises(MismatchError, match=f"calls differ.*{said}"):
         comm.all_reduce(x)
     # the group goes on: the next call is right
     y = np.full(CHUNK, comm.rank + 1.0, np.float32)
     comm.all_reduce(y)
     assert (y == comm.size * (comm.size + 1) / 2).all()
+
+
+@contextlib.contextmanager
+def at_debug(comm, level):
+    """``comm`` at the debug level ``level`` for the block (then back)."""
+    before = comm.debug
+    comm.debug = level
+    try:
+        yield
+    finally:
+        comm.debug = before
+
+
+@pytest.mark.parametrize("against", ["size", "broadcast"])
+def test_a_rank_on_the_fast_path_and_one_on_mpi_get_a_mismatch(comm, against):
+    # Rank 1's call is 4 bytes smaller (below the fast path's 64 KiB: MPI) or another
+    # collective: the fast path's header check cannot see a rank that is on MPI, so the
+    # debug check (default "large") compares the calls first, as on MPI: MismatchError on
+    # every rank instead of rank 0 waiting in the fast path's barrier for ever.
+    if comm.size < 2 or comm.num_nodes != 1:
+        pytest.skip("the fast path needs 2 or more ranks on one node")
+    fast = ShmBackend(comm._backend, 64 << 10, CHUNK)
+    comm._dispatcher.shm = fast
+    comm._dispatcher.cache.clear()
+    count = (64 << 10) // 4
+    x = np.ones(count - (comm.rank == 1), np.float32)
+    said = r"shape is \(16384,\) on ranks? 0.* but \(16383,\) on rank 1"
+    if against == "broadcast":
+        x = np.ones(count, np.float32)
+        said = r"the call is 'all_reduce' on ranks? 0.* but 'broadcast' on rank 1"
+    with pytest.raises(MismatchError, match=said):
+        if comm.rank == 1 and against == "broadcast":
+            comm.broadcast(x, 0)
+        else:
+            comm.all_reduce(x)
+    y = np.full(count, comm.rank + 1.0, np.float32)
+    comm.all_reduce(y)  # the group goes on, on the fast path
+    assert (y == comm.size * (comm.size + 1) / 2).all()
+    assert fast.calls == 1
 
 
 def _no_memfd(*args):
@@ -660,27 +704,6 @@ def test_direct_all_reduce_every_op_and_size(direct, dtype):
     assert fast.calls == 0
 
 
-@pytest.mark.parametrize("opname", ["SUM", "PREMUL_SUM", "AVG", "MIN"])
-def test_direct_reduce_scatter_into_its_own_input(direct, opname):
-    # The output inside the input: on every rank exactly its own block (in place, as users
-    # of torch's reduce_scatter_tensor do: folded in place on ranks 0 and 1, from a copy of
-    # each piece elsewhere and with PREMUL_SUM), then block 0 on every rank (the others read
-    # it while it is written: they read a private copy of the input), then a block shifted
-    # by one element. The result is right in each case.
-    comm, fast = direct
-    n = comm.size
-    k = 3 * PIECE // 4 + 5
-    want = expected(n, n * k, np.float32, opname, 3)[comm.rank * k : (comm.rank + 1) * k]
-    check = Checks()
-    for where in (comm.rank * k, 0, 1):
-        x = inputs(comm.rank, n * k, np.float32, 3)
-        out = x[where : where + k]
-        comm.reduce_scatter(x, out=out, op=op_of(opname))
-        check(f"output at {where}", out, want)
-    check.done()
-    assert fast.direct_calls == 3
-
-
 def test_direct_async_timeout_and_repeated_calls_of_every_kind(direct):
     comm, fast = direct
     n = comm.size
@@ -752,12 +775,15 @@ def test_direct_results_bitwise_equal_to_the_copy_path(direct, dtype):
     assert (fast.direct_calls, copy.calls) == (calls, calls)
 
 
-def test_direct_ranks_that_disagree_raise_a_mismatch_on_every_rank(direct):
+@pytest.mark.parametrize("debug", ["large", "off"])
+def test_direct_ranks_that_disagree_raise_a_mismatch_on_every_rank(direct, debug):
     comm, fast = direct
     count = 2 * PIECE
     x = np.ones(count + (comm.rank == 1), np.float32)
-    with pytest.raises(MismatchError, match=r"rank 0: all_reduce of 8192 float32 \(SUM, an "
-                       r"ordinary array, single copy.*rank 1: all_reduce of 8193 float32"):  # fmt: skip
+    said = (r"shape is \(8192,\) on ranks? 0.* but \(8193,\) on rank 1" if debug == "large" else
+            r"rank 0: all_reduce of 8192 float32 \(SUM, an ordinary array, single copy.*"
+            r"rank 1: all_reduce of 8193 float32")  # fmt: skip
+    with at_debug(comm, debug), pytest.raises(MismatchError, match=said):
         comm.all_reduce(x)
     y = np.full(count, comm.rank + 1.0)
     comm.all_reduce(y)  # the group goes on
@@ -919,8 +945,8 @@ class OnPath:
     symmetric buffer per dtype, made by the first call with ``room`` elements, alike on
     every rank; single copy: the ordinary arrays themselves) and that path's call count."""
 
-    def __init__(self, comm, fast, symmetric):
-        self.comm, self.fast, self.symmetric = comm, fast, symmetric
+    def __init__(self, comm, fast, symmetric, copies=False):
+        self.comm, self.fast, self.symmetric, self.copies = comm, fast, symmetric, copies
         self.buffers = {}
 
     def place(self, values, room):
@@ -932,7 +958,10 @@ class OnPath:
         return written(buf, values.reshape(-1)).reshape(values.shape)
 
     def runs(self):
-        return self.fast.sym_calls if self.symmetric else self.fast.direct_calls
+        fast = self.fast
+        return (
+            fast.sym_calls if self.symmetric else fast.calls if self.copies else fast.direct_calls
+        )
 
 
 @pytest.fixture(params=["symmetric", "single_copy"])
@@ -940,6 +969,117 @@ def on_path(comm, monkeypatch, request):
     single = request.param == "single_copy"
     comm, fast = with_fast_path(comm, monkeypatch, direct=single)
     return OnPath(comm, fast, not single)
+
+
+@pytest.fixture(params=["copy", "symmetric", "single_copy"])
+def every_path(comm, monkeypatch, request):
+    """``on_path`` and the copy path (ordinary arrays through the segment's chunks)."""
+    kind = request.param
+    comm, fast = with_fast_path(comm, monkeypatch, direct=kind == "single_copy")
+    return OnPath(comm, fast, kind == "symmetric", copies=kind == "copy")
+
+
+@pytest.mark.parametrize("opname", ["SUM", "PREMUL_SUM", "AVG", "MIN"])
+def test_reduce_scatter_into_its_own_input(every_path, opname):
+    # The output inside the input: on every rank exactly its own block (in place, as users
+    # of torch's reduce_scatter_tensor do: folded in place on ranks 0 and 1, from a copy of
+    # each piece elsewhere and with PREMUL_SUM), then block 0 on every rank (the others read
+    # it while it is written), then a block shifted by one element (later chunks' input).
+    # The result is right in each case, and no rank's input changes outside its output.
+    comm = every_path.comm
+    n = comm.size
+    k = 3 * PIECE // 4 + 5
+    want = expected(n, n * k, np.float32, opname, 3)[comm.rank * k : (comm.rank + 1) * k]
+    check = Checks()
+    for where in (comm.rank * k, 0, 1):
+        before = every_path.runs()
+        given = inputs(comm.rank, n * k, np.float32, 3)
+        x = every_path.place(given, n * k)
+        out = x[where : where + k]
+        comm.reduce_scatter(x, out=out, op=op_of(opname))
+        check(f"output at {where}", out, want)
+        check(f"input outside the output at {where}", np.delete(x, np.s_[where : where + k]),
+              np.delete(given, np.s_[where : where + k]))  # fmt: skip
+        check.count(f"output at {where}", every_path.runs(), before + 1)
+    check.done()
+
+
+def test_a_read_only_array_is_refused_on_every_rank(every_path):
+    # Rank 1's array (all_reduce; reduce's root) or output (reduce_scatter) is read-only, in
+    # a call whose description was seen before (no validation: the cache). No rank writes
+    # anything (a peer would write into it with process_vm_writev, or into the symmetric
+    # buffer behind a read-only view), every rank raises, naming rank 1, and the group goes on.
+    comm = every_path.comm
+    n, count = comm.size, 3 * PIECE // 4 + 5
+    last = comm.rank == 1
+    check = Checks()
+    for how in ("all_reduce", "reduce", "reduce_scatter"):
+        for attempt in ("cached", "read-only", "again"):
+            given = inputs(comm.rank, n * count, np.float32, 7)
+            x = every_path.place(given, n * count)
+            out = np.zeros(count, np.float32)
+            frozen = last and attempt == "read-only"
+            if frozen:
+                (out if how == "reduce_scatter" else x).flags.writeable = False
+            try:
+                if how == "all_reduce":
+                    comm.all_reduce(x)
+                elif how == "reduce":
+                    comm.reduce(x, 1)
+                else:
+                    comm.reduce_scatter(x, out=out)
+            except hpccomm.InvalidArgumentError as exc:
+                said = str(exc)
+                if attempt != "read-only":
+                    check.bad.append(f"{how} {attempt}: {said}")
+                elif last and " is read-only (its writeable flag is False)" not in said:
+                    check.bad.append(f"{how}: {said}")
+                elif not last and "rank 1's " not in said:
+                    check.bad.append(f"{how}: {said}")
+                check(f"{how} {attempt}: input", x, given)
+                check(f"{how} {attempt}: output", out, np.zeros(count, np.float32))
+            else:
+                if attempt == "read-only":
+                    check.bad.append(f"{how}: returned on rank {comm.rank}")
+                    continue
+                whole = expected(n, n * count, np.float32, "SUM", 7)
+                if how == "reduce_scatter":
+                    check(f"{how} {attempt}", out, whole[comm.rank * count :][:count])
+                else:
+                    check(f"{how} {attempt}", x, whole if last or how == "all_reduce" else given)
+            finally:
+                x.flags.writeable = out.flags.writeable = True
+    check.done()
+
+
+@pytest.mark.parametrize("debug", ["off", "large"])
+def test_premul_sum_factors_that_differ_by_rank(every_path, debug):
+    # Each rank scales its own input by its own factor (the sum of f_r * x_r, as on MPI);
+    # the paths where a rank scales every rank's input (symmetric buffers, single copy)
+    # find that the factors differ and run the call on MPI (whose order of summation is
+    # its own: compared within float32 rounding). The debug check counts the factor as
+    # part of the call: there it is a MismatchError on every rank.
+    comm = every_path.comm
+    n, count = comm.size, 3 * PIECE // 2 + 3
+    factors = [0.5 + r for r in range(n)]
+    op = ReduceOp.PREMUL_SUM(factors[comm.rank])
+
+    def given(r):
+        return np.random.default_rng(11 + r).standard_normal(n * count).astype(np.float32)
+
+    for how in ("all_reduce", "reduce_scatter"):
+        x = every_path.place(given(comm.rank), n * count)
+        run = comm.all_reduce if how == "all_reduce" else comm.reduce_scatter
+        with at_debug(comm, debug):
+            if debug == "large":
+                with pytest.raises(MismatchError, match=r"reduce op is 'ReduceOp.PREMUL_SUM"):
+                    run(x, op=op)
+                continue
+            got = run(x, op=op)
+        want = sum(given(r).astype(np.float64) * factors[r] for r in range(n))
+        if how == "reduce_scatter":
+            want = want[comm.rank * count :][:count]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.uint16, np.int64, np.float32, np.float64,
