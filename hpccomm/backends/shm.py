@@ -123,6 +123,7 @@ _ADDR = _HEADER // 8 - 1  # the header word with the address of the rank's array
 _READONLY = _ADDR - 1  # 1: the array the call writes into is read-only on this rank
 _FACTOR = _ADDR - 2  # PREMUL_SUM: a CRC of this rank's factor (its type and value)
 _DIRECT = -1  # the header's buffer word on the single-copy path
+_WITHDRAWN = -1  # the tick word of a header whose call failed its check
 _ALIGN = 64  # slice boundaries and areas on cache-line multiples
 
 _LOGICAL: dict[str, Any] = {
@@ -539,9 +540,14 @@ class ShmBackend:
             buf = (f"symmetric buffer {sym} at byte {off}" if sym > 0 else
                    "an ordinary array, single copy" if sym == _DIRECT else
                    "an ordinary array")  # fmt: skip
-            return f"{name}{where} of {count} {dtype} ({opname}{sizes}, {buf}, chunk tick {tick})"
+            when = "withdrawn" if tick == _WITHDRAWN else f"chunk tick {tick}"
+            return f"{name}{where} of {count} {dtype} ({opname}{sizes}, {buf}, {when})"
 
-        diff = "; ".join(f"rank {r}: {show(row)}" for r, row in enumerate(rows.tolist()))
+        seen = rows.tolist()
+        # withdraw this header: a rank that was not in a fast-path call when this one ran
+        # (its barrier matched another collective, debug "off") must not match it later
+        seg.headers[self.rank, slot, mine.size - 1] = _WITHDRAWN
+        diff = "; ".join(f"rank {r}: {show(row)}" for r, row in enumerate(seen))
         raise _Said(
             MismatchError,
             f"the ranks' calls differ on the shared-memory path: {diff}; nothing was reduced",

@@ -869,6 +869,30 @@ def test_a_call_allocates_nothing_of_array_size_before_its_first_barrier(comm, p
     assert peak < fast.piece // 4, f"rank {comm.rank}: {peak} bytes allocated by the call"
 
 
+def test_a_mismatch_one_rank_saw_is_not_matched_later(direct):
+    # debug "off" (no cross-rank check before the call): rank 0 calls all_reduce while
+    # rank 1 calls barrier, which the fast path's first barrier matches; only rank 0 sees
+    # the headers differ. Its header is withdrawn, so rank 1's next call (the same
+    # description) does not take it for its partner's (it would read and write rank 0's
+    # old array): both ranks' next calls raise instead of returning a wrong result.
+    comm, fast = direct
+    if comm.size != 2:
+        pytest.skip("written for 2 ranks")
+    count = 2 * PIECE
+    x = np.full(count, comm.rank + 1.0)
+    with at_debug(comm, "off"):
+        if comm.rank == 0:
+            with pytest.raises(MismatchError, match="on the shared-memory path"):
+                comm.all_reduce(x)
+        else:
+            comm.barrier()
+        y = np.full(count, 10.0 * (comm.rank + 1))
+        with pytest.raises(MismatchError, match="withdrawn|chunk tick"):
+            comm.all_reduce(y)
+    assert (x == comm.rank + 1.0).all(), "rank 0's array was written after its call raised"
+    assert (y == 10.0 * (comm.rank + 1)).all()
+
+
 @pytest.mark.mpi(min_size=2)
 def test_an_interrupted_rank_keeps_its_array_for_the_peers_writes(direct, monkeypatch):
     # Rank 0 is interrupted (a KeyboardInterrupt) in the call's first barrier, after it
