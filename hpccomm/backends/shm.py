@@ -776,8 +776,8 @@ class ShmBackend:
                 verdict[0] = 1 if failed else 0
                 here, most = self._max_in_place
                 self.host.mpi.Allreduce(here, verdict, op=most)
-        except _Said:  # the header check: every rank raises there, nobody wrote anything
-            raise
+        except (_Said, InvalidArgumentError):  # the header check: every rank raises there,
+            raise  # nobody read or wrote anything
         except BaseException:  # interrupted (SIGINT), or a peer's failure (ULFM) in a
             # barrier: a peer may still be reading or writing this array: keep its memory
             self._held.append(flat)
