@@ -299,6 +299,7 @@ class ShmBackend:
         self.size: int = host.size if node is None else node[2]
         self.node: Any = host if node is None else None  # the segment's ranks (MPIBackend)
         self.cross: Any = None
+        self.members = list(range(self.size))  # the group's rank of each of the node's ranks
         self.ranges: dict[O.OpSpec, tuple[int, int]]
         if node is not None:  # not measured across real nodes: only with a threshold
             self.ranges = dict.fromkeys(_SPECS, (NEVER, NEVER))
@@ -480,6 +481,7 @@ class ShmBackend:
                 return None
             self.node = self.host.split(index, local_rank)
             self.cross = self.host.split(local_rank, index)
+            self.members = self.node.mpi.allgather(self.host.rank)
         total = _Segment.nbytes(self.size, self.chunk)
         mm, why = _map_shared(self.node.mpi, self.rank, total)
         if self.hier is not None:  # every node must have its segment, or none runs
@@ -511,8 +513,20 @@ class ShmBackend:
         all read the same headers; nothing was read or written). Returns whether the ranks'
         PREMUL_SUM factors differ."""
         rows = seg.headers[:, slot, : mine.size]
-        if (rows == mine).all():
-            refused = seg.headers[:, slot, _READONLY].nonzero()[0].tolist()
+        same = bool((rows == mine).all())
+        refused = seg.headers[:, slot, _READONLY].nonzero()[0].tolist() if same else []
+        if self.cross is not None:  # hierarchical: the other nodes' ranks must hear of it
+            verdict = self._verdict  # 2: a mismatch, 1: a read-only array, on some node
+            verdict[0] = 2 if not same else 1 if refused else 0
+            here, most = self._max_in_place
+            self.cross.mpi.Allreduce(here, verdict, op=most)
+            if same and not refused and verdict[0]:
+                self.tick += 1  # as below
+                kind, what = ((MismatchError, "the ranks' calls differ") if verdict[0] == 2 else
+                              (InvalidArgumentError, "a rank's array is read-only"))  # fmt: skip
+                raise _Said(kind, f"{what} on another node's shared-memory path; nothing was "
+                                  f"reduced")  # fmt: skip
+        if same:
             if not refused:
                 factors = seg.headers[:, slot, _FACTOR]
                 return bool((factors != factors[0]).any())
@@ -520,7 +534,7 @@ class ShmBackend:
             arg = "out" if call.spec is O.REDUCE_SCATTER else "array"
             if self.rank in refused:
                 raise read_only(call, arg)
-            ranks = ", ".join(map(str, refused))
+            ranks = ", ".join(str(self.members[r]) for r in refused)
             raise _Said(
                 InvalidArgumentError,
                 f"rank {ranks}'s {arg} is read-only (its writeable flag is False) on the "
@@ -547,7 +561,7 @@ class ShmBackend:
         # withdraw this header: a rank that was not in a fast-path call when this one ran
         # (its barrier matched another collective, debug "off") must not match it later
         seg.headers[self.rank, slot, mine.size - 1] = _WITHDRAWN
-        diff = "; ".join(f"rank {r}: {show(row)}" for r, row in enumerate(seen))
+        diff = "; ".join(f"rank {self.members[r]}: {show(row)}" for r, row in enumerate(seen))
         raise _Said(
             MismatchError,
             f"the ranks' calls differ on the shared-memory path: {diff}; nothing was reduced",

@@ -1188,6 +1188,51 @@ def test_no_copy_in_late_rank_times_out_the_others_then_the_group_goes_on(on_pat
 # -- the hierarchical all_reduce, with ranks pretending to be on two nodes -----------------
 
 
+def test_hierarchical_a_check_failed_on_one_node_fails_every_node(comm):
+    # The header check is node-local: a read-only array (a description seen before) or,
+    # with debug off, calls that differ on one node reach the other nodes through one
+    # cross-node allreduce, so every rank raises instead of the other nodes' ranks waiting
+    # in the cross-node all_reduce for ever. The group goes on.
+    n = comm.size
+    if n < 4 or n % 2:
+        pytest.skip("needs an even number of 4 or more ranks (two pretend nodes of 2+)")
+    half = n // 2
+    node = comm.rank // half
+    local = [r for r in range(n) if r // half == node]
+    fast = ShmBackend(comm._backend, THRESHOLD, CHUNK,
+                      node=(node, local.index(comm.rank), len(local)))  # fmt: skip
+    comm._dispatcher.shm = fast
+    comm._dispatcher.cache.clear()
+    count = 3 * CHUNK // 8 + 5
+    total = n * (n + 1) / 2
+    last = n - 1
+    check = Checks()
+    for case in ("first", "read-only", "again", "differ", "after"):
+        x = np.full(count + (case == "differ" and comm.rank == last), comm.rank + 1.0)
+        if case == "read-only" and comm.rank == last:
+            x.flags.writeable = False
+        with at_debug(comm, "off") if case == "differ" else contextlib.nullcontext():
+            try:
+                comm.all_reduce(x)
+            except (MismatchError, hpccomm.InvalidArgumentError) as exc:
+                said = str(exc)
+                want = ("is read-only" if comm.rank == last else
+                        f"rank {last}'s array is read-only" if node == 1 else
+                        "a rank's array is read-only on another node")  # fmt: skip
+                if case == "differ":
+                    want = (f"rank {last}: all_reduce of {count + 1}" if node == 1 else
+                            "the ranks' calls differ on another node")  # fmt: skip
+                if case not in ("read-only", "differ") or want not in said:
+                    check.bad.append(f"{case}: {said}")
+            else:
+                if case in ("read-only", "differ"):
+                    check.bad.append(f"{case}: returned")
+                else:
+                    check(case, x, np.full(count, total))
+    check.done()
+    assert fast.calls == 5
+
+
 @pytest.mark.parametrize("dtype", [np.int8, np.int64, np.float32, np.float16, np.complex64,
                                    np.bool_], ids=name)  # fmt: skip
 def test_hierarchical_all_reduce_on_pretend_nodes(comm, dtype):
