@@ -82,6 +82,7 @@ class Dispatcher:
         "executor",
         "closed",
         "broken",
+        "interrupted",
         "notices",
         "gid",
         "members",
@@ -109,6 +110,7 @@ class Dispatcher:
         self.executor: Executor | None = None
         self.closed = False
         self.broken: str | None = None  # why calls can no longer run (a stuck call)
+        self.interrupted: str | None = None  # a fast-path call left half done (see dispatch)
         # Failure notices (set by the communicator): the job's board, this group's id
         # (alike on every member) and its members' world ranks.
         self.notices: NoticeBoard | None = None
@@ -247,6 +249,17 @@ class Dispatcher:
                 err = self.failed(call, seq, exc, key, data, out)
                 self.report(call, seq, err)
                 raise err from exc
+            except BaseException as exc:  # KeyboardInterrupt, SystemExit: an MPI call ends
+                # before Python sees the signal, but the fast path's body runs between its
+                # barriers in Python: the peers may be inside the call for good
+                if call.backend is self.shm:
+                    self.interrupted = (
+                        f"{call.where(seq)} (interrupted by {type(exc).__name__} inside the "
+                        f"shared-memory path, where its peers may still be)"
+                    )
+                    self.broken = f"the group is unusable: {self.interrupted}"
+                    self._update_slow()
+                raise
         if mode != "requests":
             return self.run(call, seq, data, out, async_op, stream, key)
         try:

@@ -598,8 +598,7 @@ def _install_excepthook() -> None:
 
     def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
         global _uncaught
-        if not issubclass(kind, KeyboardInterrupt):
-            _uncaught = kind.__name__
+        _uncaught = kind.__name__  # a KeyboardInterrupt too: it may have reached one rank
         previous(kind, value, tb)
 
     sys.excepthook = hook
@@ -737,6 +736,8 @@ def _stuck_calls(comm: Communicator) -> list[str]:
         ex = c._dispatcher.executor
         if ex is not None and not ex.close(timeout=0.5):
             out.append(ex.stuck or "a call")
+        if c._dispatcher.interrupted is not None:
+            out.append(c._dispatcher.interrupted)
         if c is not comm:
             out.extend(_stuck_calls(c))
     return out

@@ -563,3 +563,74 @@ def test_sizes_either_side_of_the_large_threshold_time_out_instead_of_matching(l
     assert "the ranks' sizes may differ" in job.of(0, "straddle")["msg"]
     assert job.rc != 0 and "never completed; aborting the job" in job.stderr
     assert not job.crashed()
+
+
+@pytest.mark.parametrize("path", ["copy", "single_copy"])
+def test_a_rank_interrupted_inside_the_fast_path_ends_the_job(launch, path):
+    # SIGINT reaches rank 0 only, while it waits in the fast path's first barrier: Python
+    # raises the KeyboardInterrupt when the barrier returns (rank 1 arrived), inside the
+    # call, between its barriers. Rank 0 catches it and calls again: ClosedError (the group
+    # is unusable: its peer is inside the call for good), where before its next call met the
+    # peer's unfinished one and both returned wrong results. At exit it aborts the job
+    # (rank 1 would wait forever); rank 1 never returns a result.
+    job = launch(
+        2,
+        """
+        import signal, threading
+        c = hpccomm.init()
+        x = np.full(1 << 18, c.rank + 1.0, np.float32)  # 1 MiB
+        c.all_reduce(x)  # the segment (and the probe)
+        shm = c._dispatcher.shm
+        report(c, "first", x=float(x[0]), runs=shm.calls + shm.direct_calls)
+        x = np.full(1 << 18, c.rank + 1.0, np.float32)
+        if c.rank == 0:
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+            try:
+                c.all_reduce(x)
+                report(c, "call", cls=None)
+            except KeyboardInterrupt:
+                report(c, "call", cls="KeyboardInterrupt")
+            outcome(c, "next", lambda: c.all_reduce(np.ones(1 << 18, np.float32)))
+        else:
+            time.sleep(1.5)
+            outcome(c, "call", lambda: c.all_reduce(x))
+            report(c, "x", x=float(x[0]), last=float(x[-1]))
+        """,
+        env={"HPCCOMM_SHM_THRESHOLD": "256K", "HPCCOMM_SHM_CMA": "1" if path != "copy" else "0"},
+        bound=60,
+    )
+    for rank in (0, 1):
+        assert job.of(rank, "first") == {"x": 3.0, "runs": 1}
+    assert job.of(0, "call")["cls"] == "KeyboardInterrupt"
+    nxt = job.of(0, "next")
+    assert nxt["cls"] == "ClosedError"
+    assert (
+        "the group is unusable: all_reduce #2 on world (rank 0 of 2) (interrupted by "
+        in (nxt["msg"])
+    )
+    assert (1, "call") not in job.reports and (1, "x") not in job.reports, job.stdout
+    assert job.rc != 0
+    assert "interrupted by KeyboardInterrupt inside the shared-memory path" in job.stderr
+    assert "never completed; aborting the job" in job.stderr
+
+
+def test_an_uncaught_interrupt_on_one_rank_ends_the_job(launch):
+    # SIGINT reaching one rank (kill -INT, not the launcher's Ctrl-C to all): its uncaught
+    # KeyboardInterrupt aborts the job like any uncaught exception, where before the rank
+    # finalized MPI while its peer waited in all_reduce for ever.
+    job = launch(
+        2,
+        """
+        c = hpccomm.init()
+        report(c, "up")
+        if c.rank == 0:
+            raise KeyboardInterrupt
+        c.all_reduce(np.ones(4))
+        report(c, "returned")
+        """,
+        bound=60,
+    )
+    assert (0, "up") in job.reports and (1, "up") in job.reports
+    assert (1, "returned") not in job.reports
+    assert job.rc != 0
+    assert "hpccomm (rank 0 of 2): KeyboardInterrupt not caught; aborting the job" in job.stderr

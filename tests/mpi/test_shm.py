@@ -929,6 +929,17 @@ def test_an_interrupted_rank_keeps_its_array_for_the_peers_writes(direct, monkey
         fast.tick += 1  # as the completed call would have
         half = count // 2
         assert (x[half:] == 3.0).all() and (x[:half] == 1.0).all()  # rank 1 wrote after
+        # the group is unusable on the interrupted rank (its peers may be inside the call
+        # for good): its next call says so instead of meeting them out of step
+        dispatcher = comm._dispatcher
+        with pytest.raises(hpccomm.ClosedError, match=r"the group is unusable: all_reduce "
+                           r"#\d+ on world/dup \(rank 0 of 2\) \(interrupted by "
+                           r"KeyboardInterrupt inside the shared-memory path"):  # fmt: skip
+            comm.all_reduce(np.ones(count))
+        # (the test, having completed the call by hand, makes the group usable again)
+        dispatcher.broken = dispatcher.interrupted = None
+        dispatcher._update_slow()
+        dispatcher.group.seq -= 1  # the refused call's number
     else:
         with pytest.raises(hpccomm.BackendError, match="failed: rank 0 interrupted; the "
                            "result is incomplete"):  # fmt: skip
