@@ -22,9 +22,10 @@ call with device arrays; it imports nothing above it.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -45,6 +46,7 @@ from .errors import (
     ClosedError,
     CommTimeoutError,
     HpccommError,
+    InvalidArgumentError,
     MismatchError,
     PeerError,
 )
@@ -366,7 +368,8 @@ class Dispatcher:
         checked = (checking and not call.spec.p2p) or call.checked
         guard = None
         if async_op and checking and call.device is None and call.spec.arrays:
-            guard = ReadOnlyWhileRunning(data, out)  # a write before wait() raises at once
+            # a write before wait() raises at once; so does passing the array to another call
+            guard = ReadOnlyWhileRunning(data, out, call.where(seq))
             data, out = guard.data, guard.out
         try:
             if out is None and call.out_shape is not None:
@@ -684,26 +687,43 @@ class ReadOnlyWhileRunning:
     """Debug check for async calls: while the operation runs, the caller's NumPy arrays are
     read-only (MPI gets writable views of the same memory), so writing one before
     ``wait()`` raises at the write instead of racing with MPI; ``release`` restores them
-    and maps the result back to the caller's arrays."""
+    and maps the result back to the caller's arrays. An array still held so (its call not
+    waited for) given to another call is refused there, on every rank alike: handed on
+    read-only, the second call's outcome depended on whether the first's wait() ran before
+    the worker reached it."""
 
     __slots__ = ("data", "out", "_owned")
 
-    def __init__(self, data: Any, out: Any) -> None:
-        self._owned: list[tuple[Any, Any]] = []  # (caller's array, view handed to MPI)
-        self.data = self._take(data)
-        self.out = self._take(out)
+    # id of each array held now -> (the array, weakly: an id is reused once it is freed;
+    # the call holding it)
+    held: ClassVar[dict[int, tuple[weakref.ref, str]]] = {}
 
-    def _take(self, array: Any) -> Any:
+    def __init__(self, data: Any, out: Any, where_: str) -> None:
+        self._owned: list[tuple[Any, Any]] = []  # (caller's array, view handed to MPI)
+        for array, arg in ((data, "array"), (out, "out")):
+            entry = self.held.get(id(array)) if type(array) is _ndarray else None
+            if entry is not None and entry[0]() is array:
+                raise InvalidArgumentError(
+                    f"{where_}: {arg} is in use by {entry[1]}, an async_op call not waited for "
+                    f"yet, expected an array no operation is using; wait() for that call first "
+                    f"(debug check)"
+                )
+        self.data = self._take(data, where_)
+        self.out = self._take(out, where_)
+
+    def _take(self, array: Any, where_: str) -> Any:
         if type(array) is not _ndarray or not array.flags.writeable:
             return array
         view = array.view()
         array.flags.writeable = False
         self._owned.append((array, view))
+        self.held[id(array)] = (weakref.ref(array), where_)
         return view
 
     def release(self, result: Any) -> Any:
         for array, view in self._owned:
             array.flags.writeable = True
+            self.held.pop(id(array), None)
             if result is view:
                 result = array
         self._owned = []

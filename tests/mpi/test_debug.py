@@ -177,3 +177,22 @@ def test_async_buffers_are_read_only_until_wait(checked):
         x[0] = 7.0
     assert work.wait(timeout=60) is x
     assert x.flags.writeable and (x == checked.size).all()
+
+
+@pytest.mark.parametrize("size", [4, 1 << 18])  # MPI, and the shared-memory path (1 MiB)
+def test_an_array_in_use_by_an_async_call_is_refused_by_the_next(checked, size):
+    # A second call given an array an async call still holds (not waited for) is refused
+    # at once on every rank, naming the call that holds it; handed on read-only, its outcome
+    # depended on whether the first wait() ran before the worker reached it (one rank
+    # failing alone on MPI). The first call completes; after its wait() the array is free.
+    import hpccomm
+
+    x = np.ones(size, np.float32)
+    first = checked.all_reduce(x, async_op=True)
+    with pytest.raises(hpccomm.InvalidArgumentError, match=r"all_reduce #\d+ on .*: array "
+                       r"is in use by all_reduce #\d+ on .*, an async_op call not waited for "
+                       r"yet"):  # fmt: skip
+        checked.all_reduce(x, async_op=True)
+    assert first.wait(timeout=60) is x and (x == checked.size).all()
+    checked.all_reduce(x)
+    assert (x == checked.size**2).all()
