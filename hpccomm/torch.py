@@ -796,7 +796,8 @@ class _ServedMPI:
 def serve_mpi() -> None:
     """Serve torch's ``backend="mpi"`` with hpccomm, so ``dist.init_process_group("mpi")``
     and ``dist.new_group(backend="mpi")`` work unchanged on a pip-installed torch (CPU
-    tensors; the timeout is hpccomm's: ``HPCCOMM_TIMEOUT`` or ``hpccomm.init(timeout=)``).
+    tensors; torch passes this path no timeout: the groups take the world's, from
+    ``hpccomm.init(timeout=)`` called before ``init_process_group``, else none).
 
     A torch built with its own MPI backend is left alone. ``python -m hpccomm.torch
     script.py ...`` runs an unchanged script this way.
