@@ -666,13 +666,10 @@ class ShmBackend:
                 # other overlap is written into a private block, copied out at the end
                 if np.may_share_memory(flat, dest):
                     if _is_own_block(call, rank, flat, dest):
-                        if not (rank == 0 or (rank == 1 and plan.factor is None)):
+                        if not _folds_in_place(rank, plan):
                             own_block = acc  # the piece copy (reduce_scatter has no acc)
                     else:
-                        try:
-                            private = np.empty_like(dest)
-                        except MemoryError as exc:
-                            lost = f"no memory for a private copy of the output: {exc}"
+                        private, lost = _private_block(dest)
                 for src, dst in parts if not lost else ():
                     m = dst.stop - dst.start
                     into = (dest if private is None else private)[dst]
@@ -695,13 +692,7 @@ class ShmBackend:
                         np.copyto(t[src], a)
             self._barrier()
         self.tick = tick + 1
-        if not scatter:
-            return x
-        if lost:
-            raise _Said(BackendError, f"{lost}; the other ranks' results are complete")
-        if private is not None:
-            np.copyto(dest, private)
-        return out
+        return _delivered(out, private, lost) if scatter else x
 
     def _direct(self, call: Call, x: np.ndarray, out: Any, seg: _Segment, cma: _Cma) -> Any:
         """A call on ordinary arrays, single copy: every rank publishes its array's address
@@ -732,7 +723,7 @@ class ShmBackend:
             keep = call.peer == rank
         # the result may be folded in place where this rank's own input is read before
         # anything is written over it: rank 0, or rank 1 without PREMUL_SUM's scaling
-        foldable = rank == 0 or (rank == 1 and plan.factor is None)
+        foldable = _folds_in_place(rank, plan)
         in_place = keep and foldable
         dest = out.reshape(-1) if scatter else flat
         # reduce_scatter into exactly its own block (torch's in-place form): each piece is
@@ -898,10 +889,7 @@ class ShmBackend:
         private: np.ndarray | None = None
         lost = ""  # why this rank could not write its output (its own result only)
         if np.may_share_memory(flat, dest) and not _is_own_block(call, self.rank, flat, dest):
-            try:
-                private = np.empty_like(dest)
-            except MemoryError as exc:
-                lost = f"no memory for a private copy of the output: {exc}"
+            private, lost = _private_block(dest)
         into = dest if private is None else private
         inputs, _ = seg.views(x.dtype)
         mine_in = inputs[self.rank]
@@ -923,11 +911,7 @@ class ShmBackend:
                     for src, dst in plan.copy_in[k + 1]:
                         _copy_in(plan, area[dst], flat[src])
         self.tick = tick + chunks
-        if lost:
-            raise _Said(BackendError, f"{lost}; the other ranks' results are complete")
-        if private is not None:
-            np.copyto(dest, private)
-        return out
+        return _delivered(out, private, lost)
 
 
 def _map_shared(mpi: Any, rank: int, total: int) -> tuple[Any, str]:
@@ -1057,6 +1041,32 @@ def _is_own_block(call: Call, rank: int, flat: np.ndarray, dest: np.ndarray) -> 
     counts, displs = call.counts
     block = flat[displs[rank] : displs[rank] + counts[rank]]
     return dest.ctypes.data == block.ctypes.data and dest.nbytes == block.nbytes
+
+
+def _folds_in_place(rank: int, plan: _Plan) -> bool:
+    """Whether this rank may fold the result into its own input: its input is read before
+    anything is written over it (rank 0, or rank 1 without PREMUL_SUM's scaling)."""
+    return rank == 0 or (rank == 1 and plan.factor is None)
+
+
+def _private_block(dest: np.ndarray) -> tuple[np.ndarray | None, str]:
+    """A private block for a reduce_scatter output that lies inside the input elsewhere
+    than its own block (the input must stay as it is until the call ends), or None and why
+    there is none (only this rank's own result is then lost)."""
+    try:
+        return np.empty_like(dest), ""
+    except MemoryError as exc:
+        return None, f"no memory for a private copy of the output: {exc}"
+
+
+def _delivered(out: Any, private: np.ndarray | None, lost: str) -> Any:
+    """reduce_scatter's end (after its last barrier): the private block copied into the
+    output, or this rank's error when it had none."""
+    if lost:
+        raise _Said(BackendError, f"{lost}; the other ranks' results are complete")
+    if private is not None:
+        np.copyto(out.reshape(-1), private)
+    return out
 
 
 class _Said(Exception):

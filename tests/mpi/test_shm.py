@@ -154,8 +154,9 @@ def sizes_for(dtype, size):
     return sorted({t, t + 1, c - 1, c, c + 1, 2 * c - 1, 2 * c + 1, 3 * c + size + 2, 5 * c + 7})
 
 
-def with_fast_path(comm, monkeypatch=None, *, direct=False, chunk=CHUNK):
-    """``comm`` with a fast path of a 4 KiB chunk (or ``chunk``) and a 1 KiB threshold; with
+def with_fast_path(comm, monkeypatch=None, *, direct=False, chunk=CHUNK, threshold=THRESHOLD):
+    """``comm`` with a fast path of a 4 KiB chunk (or ``chunk``) and a 1 KiB threshold (or
+    ``threshold``); with
     ``monkeypatch``, pieces of 4 KiB for symmetric buffers and single copy (so small sizes
     cross many); with ``direct``, the single-copy path from 1 KiB, probed here: skipped,
     with the reason, only where Yama forbids one rank reading another's memory; elsewhere
@@ -166,7 +167,7 @@ def with_fast_path(comm, monkeypatch=None, *, direct=False, chunk=CHUNK):
         pytest.skip("the fast path needs every rank on one node")
     if monkeypatch is not None:
         monkeypatch.setattr(shm_mod, "SYM_PIECE", PIECE)
-    fast = ShmBackend(comm._backend, THRESHOLD, chunk, direct=direct)
+    fast = ShmBackend(comm._backend, threshold, chunk, direct=direct)
     comm._dispatcher.shm = fast
     comm._dispatcher.cache.clear()
     if direct:
@@ -401,11 +402,7 @@ def test_a_rank_on_the_fast_path_and_one_on_mpi_get_a_mismatch(comm, against):
     # collective: the fast path's header check cannot see a rank that is on MPI, so the
     # debug check (default "large") compares the calls first, as on MPI: MismatchError on
     # every rank instead of rank 0 waiting in the fast path's barrier for ever.
-    if comm.size < 2 or comm.num_nodes != 1:
-        pytest.skip("the fast path needs 2 or more ranks on one node")
-    fast = ShmBackend(comm._backend, 64 << 10, CHUNK)
-    comm._dispatcher.shm = fast
-    comm._dispatcher.cache.clear()
+    comm, fast = with_fast_path(comm, threshold=64 << 10)
     count = (64 << 10) // 4
     x = np.ones(count - (comm.rank == 1), np.float32)
     said = r"shape is \(16384,\) on ranks? 0.* but \(16383,\) on rank 1"
@@ -1199,6 +1196,21 @@ def test_no_copy_in_late_rank_times_out_the_others_then_the_group_goes_on(on_pat
 # -- the hierarchical all_reduce, with ranks pretending to be on two nodes -----------------
 
 
+def on_pretend_nodes(comm):
+    """``comm`` with a hierarchical fast path (1 KiB threshold, 4 KiB chunk) whose ranks
+    0..ceil(p/2)-1 play node 0 and the others node 1. Returns (the path, this rank's pretend
+    node, ranks per node 0)."""
+    n = comm.size
+    half = -(-n // 2)
+    node = comm.rank // half
+    local = [r for r in range(n) if r // half == node]
+    fast = ShmBackend(comm._backend, THRESHOLD, CHUNK,
+                      node=(node, local.index(comm.rank), len(local)))  # fmt: skip
+    comm._dispatcher.shm = fast
+    comm._dispatcher.cache.clear()
+    return fast, node, half
+
+
 def test_hierarchical_a_check_failed_on_one_node_fails_every_node(comm):
     # The header check is node-local: a read-only array (a description seen before) or,
     # with debug off, calls that differ on one node reach the other nodes through one
@@ -1207,13 +1219,7 @@ def test_hierarchical_a_check_failed_on_one_node_fails_every_node(comm):
     n = comm.size
     if n < 4 or n % 2:
         pytest.skip("needs an even number of 4 or more ranks (two pretend nodes of 2+)")
-    half = n // 2
-    node = comm.rank // half
-    local = [r for r in range(n) if r // half == node]
-    fast = ShmBackend(comm._backend, THRESHOLD, CHUNK,
-                      node=(node, local.index(comm.rank), len(local)))  # fmt: skip
-    comm._dispatcher.shm = fast
-    comm._dispatcher.cache.clear()
+    fast, node, _ = on_pretend_nodes(comm)
     count = 3 * CHUNK // 8 + 5
     total = n * (n + 1) / 2
     last = n - 1
@@ -1253,13 +1259,7 @@ def test_hierarchical_all_reduce_on_pretend_nodes(comm, dtype):
     n = comm.size
     if n < 2:
         pytest.skip("needs 2 or more ranks")
-    half = -(-n // 2)
-    node = comm.rank // half
-    local = [r for r in range(n) if r // half == node]
-    fast = ShmBackend(comm._backend, THRESHOLD, CHUNK,
-                      node=(node, local.index(comm.rank), len(local)))  # fmt: skip
-    comm._dispatcher.shm = fast
-    comm._dispatcher.cache.clear()
+    fast, node, half = on_pretend_nodes(comm)
     runs = n % 2 == 0 and n >= 4
     seed = 0
     check = Checks()
