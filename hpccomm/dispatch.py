@@ -717,7 +717,13 @@ class ReadOnlyWhileRunning:
         view = array.view()
         array.flags.writeable = False
         self._owned.append((array, view))
-        self.held[id(array)] = (weakref.ref(array), where_)
+        key, held = id(array), self.held
+
+        def forget(ref: weakref.ref) -> None:  # freed while held (its call never waited)
+            if held.get(key, (None,))[0] is ref:
+                del held[key]
+
+        held[key] = (weakref.ref(array, forget), where_)
         return view
 
     def release(self, result: Any) -> Any:

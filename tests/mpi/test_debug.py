@@ -196,3 +196,23 @@ def test_an_array_in_use_by_an_async_call_is_refused_by_the_next(checked, size):
     assert first.wait(timeout=60) is x and (x == checked.size).all()
     checked.all_reduce(x)
     assert (x == checked.size**2).all()
+
+
+def test_an_array_freed_while_held_leaves_no_entry(checked):
+    # An async call never waited for whose array is then freed: the array's entry in the
+    # in-use table goes with it (it stayed there for ever before: a leak per dropped call)
+    import gc
+    import warnings
+
+    from hpccomm.dispatch import ReadOnlyWhileRunning
+
+    x = np.ones(1000, np.float32)
+    key = id(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the UnwaitedWorkWarning is this test's premise
+        checked.all_reduce(x, async_op=True)  # the handle is dropped at once
+        assert key in ReadOnlyWhileRunning.held
+        del x
+        checked.all_reduce(np.ones(4))  # after the first on the same worker
+        gc.collect()
+    assert key not in ReadOnlyWhileRunning.held
