@@ -243,6 +243,7 @@ class Dispatcher:
             try:
                 if call.checked:
                     self.verify(call, seq)
+                call.backend.seq = seq
                 return call.body(call, data, out, stream)
             except HpccommError as exc:
                 self.report(call, seq, exc)
@@ -380,6 +381,7 @@ class Dispatcher:
                 if not async_op and self._timeout is None and (ex is None or not ex.pending):
                     if checked:
                         self.verify(call, seq, site)
+                    call.backend.seq = seq
                     pending = Done(call.body(call, data, out, stream))
                 else:
                     if stream is None and call.device is not None:
@@ -749,6 +751,7 @@ def _run_job(
     try:
         if check is not None:
             check(call, seq)
+        call.backend.seq = seq
         return call.body(call, data, out, stream)
     except HpccommError:
         raise

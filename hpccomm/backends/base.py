@@ -7,7 +7,9 @@ does:
 
 - ``"blocking"``: it runs the operation to completion and returns the result. The dispatch
   runs it inline, or on the communicator's worker thread for ``async_op`` and bounded calls
-  (so every rank issues the same blocking MPI call whatever it waits for).
+  (so every rank issues the same blocking MPI call whatever it waits for), one at a time,
+  and sets ``backend.seq`` to the call's sequence number in its group just before (the
+  shared-memory path compares it across ranks).
 - ``"requests"``: it starts the operation and returns a :class:`~hpccomm.work.Pending`
   (MPI point-to-point: non-blocking sends match blocking receives, so no thread is needed).
 - ``"stream"``: it enqueues the operation on a CUDA stream and returns the result (NCCL);
@@ -33,6 +35,7 @@ class Backend(Protocol):
     dtype NCCL lacks); ``close`` releases what it holds and is idempotent."""
 
     name: str
+    seq: int  # the sequence number of the blocking body running now (set by the dispatch)
 
     def supports(self, call: Call) -> bool: ...
 

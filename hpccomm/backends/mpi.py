@@ -638,6 +638,7 @@ class MPIBackend:
     """Runs calls on an mpi4py intracommunicator (which it owns: :meth:`free` frees it)."""
 
     name = "mpi"
+    seq = 0  # the blocking body running now (set by the dispatch)
 
     def __init__(self, comm: MPI.Comm) -> None:
         if not _probed:

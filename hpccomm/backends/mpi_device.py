@@ -90,6 +90,7 @@ class DeviceMPIBackend:
     """Runs calls with device arrays through an :class:`MPIBackend`'s bodies."""
 
     name = "mpi-device"
+    seq = 0  # the blocking body running now (set by the dispatch)
 
     def __init__(self, host: MPIBackend, path: DevicePath, pool: StagingPool | None = None) -> None:
         self.host = host

@@ -391,6 +391,7 @@ class NcclBackend:
     """
 
     name = "nccl"
+    seq = 0  # the blocking body running now (set by the dispatch)
 
     def __init__(self, mpi_comm: Any, device: int, *, host: str | None = None) -> None:
         import cupy

@@ -27,9 +27,12 @@ in the last bits (MPI associates the operands in another order); integers are ex
 as NumPy's do; MIN/MAX propagate NaN (as hpccomm's MPI path does). float16/bfloat16 round to
 their type after each pairwise step, as on the MPI path.
 
-Across-rank checks: each call writes a header (op, dtype, count, root, tick) that every rank
-compares after the first barrier; ranks whose calls differ raise MismatchError on every rank
-instead of reading each other's memory out of step.
+Across-rank checks: each call writes a header (op, dtype, count, root, the call's sequence
+number in its group, tick) that every rank compares after the first barrier; ranks whose
+calls differ raise MismatchError on every rank instead of reading each other's memory out of
+step. The sequence number makes that so whatever the timing: a rank whose peer's barrier
+matched the path's first barrier (another collective, debug "off") may find the peer's
+header of its next call already written, with the same description.
 
 Memory ordering: the segment is plain shared memory (a shared file, mmap); stores made before
 an MPI barrier are assumed visible to loads made after it on every rank. This holds for Open
@@ -276,9 +279,12 @@ class ShmBackend:
     reduce from 1 MiB and 8 MiB (``DIRECT_RANGES``); below that, or without it, the copy
     path (``DEFAULT_RANGES``): reduce_scatter from 1 MiB; all_reduce from 256 KiB up to
     8 MiB in groups of 3 or more ranks, never in groups of 2; reduce never. ``threshold`` (bytes, or ``HPCCOMM_SHM_THRESHOLD``) makes every size from
-    it on take the path (single copy where allowed), for all three."""
+    it on take the path (single copy where allowed), for all three. Across nodes
+    (``node``) only all_reduce, only from ``threshold``: single copy or the copy path inside
+    each node, every node alike (the probe's verdict is the group's)."""
 
     name = "shm"
+    seq = 0  # the call running now: its sequence number in the group (set by the dispatch)
 
     def __init__(
         self,
@@ -311,11 +317,14 @@ class ShmBackend:
                            O.REDUCE_SCATTER: DEFAULT_RANGES["reduce_scatter"]}  # fmt: skip
         else:
             self.ranges = dict.fromkeys(_SPECS, (threshold, NEVER))
-        # the single-copy path (ordinary arrays): wanted (``direct``; one node only), then
-        # found possible or not by the first call's probe (``cma``, ``cma_why``)
-        self.direct = direct and node is None
+        # the single-copy path (ordinary arrays): wanted (``direct``), then found possible
+        # or not by the first call's probe (``cma``, ``cma_why``); across nodes inside each
+        # node, for all_reduce from the threshold, as the copy path
+        self.direct = direct
         if not self.direct:
             self.direct_ranges = dict.fromkeys(_SPECS, (NEVER, NEVER))
+        elif node is not None:
+            self.direct_ranges = dict(self.ranges)
         elif threshold is not None:
             self.direct_ranges = dict.fromkeys(_SPECS, (threshold, NEVER))
         else:
@@ -370,7 +379,7 @@ class ShmBackend:
                 return None
             return cls(host, s.threshold, s.chunk, direct=s.cma)
         node = (nodes.node_index, nodes.local_rank, nodes.local_size)
-        return cls(host, s.threshold, s.chunk, node=node)
+        return cls(host, s.threshold, s.chunk, node=node, direct=s.cma)
 
     # -- the interface ------------------------------------------------------------------
 
@@ -446,7 +455,11 @@ class ShmBackend:
         the single-copy path here. Collective on a group that has not made its segment yet
         (it makes it, and probes, as a first call would; ``call`` names the step)."""
         if self.hier is not None:
-            return "hierarchical all_reduce across nodes (from HPCCOMM_SHM_THRESHOLD only)"
+            inside = "single copy where the first call's probe allows it, else the copy path"
+            if not self.direct:
+                inside = f"the copy path (single copy off: {CMA_ENV}=0)"
+            return (f"hierarchical all_reduce across nodes (from HPCCOMM_SHM_THRESHOLD only); "
+                    f"inside each node {inside}")  # fmt: skip
         if self._ensure(call) is None:
             return f"off: no shared segment ({self.failed})"
         if self.cma is not None:
@@ -460,7 +473,10 @@ class ShmBackend:
     # -- the segment --------------------------------------------------------------------
 
     def _barrier(self) -> None:
-        self.host.mpi.Barrier()
+        """The node's ranks (every rank of the group on one node; across nodes the node's
+        communicator: the nodes meet in the cross-node all_reduces, not in every chunk's
+        barrier)."""
+        self.node.mpi.Barrier()
 
     def _ensure(self, call: Any) -> _Segment | None:
         """The segment, made on the first call (collective: every rank's first fast-path
@@ -494,7 +510,14 @@ class ShmBackend:
             return None
         seg = self.segment = _Segment(mm, self.size, self.chunk)
         if self.direct:
-            self.cma, self.pids, self.cma_why = _probe_cma(self.host.mpi, self.rank, self.size)
+            self.cma, self.pids, self.cma_why = _probe_cma(self.node.mpi, self.rank, self.size)
+            if self.hier is not None:  # every node single copy, or none (one slicing)
+                whys = self.host.mpi.allgather(self.cma_why)
+                if any(whys):  # each node's reasons (its own rank numbers), once
+                    first = {w: r for r, w in reversed(list(enumerate(whys))) if w}
+                    self.cma = None
+                    self.cma_why = "; ".join(f"on the node of rank {r}: {w}"
+                                             for w, r in first.items())  # fmt: skip
         return seg
 
     def _fallback(self, call: Call, x: Any, out: Any, stream: Any) -> Any:
@@ -515,21 +538,26 @@ class ShmBackend:
         rows = seg.headers[:, slot, : mine.size]
         same = bool((rows == mine).all())
         refused = seg.headers[:, slot, _READONLY].nonzero()[0].tolist() if same else []
+        factors = seg.headers[:, slot, _FACTOR]
+        differ = bool((factors != factors[0]).any())
         if self.cross is not None:  # hierarchical: the other nodes' ranks must hear of it
-            verdict = self._verdict  # 2: a mismatch, 1: a read-only array, on some node
-            verdict[0] = 2 if not same else 1 if refused else 0
+            # 3: a mismatch, 2: a read-only array, 1: PREMUL_SUM factors that differ, on
+            # some node (then every node runs the call on MPI; factors that differ only
+            # between nodes are right as they are: each node scales its own ranks' inputs)
+            verdict = self._verdict
+            verdict[0] = 3 if not same else 2 if refused else 1 if differ else 0
             here, most = self._max_in_place
             self.cross.mpi.Allreduce(here, verdict, op=most)
-            if same and not refused and verdict[0]:
+            if same and not refused and verdict[0] > 1:
                 self.tick += 1  # as below
-                kind, what = ((MismatchError, "the ranks' calls differ") if verdict[0] == 2 else
+                kind, what = ((MismatchError, "the ranks' calls differ") if verdict[0] == 3 else
                               (InvalidArgumentError, "a rank's array is read-only"))  # fmt: skip
                 raise _Said(kind, f"{what} on another node's shared-memory path; nothing was "
                                   f"reduced")  # fmt: skip
+            differ = bool(verdict[0] == 1)
         if same:
             if not refused:
-                factors = seg.headers[:, slot, _FACTOR]
-                return bool((factors != factors[0]).any())
+                return differ
             self.tick += 1  # as below
             arg = "out" if call.spec is O.REDUCE_SCATTER else "array"
             if self.rank in refused:
@@ -545,7 +573,7 @@ class ShmBackend:
         # and buffers, which no rank reads any more
 
         def show(row: list[int]) -> str:
-            spec, dt, op, count, root, blocks, sym, off, tick = row
+            spec, dt, op, count, root, blocks, seq, sym, off, tick = row
             name = _SPECS[spec].name if 0 <= spec < len(_SPECS) else f"op {spec}"
             dtype = list(SUPPORTED_DTYPES)[dt].name if 0 <= dt < len(SUPPORTED_DTYPES) else dt
             opname = list(_OP_CODES)[op] if 0 <= op < len(_OP_CODES) else op
@@ -555,7 +583,7 @@ class ShmBackend:
                    "an ordinary array, single copy" if sym == _DIRECT else
                    "an ordinary array")  # fmt: skip
             when = "withdrawn" if tick == _WITHDRAWN else f"chunk tick {tick}"
-            return f"{name}{where} of {count} {dtype} ({opname}{sizes}, {buf}, {when})"
+            return f"{name}{where} #{seq} of {count} {dtype} ({opname}{sizes}, {buf}, {when})"
 
         seen = rows.tolist()
         # withdraw this header: a rank that was not in a fast-path call when this one ran
@@ -576,12 +604,12 @@ class ShmBackend:
         off: int = -1,
         target: np.ndarray | None = None,
     ) -> tuple[int, np.ndarray]:
-        """Write this call's header (its description, the symmetric buffer and offset, and
-        the tick) into this rank's slot, with whether ``target`` (the array the call writes
+        """Write this call's header (its description, its sequence number, the symmetric
+        buffer and offset, and the tick) into this rank's slot, with whether ``target`` (the array the call writes
         into on this rank) is read-only and PREMUL_SUM's factor."""
         tick = self.tick
         mine = plan.words.copy()
-        mine[-3:] = (sym, off, tick)
+        mine[-4:] = (self.seq, sym, off, tick)
         row = seg.headers[self.rank, tick % 2]
         row[: mine.size] = mine
         row[_READONLY] = target is not None and not target.flags.writeable
@@ -702,9 +730,13 @@ class ShmBackend:
         into its own array and, with ``process_vm_writev``, every peer's (all_reduce) or the
         destination's (reduce); reduce_scatter folds straight into its output; barrier.
         Only rank r reads or writes part r of any array between the barriers; a peer reads
-        part r of this rank's array before it writes the result there."""
+        part r of this rank's array before it writes the result there. Across nodes
+        (all_reduce) each piece's node sum is all_reduced among the ranks with the same
+        local rank on every node before it is written."""
         self.direct_calls += 1
         plan: _Plan = call.how
+        if self.cross is not None and plan.cross is None:
+            plan.cross = self._cross_call(call)
         parts = plan.parts
         if parts is None:
             parts = plan.parts = _symmetric_parts(call, self.size, self.rank, self.piece)
@@ -752,29 +784,37 @@ class ShmBackend:
                     self.tick = tick + 1
                     return self._fallback(call, x, out, None)
                 addrs = seg.headers[:, tick % 2, _ADDR].tolist()
-                try:
-                    for src, dst in parts if not failed else ():
-                        m = src.stop - src.start
-                        own = flat[src]
-                        at = src.start * isz
-                        acc = dest[dst] if scatter else own if in_place else acc_buf[:m]
-                        if alias:  # acc is this piece of the input itself
-                            if in_place:
-                                own = acc
-                            else:  # reduce_scatter has no other use for acc_buf
-                                own = acc_buf[:m]
-                                np.copyto(own, acc)
-                        _fold_direct(plan, cma, pids, addrs, at, rank, own, acc, tmp[:m])
-                        _finish(plan, acc)
+                cross = plan.cross  # across nodes: each piece's all_reduce among the nodes
+                for src, dst in parts:
+                    m = src.stop - src.start
+                    if failed and cross is None:
+                        break
+                    if not failed:
+                        try:
+                            own = flat[src]
+                            at = src.start * isz
+                            acc = dest[dst] if scatter else own if in_place else acc_buf[:m]
+                            if alias:  # acc is this piece of the input itself
+                                if in_place:
+                                    own = acc
+                                else:  # reduce_scatter has no other use for acc_buf
+                                    own = acc_buf[:m]
+                                    np.copyto(own, acc)
+                            _fold_direct(plan, cma, pids, addrs, at, rank, own, acc, tmp[:m])
+                        except Exception as exc:  # noqa: BLE001 - every rank must hear of it
+                            failed = self._failure(exc)
+                    if failed:  # the other nodes' ranks still wait in each piece's cross-node
+                        # all_reduce: this rank joins them (their result is refused anyway)
+                        _finish(plan, self._scratch[1].view(x.dtype)[:m])
+                        continue
+                    _finish(plan, acc)
+                    try:
                         if keep and acc is not own:
                             np.copyto(own, acc)
                         for j in writes:
                             cma.write(j, pids[j], addrs[j] + at, acc)
-                except _Unreachable as exc:
-                    failed = (f"could not reach rank {exc.rank}'s array (process id "
-                              f"{pids[exc.rank]}): {exc.reason}")  # fmt: skip
-                except Exception as exc:  # noqa: BLE001 - every rank must hear of it
-                    failed = f"{type(exc).__name__}: {exc}"
+                    except Exception as exc:  # noqa: BLE001 - every rank must hear of it
+                        failed = self._failure(exc)
                 # the end: every rank has done its part, or some rank could not (then
                 # every rank raises, instead of returning a result with a part missing)
                 verdict = self._verdict
@@ -796,6 +836,13 @@ class ShmBackend:
                 f"the single-copy path failed: {said}; the result is incomplete on every rank",
             )
         return out if scatter else x
+
+    def _failure(self, exc: Exception) -> str:
+        """What this rank says of its failure in a single-copy call (group rank numbers)."""
+        if isinstance(exc, _Unreachable):
+            return (f"could not reach rank {self.members[exc.rank]}'s array (process id "
+                    f"{self.pids[exc.rank]}): {exc.reason}")  # fmt: skip
+        return f"{type(exc).__name__}: {exc}"
 
     def _scratch_for(self, dtype: np.dtype, n: int) -> tuple[np.ndarray, np.ndarray]:
         """The two private piece buffers as ``n`` elements of ``dtype`` (``n`` is at most
@@ -1367,7 +1414,7 @@ class _Plan:
                     ]
                 )
         words = [_SPECS.index(call.spec), _DTYPE_CODES[info.dtype], _OP_CODES[name], n, root,
-                 blocks, 0, -1, 0]  # fmt: skip
-        # the last three words, set per call: symmetric buffer id (0: none), its byte
-        # offset, and the tick
+                 blocks, 0, 0, -1, 0]  # fmt: skip
+        # the last four words, set per call: its sequence number in the group, symmetric
+        # buffer id (0: none), its byte offset, and the tick
         self.words = np.array(words, np.int64)
