@@ -714,7 +714,7 @@ class ReadOnlyWhileRunning:
         self.out = self._take(out, where_)
 
     def _take(self, array: Any, where_: str) -> Any:
-        if type(array) is not _ndarray or not array.flags.writeable:
+        if type(array) is not _ndarray or not array.flags.writeable or not _restorable(array):
             return array
         view = array.view()
         array.flags.writeable = False
@@ -736,6 +736,27 @@ class ReadOnlyWhileRunning:
                 result = array
         self._owned = []
         return result
+
+
+def _restorable(array: np.ndarray) -> bool:
+    """Whether NumPy lets the array be made writable again once made read-only (its rule:
+    it owns its memory, or an array it views is writable, or its memory's final owner is
+    a writable buffer): not over another library's memory without a buffer interface
+    (torch's ``tensor.numpy()``), which the check then leaves writable rather than
+    read-only for good."""
+    base = array.base
+    if base is None or array.flags.owndata:
+        return True
+    while isinstance(base, _ndarray):
+        if base.flags.writeable:
+            return True
+        if base.base is None or base.flags.owndata:
+            return False
+        base = base.base
+    try:
+        return not memoryview(base).readonly
+    except TypeError:
+        return False
 
 
 def _run_job(

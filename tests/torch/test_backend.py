@@ -374,3 +374,29 @@ def test_batch_isend_irecv_subgroups_and_premul_sum(tdist):
     dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))
     expect = sum(0.5 * (np.arange(6, dtype=np.float32) + i) for i in range(n))
     assert np.array_equal(t.numpy(), expect)
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+def test_debug_check_level_runs_in_place_collectives(tdist, async_op):
+    # Under debug "check" async calls make their NumPy arrays read-only until wait(); a
+    # tensor's NumPy view (tensor.numpy()) cannot be made writable again, so every in-place
+    # collective failed at its end ("cannot set WRITEABLE flag to True of this array").
+    # Such arrays are now left writable; the results are right.
+    comm = tdist.distributed_c10d._get_default_group().comm
+    before = comm.debug
+    comm.debug = "check"
+    try:
+        n, r = tdist.get_world_size(), tdist.get_rank()
+        t = torch.full((5,), float(r + 1))
+        work = tdist.all_reduce(t, async_op=async_op)
+        if async_op:
+            work.wait()
+        assert torch.equal(t, torch.full((5,), n * (n + 1) / 2))
+        b = torch.full((3,), float(r))
+        work = tdist.broadcast(b, src=n - 1, async_op=async_op)
+        if async_op:
+            work.wait()
+        assert torch.equal(b, torch.full((3,), float(n - 1)))
+        assert t.numpy().flags.writeable
+    finally:
+        comm.debug = before
