@@ -35,6 +35,7 @@ import struct
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,6 +45,7 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
+from . import ops as O
 from .comm import Communicator
 from .dtypes import ReduceOp
 from .errors import CommTimeoutError, DtypeError, HpccommError, InvalidArgumentError, where
@@ -81,9 +83,34 @@ class TensorRefused(InvalidArgumentError):
     named = False  # whether the message names the operation and rank yet
 
 
-def as_numpy(t: torch.Tensor, what: str = "tensor") -> np.ndarray:
+def as_numpy(t: torch.Tensor, what: str = "tensor", copied: bool = False) -> np.ndarray:
     """A NumPy view of a CPU tensor's memory (bfloat16 as ml_dtypes.bfloat16); refuses
-    device tensors, sparse ones and non-contiguous ones (hpccomm never copies behind your back)."""
+    device tensors, sparse ones, conjugate views and non-contiguous ones (hpccomm never
+    copies behind your back). ``copied``: an input the backend copies anyway (a list of
+    tensors stacked into one array), which may then be non-contiguous or a conjugate view
+    (read through a contiguous copy)."""
+    _usable(t, what)
+    t = t.detach()  # the same memory; NumPy refuses tensors that require grad
+    if copied:
+        t = t.resolve_conj().contiguous()
+    else:
+        if t.is_conj():
+            raise TensorRefused(
+                f"hpccomm torch backend: {what} is a conjugate view (is_conj()), whose memory "
+                f"holds the unconjugated values; pass t.resolve_conj()"
+            )
+        if not t.is_contiguous():
+            raise TensorRefused(
+                f"hpccomm torch backend: {what} is not contiguous (shape {tuple(t.shape)}, "
+                f"stride {t.stride()}); pass t.contiguous()"
+            )
+    if t.dtype is torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def _usable(t: torch.Tensor, what: str) -> None:
+    """Refuses device tensors and sparse ones."""
     if t.device.type != "cpu":
         raise TensorRefused(
             f"hpccomm torch backend: {what} is on {t.device}, expected a CPU tensor (use an "
@@ -94,17 +121,38 @@ def as_numpy(t: torch.Tensor, what: str = "tensor") -> np.ndarray:
             f"hpccomm torch backend: {what} is {t.layout} (shape {tuple(t.shape)}), expected a "
             f"dense tensor (torch.strided); pass t.to_dense()"
         )
-    if not t.is_contiguous():
+
+
+def _outputs(outs: Sequence[torch.Tensor], count: int, numel: int, dtype: np.dtype) -> None:
+    """Output tensors the backend copies results into after the call (any strides): refused
+    before the call unless there are ``count`` CPU dense tensors of ``numel`` elements each
+    and ``dtype``, so no rank learns only after the collective that it cannot take them."""
+    if len(outs) != count:
         raise TensorRefused(
-            f"hpccomm torch backend: {what} is not contiguous (shape {tuple(t.shape)}, "
-            f"stride {t.stride()}); pass t.contiguous()"
+            f"hpccomm torch backend: {len(outs)} output tensors, expected {count} (one per rank)"
         )
-    t = t.detach()  # the same memory; NumPy refuses tensors that require grad
-    if t.is_conj():
-        t = t.resolve_conj()
-    if t.dtype is torch.bfloat16:
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
+    for i, o in enumerate(outs):
+        _usable(o, f"output {i}")
+        if o.numel() != numel or _np_dtype(o.dtype) != dtype:
+            raise TensorRefused(
+                f"hpccomm torch backend: output {i} has {o.numel()} elements of {o.dtype}, "
+                f"expected {numel} of the input's dtype ({dtype})"
+            )
+
+
+def _np_dtype(dtype: torch.dtype) -> np.dtype:
+    if dtype is torch.bfloat16:
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(torch.empty(0, dtype=dtype).numpy().dtype)
+
+
+def _copy_into(o: torch.Tensor, values: np.ndarray) -> None:
+    """``values`` into output tensor ``o`` (any strides, a conjugate view too), by torch."""
+    src = values.reshape(tuple(o.shape))
+    if src.dtype == ml_dtypes.bfloat16:
+        o.detach().copy_(torch.from_numpy(src.view(np.int16)).view(torch.bfloat16))
+    else:
+        o.detach().copy_(torch.from_numpy(src))
 
 
 def _redop(op: Any) -> ReduceOp:
@@ -205,6 +253,7 @@ class _TorchWork(dist.Work):
         self._finished = threading.Event()  # set once results are in torch's tensors
         self.source: HWork | None = None  # recv from any source: the hpccomm receive
         self._profiled: threading.Event | None = None  # set when its profiler event ended
+        self._driven = False  # a thread of its own waits for it (a point-to-point Future)
         if work is None:
             self._complete(None)
         else:
@@ -253,7 +302,10 @@ class _TorchWork(dist.Work):
 
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
         seconds = timeout.total_seconds() if timeout else self._timeout
-        if self._work is not None:
+        if self._driven and self._work is not None:  # its thread waits on MPI, not this one
+            if not self._finished.wait(seconds):
+                raise self._work._timed_out(seconds or 0.0)
+        elif self._work is not None:
             try:
                 self._work.wait(seconds)
             except CommTimeoutError as exc:
@@ -272,7 +324,7 @@ class _TorchWork(dist.Work):
         return True
 
     def is_completed(self) -> bool:
-        if self._work is not None and self._work.is_completed():
+        if not self._driven and self._work is not None and self._work.is_completed():
             self._complete(self._work)
         return self._finished.is_set()
 
@@ -286,12 +338,38 @@ class _TorchWork(dist.Work):
         with self._lock:
             if self._future is None:
                 self._future = self._base.then(_deliver)
+                work = self._work
+                if work is not None and not self._finished.is_set():
+                    if not work.completes_by_itself():
+                        self._drive()
             return self._future
+
+    def _drive(self) -> None:
+        """A point-to-point Work completes only when someone waits for it or tests it, and
+        whoever asked for its Future may only wait on the Future: a thread of its own waits
+        (bounded by the group's timeout, then the Future fails with the CommTimeoutError)
+        and completes it; wait() and is_completed() then only look at that (one thread
+        waits on an MPI request, as MPI requires)."""
+        self._driven = True
+        threading.Thread(target=self._drive_run, name="hpccomm-torch-p2p", daemon=True).start()
+
+    def _drive_run(self) -> None:
+        assert self._work is not None
+        try:
+            self._work.wait(self._timeout)
+        except CommTimeoutError as exc:
+            self._fail(exc)
+            return
+        except HpccommError:
+            pass  # delivered by _complete
+        self._complete(self._work)
 
     def _source_rank(self) -> int:
         """The sender of a receive from any source."""
         if self.source is None:
             raise InvalidArgumentError("hpccomm torch backend: not a receive from any source")
+        if self._driven:  # after its thread's wait: no second waiter on the request
+            self.wait()
         return int(self.source.wait(self._timeout))
 
     def result(self) -> Any:
@@ -346,6 +424,16 @@ class HpccommProcessGroup(dist.ProcessGroup):
     def name(self) -> str:
         return self.backend_name
 
+    def shutdown(self) -> None:
+        """torch's ``destroy_process_group``: frees the hpccomm communicator (its worker
+        thread and MPI communicator; each destroyed group kept a thread and ~80 kB before).
+        A call of the group still running keeps it, with a warning naming the call."""
+        try:
+            self.comm.free()
+        except InvalidArgumentError as exc:
+            warnings.warn(f"hpccomm torch backend: group {self.comm.name} not freed: {exc}",
+                          RuntimeWarning, stacklevel=2)  # fmt: skip
+
     def _work(
         self, work: HWork | None, result: Any, post: Callable[[], None] | None = None
     ) -> _TorchWork:
@@ -396,8 +484,10 @@ class HpccommProcessGroup(dist.ProcessGroup):
         opts: Any = None,
     ) -> _TorchWork:
         works, posts = [], []
-        for outs, t in zip(output_lists, inputs, strict=True):
-            x = as_numpy(t)
+        xs = [as_numpy(t, copied=True) for t in inputs]
+        for outs, x in zip(output_lists, xs, strict=True):
+            _outputs(outs, self.comm.size, x.size, x.dtype)
+        for outs, x in zip(output_lists, xs, strict=True):
             gathered = np.empty((self.comm.size, *x.shape), x.dtype)
             works.append(self.comm.all_gather(x.reshape(1, *x.shape), out=gathered, async_op=True))
             posts.append((outs, gathered))
@@ -405,7 +495,7 @@ class HpccommProcessGroup(dist.ProcessGroup):
         def post() -> None:
             for outs, gathered in posts:
                 for i, o in enumerate(outs):
-                    as_numpy(o, "output")[...] = gathered[i].reshape(tuple(o.shape))
+                    _copy_into(o, gathered[i])
 
         return self._chain(works, [list(o) for o in output_lists], post)
 
@@ -462,15 +552,17 @@ class HpccommProcessGroup(dist.ProcessGroup):
         opts: Any,
     ) -> _TorchWork:
         root = opts.rootRank
-        x = as_numpy(inputs[0], "input")
+        x = as_numpy(inputs[0], "input", copied=True)
         is_root = self.comm.rank == root
+        if is_root:
+            _outputs(output_lists[0], self.comm.size, x.size, x.dtype)
         gathered = np.empty((self.comm.size, *x.shape), x.dtype) if is_root else None
         work = self.comm.gather(x.reshape(1, *x.shape), dst=root, out=gathered, async_op=True)
 
         def post() -> None:
             if is_root and gathered is not None:
                 for i, o in enumerate(output_lists[0]):
-                    as_numpy(o, "output")[...] = gathered[i]
+                    _copy_into(o, gathered[i])
 
         return self._work(work, [list(o) for o in output_lists], post)
 
@@ -484,7 +576,7 @@ class HpccommProcessGroup(dist.ProcessGroup):
         out = as_numpy(outputs[0], "output")
         full = None
         if self.comm.rank == root:
-            full = np.stack([as_numpy(t, "input") for t in input_lists[0]])
+            full = np.stack([as_numpy(t, "input", copied=True) for t in input_lists[0]])
         work = self.comm.scatter(full, src=root, out=out.reshape(1, *out.shape), async_op=True)
         return self._work(work, list(outputs))
 
@@ -496,7 +588,7 @@ class HpccommProcessGroup(dist.ProcessGroup):
     ) -> _TorchWork:
         op = _redop(opts.reduceOp)
         out = as_numpy(outputs[0], "output")
-        full = np.stack([as_numpy(t, "input") for t in input_lists[0]])
+        full = np.stack([as_numpy(t, "input", copied=True) for t in input_lists[0]])
         work = self.comm.reduce_scatter(full, op=op, out=out.reshape(1, *out.shape), async_op=True)
         return self._work(work, list(outputs))
 
@@ -567,10 +659,17 @@ class HpccommProcessGroup(dist.ProcessGroup):
     def alltoall(
         self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], opts: Any = None
     ) -> _TorchWork:
-        xs = [as_numpy(t, "input").reshape(-1) for t in inputs]
+        xs = [as_numpy(t, "input", copied=True).reshape(-1) for t in inputs]
         sends = [a.size for a in xs]
-        recvs = [as_numpy(o, "output").size for o in outputs]
         dtype = xs[0].dtype if xs else np.float32
+        for i, o in enumerate(outputs):
+            _usable(o, f"output {i}")
+            if _np_dtype(o.dtype) != dtype:
+                raise TensorRefused(
+                    f"hpccomm torch backend: output {i} is {o.dtype}, expected the inputs' "
+                    f"dtype ({dtype})"
+                )
+        recvs = [o.numel() for o in outputs]
         flat_in = np.concatenate(xs) if xs else np.empty(0, dtype)
         flat_out = np.empty(sum(recvs), dtype)
         work = self.comm.all_to_all_single(
@@ -580,7 +679,7 @@ class HpccommProcessGroup(dist.ProcessGroup):
         def post() -> None:
             start = 0
             for o, k in zip(outputs, recvs, strict=True):
-                as_numpy(o, "output").reshape(-1)[...] = flat_out[start : start + k]
+                _copy_into(o, flat_out[start : start + k])
                 start += k
 
         return self._work(work, list(outputs), post)
@@ -703,6 +802,8 @@ def _naming(method: Callable[..., Any], op: str, inputs: int) -> Callable[..., A
     are among the arguments)."""
 
     def named(self: HpccommProcessGroup, *args: Any, **kwargs: Any) -> Any:
+        dispatcher = self.comm._dispatcher
+        before = dispatcher.group.seq
         try:
             # an event per call, as torch's backends record (one: not for an inner method)
             if torch.autograd._profiler_enabled() and not getattr(_inside, "call", False):
@@ -719,12 +820,39 @@ def _naming(method: Callable[..., Any], op: str, inputs: int) -> Callable[..., A
             head = where(op, self.comm.rank, self.comm.size, group=self.comm.name)
             named_exc = TensorRefused(f"{head}: {text}")
             named_exc.named = True
+            _tell_peers(dispatcher, op, before, named_exc)
             raise named_exc from None
+        except HpccommError as exc:  # refused here before any call (e.g. on the root only)
+            _tell_peers(dispatcher, op, before, exc)
+            raise
 
     named.__name__ = method.__name__
     named.__doc__ = method.__doc__
     return named
 
+
+def _tell_peers(dispatcher: Any, op: str, before: int, exc: HpccommError) -> None:
+    """A collective refused on this rank before it issued any call (its group's sequence
+    number still ``before``): the group's other ranks may be inside it already (a root's
+    own arguments), so they are told, as hpccomm's own refusals tell them (a PeerError
+    there instead of waiting for the timeout)."""
+    spec = _SPECS.get(op.removesuffix("_coalesced").removesuffix("_tensor"))
+    if spec is not None and dispatcher.group.seq == before:
+        dispatcher.refused(spec, exc)
+
+
+_SPECS = {
+    "all_reduce": O.ALL_REDUCE,
+    "broadcast": O.BROADCAST,
+    "reduce": O.REDUCE,
+    "all_gather": O.ALL_GATHER,
+    "all_gather_into": O.ALL_GATHER,
+    "gather": O.GATHER,
+    "scatter": O.SCATTER,
+    "reduce_scatter": O.REDUCE_SCATTER,
+    "all_to_all_single": O.ALL_TO_ALL,
+    "all_to_all": O.ALL_TO_ALL,
+}
 
 # method: (the torch operation, where its input tensors are among the arguments)
 for _method, (_op, _inputs) in {

@@ -137,3 +137,29 @@ def test_ddp_backward_with_a_peer_that_never_joins_raises_at_the_timeout(launch)
         got["msg"],
     ), got
     assert 2.5 < got["s"] < 8, got
+
+
+def test_a_tensor_refused_on_the_root_only_reaches_the_other_ranks(launch):
+    # scatter's inputs exist on the root only: a sparse one there is refused before any
+    # call, and the other ranks (inside the scatter already) are told: a PeerError naming
+    # the root and its reason at once, where they waited for the group's timeout (60 s)
+    job = launch(
+        2,
+        """
+        import torch, torch.distributed as dist
+        import hpccomm.torch as ht
+        ht.init_process_group(timeout=60)
+        r = dist.get_rank()
+        out = torch.zeros(3)
+        parts = [torch.ones(3).to_sparse(), torch.ones(3)] if r == 0 else None
+        outcome(hpccomm.init(), "scatter", lambda: dist.scatter(out, parts, src=0))
+        """,
+        bound=90,
+    )
+    root, other = job.of(0, "scatter"), job.of(1, "scatter")
+    assert root["cls"] == "TensorRefused" and "input is torch.sparse_coo" in root["msg"], root
+    assert other["cls"] == "PeerError", other
+    assert re.search(r"scatter #\d+ on torch:0 \(default_pg\) \(rank 1 of 2\): rank 0 .*failed "
+                     r"scatter #\d+ and will not join it: TensorRefused: scatter .*input is "
+                     r"torch.sparse_coo", other["msg"]), other  # fmt: skip
+    assert other["s"] < 30, other  # told, not timed out

@@ -400,3 +400,78 @@ def test_debug_check_level_runs_in_place_collectives(tdist, async_op):
         assert t.numpy().flags.writeable
     finally:
         comm.debug = before
+
+
+def test_destroyed_groups_leave_no_threads(tdist):
+    # destroy_process_group frees the group's hpccomm communicator: each destroyed group
+    # kept its worker thread (and ~80 kB) before
+    import threading
+
+    everyone = list(range(tdist.get_world_size()))
+    before = threading.active_count()
+    for _ in range(8):
+        g = tdist.new_group(everyone)
+        t = torch.ones(3)
+        tdist.all_reduce(t, group=g, async_op=True).wait()  # on the group's worker thread
+        assert torch.equal(t, torch.full((3,), float(len(everyone))))
+        tdist.destroy_process_group(g)
+    assert threading.active_count() <= before + 1  # the watchdog, started once
+
+
+def test_point_to_point_future_completes_and_times_out(tdist):
+    # A receive's Future completes when the data arrives, waited on the Future alone (it
+    # completed only when someone waited on the Work before); with no sender it fails at
+    # the group's timeout instead of blocking for ever.
+    import datetime
+
+    n, r = tdist.get_world_size(), tdist.get_rank()
+    if n < 2:
+        pytest.skip("needs 2 ranks")
+    if r == 0:
+        tdist.send(torch.arange(4.0), 1)
+    elif r == 1:
+        got = tdist.irecv(torch.zeros(4), src=0).get_future().wait()
+        assert torch.equal(got[0], torch.arange(4.0))
+    short = tdist.new_group(list(range(n)), timeout=datetime.timedelta(seconds=2))
+    late = torch.zeros(2)
+    if r == 1:
+        fut = tdist.irecv(late, src=0, group=short).get_future()
+        with pytest.raises(Exception, match=r"recv #\d+ on .*\(rank 1 of \d+\): not complete "
+                           r"after 2 s"):  # fmt: skip
+            fut.wait()
+    tdist.barrier()
+    if r == 0:  # the receive posted above completes now (nobody waits on it any more)
+        tdist.send(torch.ones(2), 1, group=short)
+    tdist.barrier()
+
+
+def test_copied_inputs_and_outputs_take_any_strides(tdist):
+    # Where the backend copies anyway (lists of tensors), non-contiguous tensors and
+    # conjugate views work as on gloo: scatter's inputs on the root (refused there only,
+    # the others waited for the timeout), gather's and all_gather's outputs (refused after
+    # the collective, unnamed); a conjugate view as an in-place tensor is refused by name
+    # (its result went into a discarded copy before).
+    n, r = tdist.get_world_size(), tdist.get_rank()
+    base = torch.arange(4.0 * n).reshape(4, n)
+    parts = [base[:, j] for j in range(n)]  # columns: non-contiguous
+    out = torch.zeros(4)
+    tdist.scatter(out, parts if r == 0 else None, src=0)
+    assert torch.equal(out, base[:, r])
+    wide = torch.zeros(4, 2 * n)
+    views = [wide[:, 2 * j] for j in range(n)]  # every other column
+    tdist.all_gather(views, torch.full((4,), float(r)))
+    assert torch.equal(wide[:, ::2], torch.arange(float(n)).expand(4, n))
+    assert not wide[:, 1::2].any()
+    g = torch.zeros(4, 2 * n)
+    tdist.gather(torch.full((4,), float(r + 1)), [g[:, 2 * j] for j in range(n)] if r == 0
+                 else None, dst=0)  # fmt: skip
+    if r == 0:
+        assert torch.equal(g[:, ::2], torch.arange(1.0, n + 1).expand(4, n))
+    c_out = [torch.zeros(3, dtype=torch.complex64).conj() for _ in range(n)]
+    tdist.gather(torch.full((3,), complex(r, 1), dtype=torch.complex64), c_out if r == 0
+                 else None, dst=0)  # fmt: skip
+    if r == 0:
+        for j, o in enumerate(c_out):
+            assert torch.equal(o, torch.full((3,), complex(j, 1), dtype=torch.complex64))
+    with pytest.raises(Exception, match=rf"all_gather .*: {n + 1} output tensors, expected {n}"):
+        tdist.all_gather([torch.zeros(2) for _ in range(n + 1)], torch.ones(2))
