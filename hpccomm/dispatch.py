@@ -42,6 +42,7 @@ from .debug import (
     large_bytes,
     with_seq,
 )
+from .dtypes import ReduceOp
 from .errors import (
     ClosedError,
     CommTimeoutError,
@@ -52,7 +53,7 @@ from .errors import (
 )
 from .executor import Executor, Future
 from .notices import NoticeBoard
-from .ops import Call, Group, OpSpec
+from .ops import DISJOINT, Call, Group, OpSpec
 from .record import Record
 from .work import Done, Work, wait_watching
 
@@ -191,7 +192,23 @@ class Dispatcher:
                 in_splits,
                 out_splits,
                 stream,
-                None if out is None else (out.dtype, out.shape, out.strides),
+                None
+                if out is None
+                else (
+                    out.dtype,
+                    out.shape,
+                    out.strides,
+                    spec in DISJOINT and np.may_share_memory(data, out),
+                ),
+                # the arguments' types: True == 1 == 1.0 and 2.0 == 2+0j as keys, but not
+                # in validation (a root of True, a complex factor on a real dtype)
+                type(peer),
+                type(tag),
+                type(src),
+                type(redop[1]) if type(redop) is ReduceOp else type(redop),
+                None
+                if sizes is None and in_splits is None and out_splits is None
+                else (_types(sizes), _types(in_splits), _types(out_splits)),
             )
             try:
                 call = self.cache.get(key)
@@ -778,6 +795,15 @@ def _run_job(
         raise
     except Exception as exc:
         raise call.backend.error(call, seq, exc) from exc
+
+
+def _types(value: Any) -> Any:
+    """The types of a sizes list's entries (a NumPy array's dtype), for the cache key."""
+    if isinstance(value, (list, tuple)):
+        return tuple(map(type, value))
+    if isinstance(value, np.ndarray):
+        return value.dtype
+    return type(value)
 
 
 def _frozen(value: Any) -> Any:

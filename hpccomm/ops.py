@@ -298,6 +298,18 @@ def _check_writable(call: Call, b: Buffer, arg: str = "array") -> None:
         raise read_only(call, arg)
 
 
+def _check_disjoint(call: Call, b: Buffer, o: Buffer | None) -> None:
+    """Refuse an out= that shares memory with the array where the operation sends from the
+    array while it receives into out (MPI forbids the overlap: the results were silently
+    wrong, a peer's data written over what was still to be sent)."""
+    if o is not None and o.device == b.device and b.xp.may_share_memory(b.array, o.array):
+        raise InvalidArgumentError(
+            f"{call}: out shares memory with the array, expected separate arrays: "
+            f"{call.spec.name} sends from the array while it receives into out, and MPI "
+            f"forbids their overlap; pass another out (or none: a new array is returned)"
+        )
+
+
 def read_only(call: Call, arg: str = "array") -> InvalidArgumentError:
     """The error for a read-only array the operation writes into."""
     return InvalidArgumentError(
@@ -558,6 +570,7 @@ def _v_all_to_all(call: Call, b: Buffer | None, o: Buffer | None) -> None:
         recv = call.out_splits = _check_sizes(call, out_splits, "output_split_sizes", None)
     call.uneven = in_splits is not None or out_splits is not None
     _check_out(call, o, (sum(recv), *rest), b)
+    _check_disjoint(call, b, o)
     call.send_counts = _counts(send, row_elems)
     call.counts = _counts(recv, row_elems)
 
@@ -595,6 +608,7 @@ def _v_sendrecv(call: Call, b: Buffer | None, o: Buffer | None) -> None:
             raise DtypeError(f"{call}: out has dtype {o.dtype}, expected {b.dtype}")
         _check_array(call, o, "out")
         _check_writable(call, o, "out")
+        _check_disjoint(call, b, o)
         call.out_shape = tuple(o.array.shape)
 
 
@@ -707,6 +721,9 @@ BARRIER = OpSpec("barrier", C, _v_barrier, nccl=False)
 SEND = OpSpec("send", P, _v_send, root="dst")
 RECV = OpSpec("recv", P, _v_recv, root="src", in_place=True)
 SENDRECV = OpSpec("sendrecv", P, _v_sendrecv, root="dst")
+# the operations whose out= must not overlap the array (the dispatch's cache key says whether
+# a call's do: validation is skipped for a description seen before)
+DISJOINT = frozenset({ALL_TO_ALL, SENDRECV})
 BATCH_P2P = OpSpec("batch_isend_irecv", P, _v_batch, arrays=False)
 BROADCAST_OBJECT = OpSpec(
     "broadcast_object", C, _v_rooted_object, root="src", objects=True, nccl=False

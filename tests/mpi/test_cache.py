@@ -188,3 +188,49 @@ def test_split_sizes_after_an_equal_call_on_the_same_arrays(plain):
     sizes = [1] * n
     shards = plain.all_gather(np.array([r]), sizes=sizes)
     assert list(shards) == list(range(n))
+
+
+def test_arguments_equal_as_keys_are_validated_by_their_own_types(plain):
+    # True == 1 == 1.0 and 2.0 == 2+0j as dictionary keys: after a valid call, a root of
+    # True or 1.0, a complex factor on float64 and float sizes were accepted, where a fresh
+    # communicator refuses them (ranks with other histories then decided differently)
+    n = plain.size
+    last = n - 1
+    x = np.arange(4.0)
+    plain.broadcast(x, last)
+    plain.reduce(x, last)
+    plain.all_reduce(x, op=ReduceOp.PREMUL_SUM(2.0))
+    plain.all_gather(np.ones(2), sizes=[2] * n)
+    plain.all_gather(np.ones(2), sizes=tuple([2] * n))
+    bad = [
+        (hpccomm.InvalidArgumentError, lambda: plain.broadcast(x, float(last))),
+        (hpccomm.InvalidArgumentError, lambda: plain.reduce(x, np.float64(last))),
+        (hpccomm.DtypeError, lambda: plain.all_reduce(x, op=ReduceOp.PREMUL_SUM(2 + 0j))),
+        (hpccomm.InvalidArgumentError, lambda: plain.all_gather(np.ones(2), sizes=[2.0] * n)),
+        (hpccomm.InvalidArgumentError, lambda: plain.all_gather(np.ones(2), sizes=(2.0,) * n)),
+    ]
+    if last == 1:
+        bad.append((hpccomm.InvalidArgumentError, lambda: plain.broadcast(x, True)))
+    for kind, call in bad:
+        with pytest.raises(kind):
+            call()
+
+
+def test_out_overlapping_the_array_is_refused_where_mpi_forbids_it(plain):
+    # all_to_all and sendrecv send from the array while receiving into out: an out sharing
+    # its memory gave silently wrong results (a peer's data over what was still to be
+    # sent); refused on every call, a description seen before or not
+    n, r = plain.size, plain.rank
+    x = np.arange(4.0 * n)
+    for _ in range(2):
+        plain.all_to_all(x.copy(), out=np.empty_like(x))  # fine, and cached
+        for out in (x, x[:]):
+            with pytest.raises(hpccomm.InvalidArgumentError, match=r"all_to_all .*out shares "
+                               r"memory with the array"):  # fmt: skip
+                plain.all_to_all(x, out=out)
+        right, left = (r + 1) % n, (r - 1) % n
+        y = np.full(3, float(r))
+        got = plain.sendrecv(y, dst=right, src=left, out=np.empty(3))
+        assert (got == left).all()
+        with pytest.raises(hpccomm.InvalidArgumentError, match=r"sendrecv .*out shares memory"):
+            plain.sendrecv(y, dst=right, src=left, out=y)
