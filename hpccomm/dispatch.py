@@ -240,6 +240,15 @@ class Dispatcher:
             except HpccommError as exc:
                 self.refused(spec, exc)
                 raise
+        if _HELD and spec.arrays and self.debug in CHECKING:
+            # an array an async call not waited for holds (read-only): refused here, and the
+            # others told, whether this call is async or not, on one rank or on all
+            nxt = (self.group.p2p_seq if spec.p2p else self.group.seq) + 1
+            try:
+                ReadOnlyWhileRunning.refuse_held(data, out, call.where(nxt))
+            except InvalidArgumentError as exc:
+                self.refused(spec, exc)
+                raise
         # record: the group's next sequence number
         group = self.group
         if spec.p2p:
@@ -719,16 +728,20 @@ class ReadOnlyWhileRunning:
 
     def __init__(self, data: Any, out: Any, where_: str) -> None:
         self._owned: list[tuple[Any, Any]] = []  # (caller's array, view handed to MPI)
+        self.data = self._take(data, where_)
+        self.out = self._take(out, where_)
+
+    @classmethod
+    def refuse_held(cls, data: Any, out: Any, where_: str) -> None:
+        """Raise if ``data`` or ``out`` is held by an async call not waited for yet."""
         for array, arg in ((data, "array"), (out, "out")):
-            entry = self.held.get(id(array)) if type(array) is _ndarray else None
+            entry = cls.held.get(id(array)) if type(array) is _ndarray else None
             if entry is not None and entry[0]() is array:
                 raise InvalidArgumentError(
                     f"{where_}: {arg} is in use by {entry[1]}, an async_op call not waited for "
                     f"yet, expected an array no operation is using; wait() for that call first "
                     f"(debug check)"
                 )
-        self.data = self._take(data, where_)
-        self.out = self._take(out, where_)
 
     def _take(self, array: Any, where_: str) -> Any:
         if type(array) is not _ndarray or not array.flags.writeable or not _restorable(array):
@@ -753,6 +766,9 @@ class ReadOnlyWhileRunning:
                 result = array
         self._owned = []
         return result
+
+
+_HELD = ReadOnlyWhileRunning.held  # (the class's table: empty unless async calls run)
 
 
 def _restorable(array: np.ndarray) -> bool:

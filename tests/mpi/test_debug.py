@@ -216,3 +216,28 @@ def test_an_array_freed_while_held_leaves_no_entry(checked):
         checked.all_reduce(np.ones(4))  # after the first on the same worker
         gc.collect()
     assert key not in ReadOnlyWhileRunning.held
+
+
+@pytest.mark.parametrize("second", ["async", "plain"])
+def test_an_array_in_use_on_one_rank_fails_the_call_on_every_rank(checked, second):
+    # Only rank 0 gives the held array to its next call (async or not): it is refused
+    # there, the others hear of it in the call's check (they raised only on rank 0 before,
+    # the others waited in the call for ever or the group went out of step), and the group
+    # goes on.
+    import hpccomm
+
+    if checked.size < 2:
+        pytest.skip("needs 2 ranks")
+    x = np.ones(6)
+    first = checked.all_reduce(x, async_op=True)
+    y = x if checked.rank == 0 else np.ones(6)
+    kind = hpccomm.InvalidArgumentError if checked.rank == 0 else hpccomm.MismatchError
+    with pytest.raises(kind, match=r"array is in use by all_reduce #\d+"):
+        work = checked.all_reduce(y, async_op=second == "async")
+        if second == "async":
+            work.wait(timeout=60)
+    assert first.wait(timeout=60) is x and (x == checked.size).all()
+    checked.barrier()
+    z = np.full(3, float(checked.rank))
+    checked.all_reduce(z)
+    assert (z == checked.size * (checked.size - 1) / 2).all()
