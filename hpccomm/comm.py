@@ -866,8 +866,18 @@ class Communicator:
                 f"{where('create_group', self.rank, self.size)}: tag is {tag!r}, expected an "
                 f"integer >= 0"
             )
-        backend = self._backend.create_group(ranks, tag_value)
-        keys = backend.mpi.allgather(self._node_key)
+
+        def job() -> tuple[Any, list[Any]]:
+            made = self._backend.create_group(ranks, tag_value)
+            return made, made.mpi.allgather(self._node_key)
+
+        # the members only: not a step of this group's sequence, bounded by its timeout
+        backend, keys = self._dispatcher.bounded(
+            f"create_group {ranks} on {self.name} (rank {self.rank} of {self.size})",
+            job,
+            late="not complete after {t} s; some rank of the list has not called "
+            "create_group (MPI cannot cancel it: abort the job)",
+        )
         count = self._created.get((tuple(ranks), tag_value), 0)
         self._created[(tuple(ranks), tag_value)] = count + 1
         child = self._adopt(

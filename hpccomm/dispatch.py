@@ -570,19 +570,24 @@ class Dispatcher:
         if bad:
             raise MismatchError(f"{where_}: the split sizes disagree: {'; '.join(bad)}")
 
-    def bounded(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    def bounded(
+        self,
+        what: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        late: str = "the debug check did not complete after {t} s; some rank of the group "
+        "has not reached this call",
+    ) -> Any:
         """Run a small exchange inline, or on the worker with the timeout (not a step of the
-        group's sequence: it belongs to the call it checks)."""
+        group's sequence: it belongs to the call it checks, or concerns some ranks only);
+        ``late`` says what a timeout means."""
         ex = self.executor
         if self._timeout is None and (ex is None or not ex.pending):
             return fn(*args)
         fut = self.worker().submit(what, fn, *args)
         self._slow = True
         if self._timeout is not None and not fut.wait(self._timeout):
-            raise CommTimeoutError(
-                f"{what}: the debug check did not complete after {self._timeout:g} s; some rank "
-                f"of the group has not reached this call"
-            )
+            raise CommTimeoutError(f"{what}: {late.format(t=f'{self._timeout:g}')}")
         fut.wait(None)
         return fut.outcome()
 

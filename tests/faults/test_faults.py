@@ -217,6 +217,28 @@ def test_exit_after_a_timeout_ends_the_job_cleanly(launch):
     assert not job.crashed()
 
 
+def test_create_group_a_member_never_calls_times_out(launch):
+    # create_group is made by the listed ranks alone (not a step of the group's sequence)
+    # and was not bounded: rank 0 waited in MPI_Comm_create_group for ever
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=2)
+        if c.rank == 0:
+            outcome(c, "call", lambda: c.create_group([0, 1]))
+        else:
+            time.sleep(4)  # never calls it
+        """,
+    )
+    got = job.of(0, "call")
+    assert got["cls"] == "CommTimeoutError", got
+    assert got["msg"].startswith("create_group [0, 1] on world (rank 0 of 2): not complete "
+                                 "after 2 s; some rank of the list has not called"), got  # fmt: skip
+    assert 1.5 < got["s"] < 10
+    assert job.rc != 0 and "exiting while create_group [0, 1] on world" in job.stderr
+    assert not job.crashed()
+
+
 def test_free_with_a_pending_work(launch):
     job = launch(
         2,
