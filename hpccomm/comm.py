@@ -921,10 +921,11 @@ class Communicator:
 
     def world_rank(self, group_rank: int | None = None) -> int:
         """The world rank of ``group_rank`` (default: this rank)."""
-        r = self.rank if group_rank is None else group_rank
-        if not isinstance(r, int) or not 0 <= r < self.size:
+        given = self.rank if group_rank is None else group_rank
+        r = as_int(given)  # NumPy integers too
+        if r is None or not 0 <= r < self.size:
             raise InvalidArgumentError(
-                f"{where('world_rank', self.rank, self.size)}: group rank {r!r} is not in "
+                f"{where('world_rank', self.rank, self.size)}: group rank {given!r} is not in "
                 f"0..{self.size - 1}"
             )
         value = self.translate([r], self._world)[0]

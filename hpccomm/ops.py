@@ -333,13 +333,16 @@ def _check_root(call: Call) -> None:
     call.peer = _check_rank(call, call.peer, call.spec.root or "root")
 
 
+_TAG_MAX = 2**31 - 1  # MPI's tags are C ints (Open MPI's MPI_TAG_UB)
+
+
 def _check_tag(call: Call) -> None:
     tag = call.tag
-    if tag is None or type(tag) is int and tag >= 0:
+    if tag is None or type(tag) is int and 0 <= tag <= _TAG_MAX:
         return
     value = as_int(tag)
-    if value is None or value < 0:
-        raise InvalidArgumentError(f"{call}: tag is {tag!r}, expected an integer >= 0")
+    if value is None or not 0 <= value <= _TAG_MAX:
+        raise InvalidArgumentError(f"{call}: tag is {tag!r}, expected an integer in 0..{_TAG_MAX}")
     call.tag = value
 
 

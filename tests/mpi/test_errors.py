@@ -97,10 +97,13 @@ def test_peer_out_of_range(comm):
         match=where(comm, "send") + rf": dst is {comm.size}, expected a rank in 0..{comm.size - 1}",
     ):
         comm.send(np.ones(2), comm.size)
-    with pytest.raises(
-        InvalidArgumentError, match=where(comm, "recv") + r": tag is -2, expected an integer >= 0"
-    ):
-        comm.recv(np.ones(2), 0, tag=-2)
+    for tag in (-2, 2**31):  # MPI's tags are C ints: 2**31 was a BackendError from mpi4py
+        with pytest.raises(
+            InvalidArgumentError,
+            match=where(comm, "recv") + rf": tag is {tag}, expected an integer in 0..2147483647",
+        ):
+            comm.recv(np.ones(2), 0, tag=tag)
+    assert comm.world_rank(np.int64(comm.rank)) == comm.world_rank()  # NumPy ints: ranks too
 
 
 def test_all_gather_out_wrong_shape(comm):
