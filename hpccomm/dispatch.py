@@ -413,8 +413,10 @@ class Dispatcher:
                     if stream is None and call.device is not None:
                         stream = call.backend.stream_now()  # the caller's, not the worker's
                     job = partial(self.verify, site=site) if checked else None
+                    # a library error: validated again from scratch first, as inline
+                    fail = partial(self.failed, call, seq, key=key, data=data, out=out)
                     pending = self.worker().submit(
-                        call.where(seq), _run_job, call, seq, data, out, stream, job
+                        call.where(seq), _run_job, call, seq, data, out, stream, job, fail
                     )
                     self._slow = True  # later plain calls queue behind it until it is done
             elif mode == "requests":
@@ -804,9 +806,11 @@ def _run_job(
     out: Any,
     stream: Any,
     check: Callable[[Call, int], None] | None = None,
+    fail: Callable[[Exception], HpccommError] | None = None,
 ) -> Any:
     """A blocking body on the worker thread (after the debug check, if any): library errors
-    become HpccommErrors naming the call (a PeerError when a peer process died)."""
+    become HpccommErrors naming the call (a PeerError when a peer process died), by ``fail``
+    where given (the dispatch's: a call from the cache is validated again first)."""
     try:
         if check is not None:
             check(call, seq)
@@ -815,7 +819,7 @@ def _run_job(
     except HpccommError:
         raise
     except Exception as exc:
-        raise call.backend.error(call, seq, exc) from exc
+        raise (call.backend.error(call, seq, exc) if fail is None else fail(exc)) from exc
 
 
 def _types(value: Any) -> Any:

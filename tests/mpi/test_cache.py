@@ -234,3 +234,22 @@ def test_out_overlapping_the_array_is_refused_where_mpi_forbids_it(plain):
         assert (got == left).all()
         with pytest.raises(hpccomm.InvalidArgumentError, match=r"sendrecv .*out shares memory"):
             plain.sendrecv(y, dst=right, src=left, out=y)
+
+
+def test_a_library_error_on_the_worker_thread_is_validated_again(world):
+    # A call with a timeout runs on the worker thread: a read-only array after a cached
+    # call of the same description failed there as MPI's "dlpack: buffer is not writable"
+    # (BackendError); it is validated again first, as inline calls are: the precise error
+    c = world.dup()
+    c.timeout = 30
+    try:
+        c.all_reduce(np.ones(4))  # caches the description
+        x = np.ones(4)
+        x.flags.writeable = False
+        with pytest.raises(hpccomm.InvalidArgumentError, match=r"array is read-only"):
+            c.all_reduce(x)
+        y = np.ones(4)
+        c.all_reduce(y)
+        assert (y == c.size).all()
+    finally:
+        c.free()
