@@ -497,7 +497,10 @@ class HpccommProcessGroup(dist.ProcessGroup):
                 for i, o in enumerate(outs):
                     _copy_into(o, gathered[i])
 
-        return self._chain(works, [list(o) for o in output_lists], post)
+        # the Future's value: the output list (gloo's and torch's MPI backend's), one per
+        # input when coalesced
+        lists = [list(o) for o in output_lists]
+        return self._chain(works, lists[0] if len(lists) == 1 else lists, post)
 
     def _allgather_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
@@ -685,7 +688,7 @@ class HpccommProcessGroup(dist.ProcessGroup):
         return self._work(work, list(outputs), post)
 
     def barrier(self, opts: Any = None) -> _TorchWork:
-        return self._work(self.comm.barrier(async_op=True), None)
+        return self._work(self.comm.barrier(async_op=True), [])  # gloo's Future value
 
     # -- point-to-point -----------------------------------------------------------------
 

@@ -475,3 +475,14 @@ def test_copied_inputs_and_outputs_take_any_strides(tdist):
             assert torch.equal(o, torch.full((3,), complex(j, 1), dtype=torch.complex64))
     with pytest.raises(Exception, match=rf"all_gather .*: {n + 1} output tensors, expected {n}"):
         tdist.all_gather([torch.zeros(2) for _ in range(n + 1)], torch.ones(2))
+
+
+def test_future_values_are_gloos(tdist):
+    # all_gather's Future holds the output list (it was nested one level deeper); barrier's
+    # an empty list (it was None), as gloo's
+    n, r = tdist.get_world_size(), tdist.get_rank()
+    outs = [torch.zeros(2) for _ in range(n)]
+    value = tdist.all_gather(outs, torch.full((2,), float(r)), async_op=True).get_future().wait()
+    assert isinstance(value, list) and len(value) == n
+    assert all(torch.equal(v, torch.full((2,), float(j))) for j, v in enumerate(value))
+    assert tdist.barrier(async_op=True).get_future().wait() == []
