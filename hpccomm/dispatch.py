@@ -50,6 +50,7 @@ from .errors import (
     InvalidArgumentError,
     MismatchError,
     PeerError,
+    where,
 )
 from .executor import Executor, Future
 from .notices import NoticeBoard
@@ -175,6 +176,19 @@ class Dispatcher:
         stream: Any = None,
     ) -> Any:
         """Run one operation; returns its result, or a Work when ``async_op``."""
+        if _HELD and spec.arrays and self.debug in CHECKING:
+            # an array an async call not waited for holds (read-only): refused here, before
+            # validation (which would call it read-only), and the others told, whether this
+            # call is async or not, on one rank or on all
+            g = self.group
+            nxt = (g.p2p_seq if spec.p2p else g.seq) + 1
+            try:
+                ReadOnlyWhileRunning.refuse_held(
+                    data, out, where(spec.name, g.rank, g.size, group=g.name, seq=nxt)
+                )
+            except InvalidArgumentError as exc:
+                self.refused(spec, exc)
+                raise
         # resolve + validate, once per description of host arrays (the key holds only what
         # validation depends on; a freed communicator has an empty cache and is refused by
         # prepare)
@@ -238,15 +252,6 @@ class Dispatcher:
                     spec, data, out, peer, src, tag, redop, sizes, in_splits, out_splits
                 )
             except HpccommError as exc:
-                self.refused(spec, exc)
-                raise
-        if _HELD and spec.arrays and self.debug in CHECKING:
-            # an array an async call not waited for holds (read-only): refused here, and the
-            # others told, whether this call is async or not, on one rank or on all
-            nxt = (self.group.p2p_seq if spec.p2p else self.group.seq) + 1
-            try:
-                ReadOnlyWhileRunning.refuse_held(data, out, call.where(nxt))
-            except InvalidArgumentError as exc:
                 self.refused(spec, exc)
                 raise
         # record: the group's next sequence number
@@ -511,9 +516,15 @@ class Dispatcher:
             except HpccommError:
                 pass  # this rank raises its own error
 
-    def report(self, call: Call, seq: int, exc: BaseException) -> None:
+    def report(self, call: Call, seq: int, exc: BaseException, stuck: bool = False) -> None:
         """A collective that failed on this rank: tell the group's other ranks (unless the
-        failure is itself the consequence of another rank's: a timeout, a peer's failure)."""
+        failure is itself the consequence of another rank's: a timeout, a peer's failure).
+        ``stuck``: an async call that failed by a peer's notice while its MPI call still runs
+        or waits on the worker thread: the group is unusable (as for a plain call, in run()),
+        so later calls fail at once instead of queueing behind it until their timeout."""
+        if stuck and isinstance(exc, PeerError) and self.broken is None:
+            self.broken = f"the group is unusable: {exc}"
+            self._update_slow()
         if self.notices is not None and not call.spec.p2p and not isinstance(exc, _CONSEQUENCES):
             self._post(call.spec.name, seq, exc)
 

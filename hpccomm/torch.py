@@ -25,6 +25,7 @@ for CUDA tensors make an NCCL group beside it (``dist.new_group(backend="nccl")`
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import fcntl
 import os
@@ -123,20 +124,24 @@ def _usable(t: torch.Tensor, what: str) -> None:
         )
 
 
-def _outputs(outs: Sequence[torch.Tensor], count: int, numel: int, dtype: np.dtype) -> None:
-    """Output tensors the backend copies results into after the call (any strides): refused
-    before the call unless there are ``count`` CPU dense tensors of ``numel`` elements each
-    and ``dtype``, so no rank learns only after the collective that it cannot take them."""
+def _outputs(
+    outs: Sequence[torch.Tensor], count: int, numel: int, dtype: np.dtype, what: str = "output"
+) -> None:
+    """A list of tensors the backend copies (outputs after the call, or a list of inputs
+    stacked into one array; any strides): refused before the call unless there are
+    ``count`` CPU dense tensors of ``numel`` elements each and ``dtype``, so no rank learns
+    only after the collective (or from NumPy) that it cannot take them."""
     if len(outs) != count:
         raise TensorRefused(
-            f"hpccomm torch backend: {len(outs)} output tensors, expected {count} (one per rank)"
+            f"hpccomm torch backend: {len(outs)} {what} tensors, expected {count} (one per rank)"
         )
+    mine = "the input's" if what == "output" else "the output's"
     for i, o in enumerate(outs):
-        _usable(o, f"output {i}")
+        _usable(o, f"{what} {i}")
         if o.numel() != numel or _np_dtype(o.dtype) != dtype:
             raise TensorRefused(
-                f"hpccomm torch backend: output {i} has {o.numel()} elements of {o.dtype}, "
-                f"expected {numel} of the input's dtype ({dtype})"
+                f"hpccomm torch backend: {what} {i} has {o.numel()} elements of {o.dtype}, "
+                f"expected {numel} of {mine} dtype ({dtype})"
             )
 
 
@@ -223,6 +228,21 @@ class _Watchdog:
 
 
 _watchdog = _Watchdog()
+
+# the threads of point-to-point Futures (_TorchWork._drive) still running, with their Works
+_drivers: dict[threading.Thread, _TorchWork] = {}
+
+
+@atexit.register
+def _join_drivers() -> None:
+    """At exit, join the Future threads whose Work has completed: the caller's wait may
+    return while such a thread is still inside torch's Future (its completion callbacks),
+    and a daemon thread stopped there by the interpreter's exit aborts the process
+    (std::terminate: exit code 134 in 7 of 18 runs). A thread still waiting on MPI is left
+    (it stops in Python, harmlessly)."""
+    for thread, work in list(_drivers.items()):
+        if work._finished.is_set():
+            thread.join(5.0)
 
 
 class _TorchWork(dist.Work):
@@ -351,18 +371,23 @@ class _TorchWork(dist.Work):
         and completes it; wait() and is_completed() then only look at that (one thread
         waits on an MPI request, as MPI requires)."""
         self._driven = True
-        threading.Thread(target=self._drive_run, name="hpccomm-torch-p2p", daemon=True).start()
+        thread = threading.Thread(target=self._drive_run, name="hpccomm-torch-p2p", daemon=True)
+        _drivers[thread] = self
+        thread.start()
 
     def _drive_run(self) -> None:
         assert self._work is not None
         try:
-            self._work.wait(self._timeout)
-        except CommTimeoutError as exc:
-            self._fail(exc)
-            return
-        except HpccommError:
-            pass  # delivered by _complete
-        self._complete(self._work)
+            try:
+                self._work.wait(self._timeout)
+            except CommTimeoutError as exc:
+                self._fail(exc)
+                return
+            except HpccommError:
+                pass  # delivered by _complete
+            self._complete(self._work)
+        finally:
+            _drivers.pop(threading.current_thread(), None)
 
     def _source_rank(self) -> int:
         """The sender of a receive from any source."""
@@ -567,7 +592,8 @@ class HpccommProcessGroup(dist.ProcessGroup):
                 for i, o in enumerate(output_lists[0]):
                     _copy_into(o, gathered[i])
 
-        return self._work(work, [list(o) for o in output_lists], post)
+        # the Future's value: the output list on the root (gloo's), [] elsewhere
+        return self._work(work, list(output_lists[0]) if output_lists else [], post)
 
     def scatter(
         self,
@@ -579,6 +605,7 @@ class HpccommProcessGroup(dist.ProcessGroup):
         out = as_numpy(outputs[0], "output")
         full = None
         if self.comm.rank == root:
+            _outputs(input_lists[0], self.comm.size, out.size, out.dtype, "input")
             full = np.stack([as_numpy(t, "input", copied=True) for t in input_lists[0]])
         work = self.comm.scatter(full, src=root, out=out.reshape(1, *out.shape), async_op=True)
         return self._work(work, list(outputs))
@@ -591,6 +618,7 @@ class HpccommProcessGroup(dist.ProcessGroup):
     ) -> _TorchWork:
         op = _redop(opts.reduceOp)
         out = as_numpy(outputs[0], "output")
+        _outputs(input_lists[0], self.comm.size, out.size, out.dtype, "input")
         full = np.stack([as_numpy(t, "input", copied=True) for t in input_lists[0]])
         work = self.comm.reduce_scatter(full, op=op, out=out.reshape(1, *out.shape), async_op=True)
         return self._work(work, list(outputs))
@@ -825,7 +853,7 @@ def _naming(method: Callable[..., Any], op: str, inputs: int) -> Callable[..., A
             named_exc.named = True
             _tell_peers(dispatcher, op, before, named_exc)
             raise named_exc from None
-        except HpccommError as exc:  # refused here before any call (e.g. on the root only)
+        except Exception as exc:  # refused here before any call (e.g. on the root only)
             _tell_peers(dispatcher, op, before, exc)
             raise
 
@@ -834,7 +862,7 @@ def _naming(method: Callable[..., Any], op: str, inputs: int) -> Callable[..., A
     return named
 
 
-def _tell_peers(dispatcher: Any, op: str, before: int, exc: HpccommError) -> None:
+def _tell_peers(dispatcher: Any, op: str, before: int, exc: BaseException) -> None:
     """A collective refused on this rank before it issued any call (its group's sequence
     number still ``before``): the group's other ranks may be inside it already (a root's
     own arguments), so they are told, as hpccomm's own refusals tell them (a PeerError

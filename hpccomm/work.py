@@ -101,7 +101,7 @@ class Work:
         watch: Callable[[], None] | None = None,
         rec: record.Record | None = None,
         closed: Callable[[], bool] | None = None,
-        on_failure: Callable[[int, BaseException], None] | None = None,
+        on_failure: Callable[[int, BaseException, bool], None] | None = None,
         after: Callable[[Any], Any] | None = None,
     ) -> None:
         self._call = call
@@ -147,7 +147,10 @@ class Work:
                 self._exc.__cause__ = exc
             # the source is never asked again: a completed MPI request tested a second time
             # is MPI_REQUEST_NULL, whose status is empty
-            self._pending = _Finished
+            source, self._pending = self._pending, _Finished
+            # failed (a peer's notice) while its MPI call is still running or queued on the
+            # worker thread: that call may never end
+            stuck = isinstance(source, Future) and not source.test()
             if self._after is not None:
                 self._result = self._after(self._result)
             self._done = True
@@ -158,7 +161,7 @@ class Work:
                 record.notify("end", rec)
         if self._exc is not None:
             if self._on_failure is not None:
-                self._on_failure(self._seq, self._exc)
+                self._on_failure(self._seq, self._exc, stuck)
             if record.error_hooks:
                 record.report_error(self._exc)
         with self._finishing:  # (add_done_callback appends under the same lock)

@@ -241,3 +241,18 @@ def test_an_array_in_use_on_one_rank_fails_the_call_on_every_rank(checked, secon
     z = np.full(3, float(checked.rank))
     checked.all_reduce(z)
     assert (z == checked.size * (checked.size - 1) / 2).all()
+
+
+def test_an_array_in_use_is_named_so_on_a_description_not_seen_before(checked):
+    # Validation of a new description ran first and called the held array read-only ("pass
+    # a copy"), on the first such call only; the in-use check now comes first
+    import hpccomm
+
+    a = np.ones(7)
+    first = checked.all_reduce(a, async_op=True)
+    with pytest.raises(hpccomm.InvalidArgumentError, match=r"broadcast #\d+ on .*: array is in "
+                       r"use by all_reduce #\d+"):  # fmt: skip
+        checked.broadcast(a, 0)
+    first.wait(timeout=60)
+    checked.broadcast(a, 0)
+    assert (a == checked.size).all()

@@ -486,3 +486,8 @@ def test_future_values_are_gloos(tdist):
     assert isinstance(value, list) and len(value) == n
     assert all(torch.equal(v, torch.full((2,), float(j))) for j, v in enumerate(value))
     assert tdist.barrier(async_op=True).get_future().wait() == []
+    got = [torch.zeros(2) for _ in range(n)] if r == 0 else None
+    value = tdist.gather(torch.full((2,), float(r)), got, dst=0, async_op=True).get_future().wait()
+    if r == 0:  # the gathered list (it was nested one level deeper)
+        assert isinstance(value, list) and len(value) == n
+        assert all(torch.equal(v, torch.full((2,), float(j))) for j, v in enumerate(value))
