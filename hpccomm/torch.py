@@ -329,9 +329,11 @@ class _TorchWork(dist.Work):
             try:
                 self._work.wait(seconds)
             except CommTimeoutError as exc:
-                # terminal, as a timed-out work in torch's own backends: the Future fails too
-                # (MPI cannot cancel the operation; the job should end)
-                self._fail(exc)
+                if not timeout:  # past the group's timeout: terminal, as the watchdog's and
+                    # torch's own backends' (the Future fails too; MPI cannot cancel it)
+                    self._fail(exc)
+                # a shorter wait(timeout=) the caller chose: the operation goes on, and a
+                # later wait() may still complete it (as gloo's)
                 raise
             except HpccommError:
                 pass  # delivered below, once the completion ran

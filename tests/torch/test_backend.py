@@ -491,3 +491,25 @@ def test_future_values_are_gloos(tdist):
     if r == 0:  # the gathered list (it was nested one level deeper)
         assert isinstance(value, list) and len(value) == n
         assert all(torch.equal(v, torch.full((2,), float(j))) for j, v in enumerate(value))
+
+
+def test_a_short_wait_that_expires_leaves_the_work_running(tdist):
+    # wait(timeout=) shorter than the group's: CommTimeoutError, and the operation goes on;
+    # a later wait() completes it with the right result (as gloo's). It stayed failed for
+    # good before, though the tensor was right.
+    import datetime
+    import time
+
+    n, r = tdist.get_world_size(), tdist.get_rank()
+    if n < 2:
+        pytest.skip("needs 2 ranks")
+    t = torch.full((4,), float(r + 1))
+    if r == n - 1:
+        time.sleep(1.5)  # late
+    work = tdist.all_reduce(t, async_op=True)
+    if r == 0:
+        with pytest.raises(Exception, match=r"not complete after 0.2 s"):
+            work.wait(datetime.timedelta(seconds=0.2))
+    assert work.wait()
+    assert work.is_success()
+    assert torch.equal(t, torch.full((4,), n * (n + 1) / 2))
