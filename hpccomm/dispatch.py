@@ -477,6 +477,7 @@ class Dispatcher:
             closed=self._is_closed,
             on_failure=on_failure,
             after=None if guard is None else guard.release,
+            explain=partial(self.timed_out, call, seq, pending),
         )
         if async_op:
             return work
@@ -484,10 +485,7 @@ class Dispatcher:
             return work.wait(self._timeout)
         except CommTimeoutError as exc:
             work.disown()
-            err = self.timed_out(call, seq, pending, exc)
-            if record.error_hooks:
-                record.report_error(err)
-            raise err from None
+            raise exc from None  # explained by timed_out, reported, in the Work's wait
         except PeerError as exc:
             work.disown()
             if isinstance(pending, Future):  # the worker stays inside MPI for good

@@ -86,6 +86,7 @@ class Work:
         "_closed",
         "_on_failure",
         "_after",
+        "_explain",
         "_callbacks",
         "_finishing",
         "__weakref__",
@@ -103,6 +104,7 @@ class Work:
         closed: Callable[[], bool] | None = None,
         on_failure: Callable[[int, BaseException, bool], None] | None = None,
         after: Callable[[Any], Any] | None = None,
+        explain: Callable[[CommTimeoutError], CommTimeoutError] | None = None,
     ) -> None:
         self._call = call
         self._seq = seq
@@ -113,6 +115,7 @@ class Work:
         self._closed = closed
         self._on_failure = on_failure  # tells the group's other ranks (failure notices)
         self._after = after  # maps the result back once done (debug buffer guard)
+        self._explain = explain  # adds what the dispatch knows to a timeout's message
         self._callbacks: list[Callable[[Work], None]] = []
         self._done = False
         self._exc: BaseException | None = None
@@ -222,6 +225,8 @@ class Work:
             f"{self._where()}: not complete after {timeout:g} s; some rank of the group has "
             f"not joined it (MPI cannot cancel it: abort the job)"
         )
+        if self._explain is not None:
+            err = self._explain(err)
         if record.error_hooks and self._closed is not _always:
             record.report_error(err)
         return err

@@ -199,3 +199,24 @@ def test_a_point_to_point_future_then_exit_ends_cleanly(launch):
         )
         assert job.rc == 0, f"attempt {attempt}: rc {job.rc}\n{job.stderr[-2000:]}"
         assert job.of(1, "got")["value"] == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_a_timeout_in_the_large_check_says_the_sizes_may_differ(launch):
+    # Rank 1's buffer is above debug "large"'s 31 KiB, rank 0's below (straight to MPI):
+    # the timeout of rank 1, waiting in the check, says why; through torch (async Works and
+    # the watchdog) that hint was lost, the plain API's bounded calls had it
+    job = launch(
+        2,
+        """
+        import torch, torch.distributed as dist
+        import hpccomm.torch as ht
+        ht.init_process_group(timeout=3)
+        r = dist.get_rank()
+        t = torch.ones(1000 if r == 0 else 100000)
+        outcome(hpccomm.init(), "all_reduce", lambda: dist.all_reduce(t))
+        """,
+        bound=90,
+    )
+    got = job.of(1, "all_reduce")
+    assert got["cls"] == "CommTimeoutError", got
+    assert "not complete after 3 s" in got["msg"] and "sizes may differ" in got["msg"], got
