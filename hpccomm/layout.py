@@ -262,15 +262,27 @@ class Layout:
         (``expert_decoder_rank_generator``: RankGenerator(tp=expert_tensor_parallel_size,
         ep=expert_model_parallel_size, dp=world // (etp*ep*pp), pp, cp=1, order=order))."""
         tp = self.sizes["tp"] if tp is None else tp
-        return Layout(
-            self.world_size,
-            tp=tp,
-            ep=ep,
-            pp=self.sizes["pp"],
-            dp=None,
-            cp=1,
-            order=self.given_order,
-        )
+        pp = self.sizes["pp"]
+        ex = Layout(self.world_size, tp=tp, ep=ep, pp=pp, dp=None, cp=1, order=self.given_order)
+        # Megatron's two refusals: every rank must be in the same pipeline stage in both
+        # layouts (else a rank's dense and expert parts sit in different stages), and the
+        # dp sizes must agree unless pp is last in the order or 1
+        given = self.given_order.replace(" ", "").lower().split("-")
+        if not (given[-1] == "pp" or pp == 1 or ex.sizes["dp"] == self.sizes["dp"]):
+            raise InvalidArgumentError(
+                f"layout.expert: the expert layout's dp is {ex.sizes['dp']} but the dense "
+                f"layout's {self.sizes['dp']}, with order {self.given_order!r}, which does not "
+                f"end in pp (pp = {pp}); expected equal dp sizes, or pp last in the order "
+                f"(Megatron-LM refuses it too)"
+            )
+        dense_pp, expert_pp = self.groups("pp"), ex.groups("pp")
+        if dense_pp != expert_pp:
+            raise InvalidArgumentError(
+                f"layout.expert: the pipeline groups differ: {dense_pp} (dense) but "
+                f"{expert_pp} (expert, tp={tp}, ep={ep}); a rank would be in different pipeline "
+                f"stages for its dense and expert parts (Megatron-LM refuses it too)"
+            )
+        return ex
 
     # -- serialization and comparison -----------------------------------------------------
 

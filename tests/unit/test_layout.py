@@ -64,6 +64,9 @@ def test_expert_layout():
         (48, {"tp": 2, "cp": 3, "pp": 4}, None, 3, None),
         (24, {"tp": 2, "pp": 3, "dp": 4}, "tp-pp-dp", 2, 2),
         (24, {"tp": 2, "cp": 2, "dp": 3, "pp": 2}, "cp-pp-tp-dp-ep", 6, 1),
+        (8, {"cp": 2, "pp": 2, "dp": 2}, "cp-pp-dp-ep", 2, None),  # pp groups would differ
+        (24, {"tp": 2, "pp": 3, "dp": 4}, "tp-pp-dp-ep", 2, 2),  # dp 2 vs 4, pp not last
+        (16, {"tp": 2, "pp": 2, "dp": 4}, "tp-dp-pp", 4, 1),  # dp 2 vs 4, pp last: fine
     ],
 )
 def test_expert_groups_match_megatron_reference(world, sizes, order, ep, etp):
@@ -77,6 +80,21 @@ def test_expert_groups_match_megatron_reference(world, sizes, order, ep, etp):
         )
     except OracleRejects:  # e.g. an order without ep: Megatron refuses ep > 1 there too
         with pytest.raises(InvalidArgumentError, match=f"lacks ep \\(size {ep}\\)"):
+            lay.expert(ep=ep, tp=etp)
+        return
+    # initialize_model_parallel's two refusals: dp sizes that differ unless pp is last in
+    # the user's order (or 1), and pipeline groups that differ between the two generators
+    s = lay.sizes
+    d_order, d_sizes = oracle_rank_generator(
+        s["tp"], 1, s["dp"], pp, s["cp"], order or "tp-cp-ep-dp-pp"
+    )
+    e_dp = world // (full_etp * ep * pp)
+    if not ((order or "tp-cp-ep-dp-pp").endswith("pp") or pp == 1 or e_dp == s["dp"]):
+        with pytest.raises(InvalidArgumentError, match=r"expert layout's dp is \d+ but"):
+            lay.expert(ep=ep, tp=etp)
+        return
+    if oracle_get_ranks(d_order, d_sizes, "pp") != oracle_get_ranks(m_order, m_sizes, "pp"):
+        with pytest.raises(InvalidArgumentError, match=r"the pipeline groups differ"):
             lay.expert(ep=ep, tp=etp)
         return
     ex = lay.expert(ep=ep, tp=etp)
