@@ -110,9 +110,12 @@ def test_job_array_sees_task_id(cluster, tmp_path):
 
 
 def test_hpccomm_sbatch_submit(cluster, tmp_path):
-    log = tmp_path / "gen-%j.out"
+    # a job name and a log path with spaces: written in double quotes (unquoted, sbatch
+    # refused the script: "Invalid directive found in batch script: job")
+    (tmp_path / "logs here").mkdir()
+    log = tmp_path / "logs here" / "gen-%j.out"
     out = cluster.run(
-        [str(cluster.bin / "hpccomm"), "sbatch", "-N", "2", "--ntasks-per-node", "2", "--time", "5", "--job-name", "gen",
+        [str(cluster.bin / "hpccomm"), "sbatch", "-N", "2", "--ntasks-per-node", "2", "--time", "5", "--job-name", "gen job",
          "--output", str(log), "--submit", "--", "hpccomm", "info", "--json"],
     )  # fmt: skip
     assert out.returncode == 0, out.stderr

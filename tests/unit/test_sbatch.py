@@ -236,3 +236,14 @@ def test_control_characters_in_the_command_are_refused(word, capsys):
 def test_control_characters_refused_by_render():
     with pytest.raises(InvalidArgumentError, match=r"--job-name is 'a\\n#SBATCH --x'"):
         render(BatchOptions(command=["true"], job_name="a\n#SBATCH --x"))
+
+
+def test_values_with_spaces_are_quoted_and_double_quotes_refused():
+    # sbatch splits an #SBATCH directive at whitespace unless the value is in double quotes
+    text = render(BatchOptions(command=["hostname"], job_name="my job", output="/tmp/a b/%j.out",
+                               partition="p1"))  # fmt: skip
+    assert '#SBATCH --job-name="my job"' in text.splitlines()
+    assert '#SBATCH --output="/tmp/a b/%j.out"' in text.splitlines()
+    assert "#SBATCH --partition=p1" in text.splitlines()
+    with pytest.raises(InvalidArgumentError, match=r"--job-name is 'a\"b', expected text without"):
+        validate(BatchOptions(command=["hostname"], job_name='a"b'))
