@@ -136,12 +136,21 @@ def parse_size(text: str | int) -> int:
     t = text.strip().upper().removesuffix("B")
     try:
         if t and t[-1] in _UNITS:
-            return int(float(t[:-1]) * _UNITS[t[-1]])
-        return int(t)
-    except ValueError:
+            value = int(float(t[:-1]) * _UNITS[t[-1]])
+        else:
+            value = int(t)
+    except (ValueError, OverflowError):  # OverflowError: "infK"
         raise InvalidArgumentError(
             f"bench: size {text!r} is not a byte count (e.g. 8, 64K, 16M, 1G)"
         ) from None
+    if value > MAX_BYTES:
+        raise InvalidArgumentError(
+            f"bench: size {text!r} is {value:,} bytes, expected at most {MAX_BYTES:,} (1 TiB)"
+        )
+    return value
+
+
+MAX_BYTES = 1 << 40  # a message size no machine here holds: beyond it, a typo
 
 
 def size_series(min_bytes: int, max_bytes: int, factor: int) -> list[int]:

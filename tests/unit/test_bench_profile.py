@@ -68,6 +68,12 @@ def test_sizes_and_parsing():
     assert bench.size_series(8, 100, 4) == [8, 32]
     with pytest.raises(ValueError, match="not a byte count"):
         bench.parse_size("lots")
+    for text in ("infK", "nanM"):  # infK was an OverflowError traceback
+        with pytest.raises(ValueError, match="not a byte count"):
+            bench.parse_size(text)
+    with pytest.raises(ValueError, match=r"expected at most 1,099,511,627,776 \(1 TiB\)"):
+        bench.parse_size("1e30G")  # ran, doubling the size, until killed
+    assert bench.parse_size("1024G") == 1 << 40
     with pytest.raises(ValueError, match="expected an integer >= 2"):
         bench.size_series(8, 64, 1)
 
