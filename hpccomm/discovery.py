@@ -17,6 +17,7 @@ import builtins
 import dataclasses
 import json
 import os
+import re
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -104,6 +105,12 @@ class LaunchInfo:
         return dataclasses.replace(self, **changes)
 
 
+_DIGITS = re.compile(r"\s*[0-9]+\s*")
+_COUNTS = ("size", "local_size", "num_nodes")
+# (index, count): an index must be below its count when the launcher gives both
+_BOUNDS = (("rank", "size"), ("local_rank", "local_size"), ("node_index", "num_nodes"))
+
+
 class _Reader:
     """Reads typed values from the environment and remembers which variable each came from."""
 
@@ -118,12 +125,16 @@ class _Reader:
             raw = self.env.get(var)
             if raw is None or raw.strip() == "":
                 continue
-            try:
-                value = int(raw)
-            except ValueError:
+            # ASCII digits only: Python's int() also takes "1_0" (10) and other scripts' digits
+            if not _DIGITS.fullmatch(raw):
                 raise InvalidArgumentError(
-                    f"launch discovery ({self.launcher}): {var}={raw!r} is not an integer"
-                ) from None
+                    f"launch discovery ({self.launcher}): {var}={raw!r} is not an integer >= 0"
+                )
+            value = int(raw)
+            if name in _COUNTS and value < 1:
+                raise InvalidArgumentError(
+                    f"launch discovery ({self.launcher}): {var}={raw!r}, expected a count >= 1"
+                )
             self.values[name] = value
             self.sources[name] = var
             return
@@ -363,6 +374,14 @@ def discover(
     v = r.values
     warnings = list(v.pop("warnings", []))
     sources = r.sources
+    for index, count in _BOUNDS:
+        i, n = v.get(index), v.get(count)
+        if i is not None and n is not None and i >= n:
+            raise InvalidArgumentError(
+                f"launch discovery ({launcher}): {index.replace('_', ' ')} {i} "
+                f"({sources[index]}) is not below the {count.replace('_', ' ')} {n} "
+                f"({sources[count]}); the launcher's variables contradict each other"
+            )
 
     job_id = array_task_id = None
     for var in _JOB_ID_VARS:

@@ -221,6 +221,7 @@ def test_srun_uneven_tasks_per_node(node, local_size):
     env = {
         **SRUN_STEP,
         "SLURM_NODEID": str(node),
+        "SLURM_LOCALID": "0",  # (SRUN_STEP's local rank 1 is not on a node with one task)
         "SLURM_STEP_TASKS_PER_NODE": "3,2(x2),1",
         "SLURM_STEP_NUM_TASKS": "8",
         "SLURM_STEP_NUM_NODES": "4",
@@ -490,3 +491,27 @@ def test_malformed_variables_are_invalid_argument_errors(env, text):
     with pytest.raises(InvalidArgumentError) as err:
         d(env)
     assert str(err.value).startswith(f"launch discovery {text}"), str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("changes", "said"),
+    [
+        ({"SLURM_LOCALID": "5"}, r"local rank 5 \(SLURM_LOCALID\) is not below the local size 2"),
+        ({"SLURM_PROCID": "9"}, r"rank 9 \(SLURM_PROCID\) is not below the size 4"),
+        ({"SLURM_PROCID": "1_0"}, r"SLURM_PROCID='1_0' is not an integer >= 0"),
+        ({"SLURM_PROCID": "-1"}, r"SLURM_PROCID='-1' is not an integer >= 0"),
+        ({"SLURM_PROCID": "\u0663"}, r"is not an integer >= 0"),  # Arabic-Indic digit 3
+    ],
+)
+def test_launcher_values_that_contradict_each_other_are_refused(changes, said):
+    # They were taken as they came: local rank 5 of 2 (and GPU 5 of 2 visible), rank 9 of
+    # 4, "1_0" as 10, -1
+    with pytest.raises(ValueError, match=said):
+        d({**SRUN_STEP, **changes})
+
+
+def test_torchrun_world_size_zero_is_refused():
+    env = {"RANK": "0", "WORLD_SIZE": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+           "TORCHELASTIC_RUN_ID": "x"}  # fmt: skip
+    with pytest.raises(ValueError, match=r"WORLD_SIZE='0', expected a count >= 1"):
+        d(env)
