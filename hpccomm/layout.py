@@ -298,14 +298,19 @@ class Layout:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str | dict[str, Any]) -> Layout:
+    def from_json(cls, text: str | bytes | dict[str, Any]) -> Layout:
         try:
-            doc = json.loads(text) if isinstance(text, str) else text
+            doc = json.loads(text) if isinstance(text, (str, bytes, bytearray)) else text
         except ValueError as exc:
             raise InvalidArgumentError(f"layout: JSON does not parse: {exc}") from None
+        if not isinstance(doc, dict):
+            raise InvalidArgumentError(
+                f"layout: JSON is {type(doc).__name__} {doc!r:.60}, expected an object with "
+                f"world_size, order, sizes"
+            )
         try:
             sizes, order, world = doc["sizes"], doc["order"], doc["world_size"]
-        except (KeyError, TypeError) as exc:
+        except KeyError as exc:
             raise InvalidArgumentError(
                 f"layout: JSON lacks {exc}; expected world_size, order, sizes"
             ) from None

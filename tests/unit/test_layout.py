@@ -457,3 +457,15 @@ def test_group_tokens_are_not_case_folded():
 def test_every_error_is_invalid_argument(call):
     with pytest.raises(InvalidArgumentError, match="^layout: "):
         call()
+
+
+@pytest.mark.parametrize("text", ["[1,2]", "null", '"x"', "5"])
+def test_from_json_that_is_not_an_object_says_so(text):
+    # it said "JSON lacks list indices must be integers or slices, not str"
+    with pytest.raises(InvalidArgumentError, match=r"layout: JSON is \w+ .*, expected an object"):
+        Layout.from_json(text)
+
+
+def test_from_json_takes_bytes():
+    lay = Layout(8, tp=2, pp=2)
+    assert Layout.from_json(lay.to_json().encode()) == lay
