@@ -16,8 +16,9 @@ from .errors import InvalidArgumentError
 __all__ = ["expand", "compress", "expand_tasks_per_node"]
 
 _SEPARATORS = ",\t\n "
-_TRAILING_DIGITS = re.compile(r"^(.*?)(\d+)$", re.DOTALL)
-_TASKS_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+_ASCII_DIGITS = re.compile(r"[0-9]+")  # str.isdigit also takes other scripts' digits
+_TRAILING_DIGITS = re.compile(r"^(.*?)([0-9]+)$", re.DOTALL)
+_TASKS_ITEM = re.compile(r"^([0-9]+)(?:\(x([1-9][0-9]*)\))?$")  # ASCII digits; (x0) repeats none
 
 
 def _error(expr: str, pos: int, what: str) -> InvalidArgumentError:
@@ -36,7 +37,7 @@ def _parse_group(expr: str, start: int, end: int) -> list[str]:
         if item.startswith("-"):
             raise _error(expr, item_pos, f"negative number {item!r}")
         lo, dash, hi = item.partition("-")
-        if not lo.isdigit() or (dash and not hi.isdigit()):
+        if not _ASCII_DIGITS.fullmatch(lo) or (dash and not _ASCII_DIGITS.fullmatch(hi)):
             raise _error(expr, item_pos, f"bad range {item!r} (want N or LO-HI, digits only)")
         if not dash:
             out.append(lo)

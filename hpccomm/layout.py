@@ -102,7 +102,7 @@ class Layout:
             ("world", world_size),
             ("dp", dp if dp is not None else 1),
         ]:
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InvalidArgumentError(f"layout: {name} is {value!r}, expected an integer >= 1")
         others = tp * pp * cp * ep
         if dp is None:
@@ -165,7 +165,7 @@ class Layout:
             raise InvalidArgumentError(
                 f"layout: mesh shape {tuple(shape)} has {len(shape)} dims but {len(names)} names"
             )
-        bad = [s for s in shape if not isinstance(s, int) or s < 1]
+        bad = [s for s in shape if not isinstance(s, int) or isinstance(s, bool) or s < 1]
         if bad:
             raise InvalidArgumentError(
                 f"layout: mesh shape {tuple(shape)} has {bad}, expected integers >= 1"
@@ -196,7 +196,7 @@ class Layout:
     # -- coordinates ---------------------------------------------------------------------
 
     def _check_rank(self, rank: int) -> None:
-        if not isinstance(rank, int) or not 0 <= rank < self.world_size:
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < self.world_size:
             raise InvalidArgumentError(f"layout: rank {rank!r} is not in 0..{self.world_size - 1}")
 
     def coords(self, rank: int) -> dict[str, int]:
@@ -212,7 +212,7 @@ class Layout:
         rank, stride = 0, 1
         for t in self.order:
             i = coords.pop(t, 0)
-            if not isinstance(i, int) or not 0 <= i < self.sizes[t]:
+            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.sizes[t]:
                 raise InvalidArgumentError(f"layout: {t}={i!r} is not in 0..{self.sizes[t] - 1}")
             rank += i * stride
             stride *= self.sizes[t]

@@ -144,3 +144,11 @@ def test_tasks_per_node(spec, counts):
 def test_tasks_per_node_rejects():
     with pytest.raises(ValueError, match=r"tasks-per-node '2\(3\)'"):
         expand_tasks_per_node("2(3)")
+
+
+def test_other_scripts_digits_and_zero_repeats_are_refused():
+    # str.isdigit took "n[1-\u0663]" (Arabic-Indic 3) as n1..n3; "2(x0)" repeated nothing
+    with pytest.raises(ValueError, match="bad range"):
+        expand("n[1-\u0663]")
+    with pytest.raises(ValueError, match="bad item '2\\(x0\\)'"):
+        expand_tasks_per_node("2(x0)")

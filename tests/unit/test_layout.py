@@ -469,3 +469,13 @@ def test_from_json_that_is_not_an_object_says_so(text):
 def test_from_json_takes_bytes():
     lay = Layout(8, tp=2, pp=2)
     assert Layout.from_json(lay.to_json().encode()) == lay
+
+
+def test_bools_are_not_sizes_or_ranks():
+    # True == 1 for isinstance(int): Layout(4, tp=True) had repr tp=True
+    with pytest.raises(InvalidArgumentError, match="tp is True"):
+        Layout(4, tp=True)
+    with pytest.raises(InvalidArgumentError, match="rank True"):
+        Layout(4, tp=2).coords(True)
+    with pytest.raises(InvalidArgumentError, match="tp=True"):
+        Layout(4, tp=2).rank_of(tp=True)
