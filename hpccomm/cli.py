@@ -69,10 +69,18 @@ def _cmd_layout(args: argparse.Namespace) -> int:
         if args.groups
         else [t for t in layout.order if layout.sizes[t] > 1] or ["dp"]
     )
-    dims = ["-".join(layout.normalize(d)) for d in dims]
+    empty = [i for i, d in enumerate(dims, 1) if not d.strip()]
+    if empty:
+        raise InvalidArgumentError(
+            f"layout: --groups {args.groups!r} has an empty item (item {empty[0]}), expected "
+            f"dims such as tp,dp,tp-pp"
+        )
+    dims = ["-".join(layout.normalize(d.strip())) for d in dims]
     if args.rank is not None:
         coords = layout.coords(args.rank)
         groups = {d: layout.group_of(args.rank, d) for d in dims}
+        if args.embedding:  # its embedding group (first and last stage), or none
+            groups["embedding"] = next((g for g in layout.embedding_groups() if args.rank in g), [])
         if args.json:
             print(
                 json.dumps(
@@ -87,8 +95,9 @@ def _cmd_layout(args: argparse.Namespace) -> int:
             )
             return 0
         print(f"rank {args.rank}: " + " ".join(f"{t}={i}" for t, i in coords.items()))
+        width = max(8, *(len(d) + 1 for d in groups))
         for d, members in groups.items():
-            print(f"{d:<8}{members}")
+            print(f"{d:<{width}}{members}")
         return 0
     table = {d: layout.groups(d) for d in dims}
     if args.embedding:

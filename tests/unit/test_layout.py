@@ -205,6 +205,15 @@ def test_cli_table_and_rank(capsys):
 def test_cli_error(capsys):
     assert main(["layout", "--world", "64", "--tp", "4", "--pp", "2", "--dp", "7"]) == 2
     assert "dp=8 would fit" in capsys.readouterr().err
+    assert main(["layout", "--world", "8", "--tp", "2", "--groups", "tp,,dp"]) == 2
+    assert "--groups 'tp,,dp' has an empty item (item 2)" in capsys.readouterr().err
+
+
+def test_cli_rank_with_embedding(capsys):
+    # --embedding was dropped with --rank
+    assert main(["layout", "--world", "8", "--tp", "2", "--pp", "2", "--rank", "1", "--json",
+                 "--embedding"]) == 0  # fmt: skip
+    assert json.loads(capsys.readouterr().out)["groups"]["embedding"] == [1, 5]
 
 
 # -- Megatron's RankGenerator: reference oracle ----------------------------------------------
