@@ -37,7 +37,7 @@ from typing import Any, NamedTuple, TextIO
 
 import numpy as np
 
-from .dtypes import SUPPORTED_DTYPES, ReduceOp, as_reduce_op
+from .dtypes import SUPPORTED_DTYPES, ReduceOp, as_reduce_op, check_op, dtype_info
 from .errors import HpccommError, InvalidArgumentError
 from .layout import Layout
 
@@ -150,6 +150,7 @@ def parse_size(text: str | int) -> int:
     return value
 
 
+_REDUCING = ("all_reduce", "reduce", "reduce_scatter")
 MAX_BYTES = 1 << 40  # a message size no machine here holds: beyond it, a typo
 
 
@@ -247,7 +248,9 @@ class BenchOptions:
                 f"bench: -d {self.dtype!r}, expected one of {', '.join(_DTYPES)} (or half, "
                 f"float, double)"
             )
-        as_reduce_op(self.redop.lower(), "bench: -r")
+        redop = as_reduce_op(self.redop.lower(), "bench: -r")
+        if any(op in _REDUCING for op in ops):  # refused here, before MPI starts
+            check_op(redop, dtype_info(np.dtype(_BY_NAME[dtype]), "bench"), f"bench: -d {dtype} -r")
         peers = []
         for raw in self.peers:
             for p in filter(None, (q.strip().lower() for q in raw.split(","))):

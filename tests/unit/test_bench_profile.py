@@ -11,6 +11,7 @@ import pytest
 from hpccomm import bench, profiler
 from hpccomm.cli import main
 from hpccomm.dtypes import ReduceOp
+from hpccomm.errors import DtypeError
 
 # nccl-tests doc/PERFORMANCE.md, written out again here: busbw = algbw * factor, algbw = S/t.
 NCCL_TESTS = {
@@ -74,6 +75,13 @@ def test_sizes_and_parsing():
     with pytest.raises(ValueError, match=r"expected at most 1,099,511,627,776 \(1 TiB\)"):
         bench.parse_size("1e30G")  # ran, doubling the size, until killed
     assert bench.parse_size("1024G") == 1 << 40
+
+
+def test_an_op_undefined_for_the_dtype_is_refused_before_mpi():
+    # refused only after MPI had started (and only by the first reducing operation)
+    with pytest.raises(DtypeError, match=r"op AVG is not defined for dtype int32"):
+        bench.BenchOptions(ops=["all_gather", "reduce"], dtype="int32", redop="avg").normalized()
+    bench.BenchOptions(ops=["all_gather"], dtype="int32", redop="avg").normalized()  # no reduction
     with pytest.raises(ValueError, match="expected an integer >= 2"):
         bench.size_series(8, 64, 1)
 
