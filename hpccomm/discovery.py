@@ -276,6 +276,25 @@ def _srun_step(r: _Reader) -> None:
                     f"launch discovery (slurm): SLURM_NODEID={node} but {var}={env[var]!r} "
                     f"lists only {len(counts)} nodes"
                 )
+            # the step's own list against the step's own counts (the job-level fallback may
+            # describe the allocation, not this step)
+            size, nodes = r.values.get("size"), r.values.get("num_nodes")
+            step = var == "SLURM_STEP_TASKS_PER_NODE" and r.sources.get("size") == (
+                "SLURM_STEP_NUM_TASKS"
+            )
+            if step and (
+                (size is not None and sum(counts) != size)
+                or (
+                    nodes is not None
+                    and r.sources.get("num_nodes") == "SLURM_STEP_NUM_NODES"
+                    and len(counts) != nodes
+                )  # fmt: skip
+            ):
+                raise InvalidArgumentError(
+                    f"launch discovery (slurm): {var}={env[var]!r} lists {sum(counts)} tasks on "
+                    f"{len(counts)} nodes, but the step has {size} tasks "
+                    f"({r.sources.get('size')}) on {nodes} nodes ({r.sources.get('num_nodes')})"
+                )
             r.set("local_size", counts[node], f"{var}[SLURM_NODEID]")
             break
 

@@ -515,3 +515,10 @@ def test_torchrun_world_size_zero_is_refused():
            "TORCHELASTIC_RUN_ID": "x"}  # fmt: skip
     with pytest.raises(ValueError, match=r"WORLD_SIZE='0', expected a count >= 1"):
         d(env)
+
+
+def test_a_step_tasks_list_that_contradicts_the_step_is_refused():
+    # "2(x3),1" is 7 tasks on 4 nodes for a step of 4 tasks on 2 nodes: it was read as it came
+    env = {**SRUN_STEP, "SLURM_STEP_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "0"}
+    with pytest.raises(ValueError, match=r"lists 7 tasks on 4 nodes, but the step has 4 tasks"):
+        d(env)
