@@ -336,7 +336,7 @@ class Case:
         """(the array to compare, its expected values) after one call, or None (nothing
         lands on this rank)."""
         op, n, me, b = self.op, self.n, self.rank, self.block
-        if op in ("all_reduce", "reduce", "reduce_scatter"):
+        if op in _REDUCING:
             if op == "reduce" and me != self.root:
                 return None
             acc = _reduce([self.values(r, self.count) for r in range(n)], self.redop, self.dtype)
@@ -439,7 +439,7 @@ def _mpi4py_calls(m: Any, k: Case) -> Callable[[], Any]:
     name = k.dtype.name
     t = types[name]
     op, x, out, root = k.op, k.x, k.out, k.root
-    if op in ("all_reduce", "reduce", "reduce_scatter"):
+    if op in _REDUCING:
         if name in ("float16", "bfloat16") or k.redop.name not in ops:
             what = name if k.redop.name in ops else f"ReduceOp.{k.redop.name}"
             raise HpccommError(f"raw MPI has no {what} reduction")

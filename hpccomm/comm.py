@@ -38,6 +38,7 @@ from .ops import (
     BATCH_P2P,
     BROADCAST,
     BROADCAST_OBJECT,
+    C_INT_MAX,
     GATHER,
     GATHER_OBJECT,
     RECV,
@@ -66,7 +67,6 @@ if TYPE_CHECKING:
 __all__ = ["Communicator", "NodeInfo", "check_timeout"]
 
 _SUM = ReduceOp.SUM
-_INT_MAX = 2**31 - 1  # MPI's colours, keys and tags are C ints
 
 
 class NodeInfo(NamedTuple):
@@ -797,16 +797,16 @@ class Communicator:
         w = where("split", self.rank, self.size)
         if color is not None:
             value = as_int(color)
-            if value is None or not 0 <= value <= _INT_MAX:
+            if value is None or not 0 <= value <= C_INT_MAX:
                 raise InvalidArgumentError(
-                    f"{w}: color is {color!r}, expected an integer in 0..{_INT_MAX} or None"
+                    f"{w}: color is {color!r}, expected an integer in 0..{C_INT_MAX} or None"
                 )
             color = value
         if key is not None:
             value = as_int(key)
-            if value is None or not -_INT_MAX - 1 <= value <= _INT_MAX:
+            if value is None or not -C_INT_MAX - 1 <= value <= C_INT_MAX:
                 raise InvalidArgumentError(
-                    f"{w}: key is {key!r}, expected an integer in {-_INT_MAX - 1}..{_INT_MAX} "
+                    f"{w}: key is {key!r}, expected an integer in {-C_INT_MAX - 1}..{C_INT_MAX} "
                     f"or None"
                 )
             key = value
@@ -861,7 +861,7 @@ class Communicator:
                 f"{ranks}; only members call create_group (new_group is the call for all ranks)"
             )
         tag_value = as_int(tag)
-        if tag_value is None or not 0 <= tag_value <= _INT_MAX:
+        if tag_value is None or not 0 <= tag_value <= C_INT_MAX:
             raise InvalidArgumentError(
                 f"{where('create_group', self.rank, self.size)}: tag is {tag!r}, expected an "
                 f"integer >= 0"

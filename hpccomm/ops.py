@@ -333,16 +333,16 @@ def _check_root(call: Call) -> None:
     call.peer = _check_rank(call, call.peer, call.spec.root or "root")
 
 
-_TAG_MAX = 2**31 - 1  # MPI's tags are C ints (Open MPI's MPI_TAG_UB)
+C_INT_MAX = 2**31 - 1  # MPI's tags, split colours and keys are C ints (Open MPI's MPI_TAG_UB)
 
 
 def _check_tag(call: Call) -> None:
     tag = call.tag
-    if tag is None or type(tag) is int and 0 <= tag <= _TAG_MAX:
+    if tag is None or type(tag) is int and 0 <= tag <= C_INT_MAX:
         return
     value = as_int(tag)
-    if value is None or not 0 <= value <= _TAG_MAX:
-        raise InvalidArgumentError(f"{call}: tag is {tag!r}, expected an integer in 0..{_TAG_MAX}")
+    if value is None or not 0 <= value <= C_INT_MAX:
+        raise InvalidArgumentError(f"{call}: tag is {tag!r}, expected an integer in 0..{C_INT_MAX}")
     call.tag = value
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import fcntl
+import functools
 import os
 import queue
 import runpy
@@ -145,6 +146,7 @@ def _outputs(
             )
 
 
+@functools.cache  # one lookup per torch dtype (it makes an empty tensor)
 def _np_dtype(dtype: torch.dtype) -> np.dtype:
     if dtype is torch.bfloat16:
         return np.dtype(ml_dtypes.bfloat16)

@@ -789,22 +789,28 @@ def test_direct_ranks_that_disagree_raise_a_mismatch_on_every_rank(direct, debug
     assert (y == comm.size * (comm.size + 1) / 2).all()
 
 
+def fail_read(fast, monkeypatch, nth):
+    """This rank's ``nth`` read of a peer's memory fails as with a peer that is gone."""
+    calls = {"n": 0}
+    real = fast.cma.read
+
+    def failing(rank, pid, addr, into):
+        calls["n"] += 1
+        if calls["n"] == nth:
+            raise shm_mod._Unreachable(rank, "process_vm_readv: No such process")
+        real(rank, pid, addr, into)
+
+    monkeypatch.setattr(fast.cma, "read", failing)
+
+
 def test_a_rank_that_cannot_reach_a_peer_fails_the_call_on_every_rank(direct, monkeypatch):
     # One rank's read of a peer's array fails in the middle of the call: every rank gets a
     # BackendError naming it (no rank returns a result with that rank's part missing), and the
     # group goes on.
     comm, fast = direct
+    real = fast.cma.read
     if comm.rank == 1:
-        calls = {"n": 0}
-        real = fast.cma.read
-
-        def failing(rank, pid, addr, into):
-            calls["n"] += 1
-            if calls["n"] == 3:
-                raise shm_mod._Unreachable(rank, "process_vm_readv: No such process")
-            real(rank, pid, addr, into)
-
-        monkeypatch.setattr(fast.cma, "read", failing)
+        fail_read(fast, monkeypatch, 3)
     x = np.full(5 * PIECE, comm.rank + 1.0)
     with pytest.raises(hpccomm.BackendError, match=r"all_reduce #\d+ on .*single-copy path "
                        r"failed: rank 1 could not reach rank \d+'s array \(process id \d+\): "
@@ -1322,15 +1328,7 @@ def test_hierarchical_single_copy_failures_and_factors(comm, monkeypatch):
     last = n - 1
     real = fast.cma.read
     if comm.rank == last:
-        calls = {"n": 0}
-
-        def failing(rank, pid, addr, into):
-            calls["n"] += 1
-            if calls["n"] == 2:
-                raise shm_mod._Unreachable(rank, "process_vm_readv: No such process")
-            real(rank, pid, addr, into)
-
-        monkeypatch.setattr(fast.cma, "read", failing)
+        fail_read(fast, monkeypatch, 2)
     with pytest.raises(hpccomm.BackendError, match=rf"single-copy path failed: rank {last} "
                        rf"could not reach rank {half}'s array \(process id \d+\): "
                        r"process_vm_readv: No such process; the result is incomplete"):  # fmt: skip
