@@ -321,7 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--peer",
         action="append",
         metavar="NAME",
-        help="also measure mpi4py (raw, same buffers) and/or gloo (torch), alternating",
+        help="also measure mpi4py (raw, same buffers), gloo (torch) and/or torch "
+        "(torch.distributed on hpccomm's backend), alternating",
     )
     p.add_argument("--json", metavar="FILE", help="write the results as JSON (rank 0)")
     p.add_argument("--plot", metavar="FILE.png", help="busbw and time vs size (matplotlib)")

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from . import record
 from .backends.shm import ShmBackend
 from .cuda_aware import CPU_ONLY, DeviceConfig
 from .debug import level_from
@@ -545,9 +546,14 @@ class Communicator:
         self._group.seq += 1
         seq = self._group.seq
         w = f"monitored_barrier #{seq} on {self.name} (rank {self.rank} of {self.size})"
-        notices.monitored_barrier(
-            self._dispatcher.gid, seq, self._dispatcher.members, self.rank, bound or 60.0, w
-        )
+        try:
+            notices.monitored_barrier(
+                self._dispatcher.gid, seq, self._dispatcher.members, self.rank, bound or 60.0, w
+            )
+        except HpccommError as exc:  # the flight recorder's dump, as for an operation
+            if record.error_hooks:
+                record.report_error(exc)
+            raise
 
     # -- point-to-point -----------------------------------------------------------------
 
@@ -872,12 +878,17 @@ class Communicator:
             return made, made.mpi.allgather(self._node_key)
 
         # the members only: not a step of this group's sequence, bounded by its timeout
-        backend, keys = self._dispatcher.bounded(
-            f"create_group {ranks} on {self.name} (rank {self.rank} of {self.size})",
-            job,
-            late="not complete after {t} s; some rank of the list has not called "
-            "create_group (MPI cannot cancel it: abort the job)",
-        )
+        try:
+            backend, keys = self._dispatcher.bounded(
+                f"create_group {ranks} on {self.name} (rank {self.rank} of {self.size})",
+                job,
+                late="not complete after {t} s; some rank of the list has not called "
+                "create_group (MPI cannot cancel it: abort the job)",
+            )
+        except HpccommError as exc:  # the flight recorder's dump, as for an operation
+            if record.error_hooks:
+                record.report_error(exc)
+            raise
         count = self._created.get((tuple(ranks), tag_value), 0)
         self._created[(tuple(ranks), tag_value)] = count + 1
         child = self._adopt(

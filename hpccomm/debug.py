@@ -179,7 +179,8 @@ def disagreement(fps: Sequence[dict[str, Any]]) -> str:
         if len(values) > 1:
             bits = [f"{v} on {_ranks(rs)}" for v, rs in values.items()]
             name = "the call" if field == "op" else field
-            parts.append(f"{name} is " + " but ".join(bits))
+            said = bits[0] if len(bits) == 1 else f"{', '.join(bits[:-1])} but {bits[-1]}"
+            parts.append(f"{name} is {said}")
     sites = [(r, fp["site"]) for r, fp in enumerate(fps) if "site" in fp]
     if sites:
         parts.append("called at " + "; ".join(f"rank {r}: {s}" for r, s in sites))

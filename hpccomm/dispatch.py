@@ -22,6 +22,7 @@ call with device arrays; it imports nothing above it.
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Callable
 from functools import partial
@@ -53,7 +54,7 @@ from .errors import (
     where,
 )
 from .executor import Executor, Future
-from .notices import NoticeBoard
+from .notices import ENTERED, FAILED, REFUSED, NoticeBoard
 from .ops import DISJOINT, Call, Group, OpSpec
 from .record import Record
 from .work import Done, Work, wait_watching
@@ -61,6 +62,10 @@ from .work import Done, Work, wait_watching
 __all__ = ["Dispatcher", "CACHE_LIMIT"]
 
 CACHE_LIMIT = 512  # validated call descriptions kept per communicator (cleared when full)
+# Seconds a rank that refused a collective waits (without a timeout; with one: the timeout)
+# to hear that every other member refused it too (else the group is unusable there: see
+# Dispatcher.refused)
+REFUSAL_WAIT = 10.0
 # Errors that are consequences of another rank's failure: never reported to the others.
 _CONSEQUENCES = (CommTimeoutError, PeerError, ClosedError)
 _ndarray = np.ndarray
@@ -96,6 +101,7 @@ class Dispatcher:
         "_checking",
         "_timeout",
         "_slow",
+        "_unsettled",
     )
 
     def __init__(
@@ -128,6 +134,9 @@ class Dispatcher:
         # one node): large host reductions take it instead of the host backend.
         self.shm: Backend | None = None
         self._timeout = timeout
+        # refusals whose peers' word is still to be heard (see refused): seq, where, the
+        # error's name, the deadline and the wait
+        self._unsettled: list[tuple[int, str, str, float, float]] = []
         self._slow = timeout is not None or debug in CHECKING
 
     # -- settings ---------------------------------------------------------------------------
@@ -148,6 +157,7 @@ class Dispatcher:
         self._slow = (
             self._timeout is not None
             or self.broken is not None
+            or bool(self._unsettled)
             or self.debug in CHECKING
             or (ex is not None and ex.pending > 0)
         )
@@ -212,7 +222,7 @@ class Dispatcher:
                     out.dtype,
                     out.shape,
                     out.strides,
-                    spec in DISJOINT and np.may_share_memory(data, out),
+                    _overlap(data, out) if spec in DISJOINT else None,
                 ),
                 # the arguments' types: True == 1 == 1.0 and 2.0 == 2+0j as keys, but not
                 # in validation (a root of True, a complex factor on a real dtype)
@@ -227,13 +237,17 @@ class Dispatcher:
             try:
                 call = self.cache.get(key)
             except TypeError:  # sizes given as lists or arrays: freeze them for the key
-                sizes, in_splits, out_splits = (
-                    _frozen(sizes),
-                    _frozen(in_splits),
-                    _frozen(out_splits),
-                )
-                key = (*key[:8], sizes, in_splits, out_splits, *key[11:])
-                call = self.cache.get(key)
+                frozen = (_frozen(sizes), _frozen(in_splits), _frozen(out_splits))
+                call = None
+                if _UNHASHABLE in frozen:  # not a list of ints: validation says what it is
+                    key = ()
+                else:
+                    sizes, in_splits, out_splits = frozen
+                    key = (*key[:8], sizes, in_splits, out_splits, *key[11:])
+                    try:
+                        call = self.cache.get(key)
+                    except TypeError:  # a root, tag or op that is no hashable value
+                        key = ()
             if call is None:
                 try:
                     call, data, out = self.prepare(
@@ -242,9 +256,10 @@ class Dispatcher:
                 except HpccommError as exc:
                     self.refused(spec, exc)
                     raise
-                if len(self.cache) >= CACHE_LIMIT:
-                    self.cache.clear()
-                self.cache[key] = call
+                if key:
+                    if len(self.cache) >= CACHE_LIMIT:
+                        self.cache.clear()
+                    self.cache[key] = call
         else:
             key = ()  # not cached
             try:
@@ -381,8 +396,13 @@ class Dispatcher:
     ) -> Any:
         """The run step when the call is not a plain inline one: listeners, a Work, a time
         bound, point-to-point requests, a device stream, or earlier calls still queued."""
+        if self._unsettled:
+            self.settle()
         if self.broken is not None:
-            raise ClosedError(f"{call.where(seq)}: {self.broken}")
+            closed = ClosedError(f"{call.where(seq)}: {self.broken}")
+            if self.notices is not None and not call.spec.p2p:  # a peer may wait in it
+                self._post(call.spec.name, seq, closed, REFUSED)
+            raise closed
         if self._slow and not async_op:
             self._update_slow()  # the worker may have drained since the last call
         site = call_site() if self.debug == "detail" else None
@@ -496,7 +516,16 @@ class Dispatcher:
     def refused(self, spec: OpSpec, exc: BaseException) -> None:
         """A collective refused by validation on this rank takes its sequence number all the
         same (the other ranks may have entered it: their counters moved on too; or they
-        refused it too), and the others are told, since they may be waiting in it."""
+        refused it too), and the others are told, since they may be waiting in it.
+
+        A peer that entered it may complete it without this rank (a broadcast's root, a
+        gather's sender: their messages go out eagerly) and leave messages that this group's
+        next call on this rank would match: stale data, silently. So unless the debug check
+        ran (every rank compared the call: nobody entered it) this rank's next call on the
+        group first waits (until the group's timeout after the refusal, REFUSAL_WAIT
+        without one) for every other member's word that it refused the call too; without it,
+        or told that one entered the call, the group is unusable on this rank (that call and
+        later ones: ClosedError, and the others are told)."""
         if record.error_hooks:
             record.report_error(exc)
         if spec.p2p:
@@ -504,15 +533,74 @@ class Dispatcher:
         self.group.seq += 1
         seq = self.group.seq
         if self.notices is not None:
-            self._post(spec.name, seq, exc)
+            self._post(spec.name, seq, exc, REFUSED)
+        g = self.group
+        where_ = f"{spec.name} #{seq} on {g.name} (rank {g.rank} of {g.size})"
+        if self.closed:  # freed here: nothing to agree on (its communicators are gone)
+            return
         if self.debug in CHECKING:  # the others compare fingerprints: join with the reason
-            g = self.group
-            where_ = f"{spec.name} #{seq} on {g.name} (rank {g.rank} of {g.size})"
             fp = {"op": spec.name, "seq": seq, "refused": f"{type(exc).__name__}: {exc}"}
             try:
                 self.bounded(where_, self.agree, where_, fp)
             except HpccommError:
                 pass  # this rank raises its own error
+            return
+        if (
+            self.notices is None
+            or self.broken is not None
+            or g.size == 1
+            or isinstance(exc, _CONSEQUENCES)
+        ):
+            return
+        self._expect_refusals(seq, where_, exc)
+
+    def refused_late(self, spec: OpSpec, seq: int, exc: BaseException) -> None:
+        """A collective from the cache whose library call failed on an argument that
+        validation refuses (a read-only array): refused after it took its sequence number
+        (and after the debug check, which the others passed: they are inside it). The others
+        are told, and its next call settles it (see refused)."""
+        if self.notices is None or self.closed or self.broken is not None:
+            return
+        self._post(spec.name, seq, exc, REFUSED)
+        g = self.group
+        if g.size > 1:
+            self._expect_refusals(
+                seq, f"{spec.name} #{seq} on {g.name} (rank {g.rank} of {g.size})", exc
+            )
+
+    def _expect_refusals(self, seq: int, where_: str, exc: BaseException) -> None:
+        wait = REFUSAL_WAIT if self._timeout is None else self._timeout
+        # settled by the next call on the group (the error reaches the caller at once)
+        self._unsettled.append((seq, where_, type(exc).__name__, time.monotonic() + wait, wait))
+        self._slow = True
+
+    def settle(self) -> None:
+        """Before the next call after a refusal: did every other member refuse it too? Their
+        notices are waited for until the group's timeout (REFUSAL_WAIT without one) after the
+        refusal; a rank that waited inside the call says so when it hears of the refusal. If
+        any entered it, or some said nothing, the group is unusable here (see refused)."""
+        if self.notices is None:
+            return
+        g = self.group
+        others = [r for r in range(g.size) if r != g.rank]
+        while self._unsettled and self.broken is None:
+            seq, where_, name, deadline, wait = self._unsettled.pop(0)
+            entered, missing = self.notices.refused_by(self.gid, seq, others, deadline)
+            if not entered and not missing:
+                continue
+            why = (
+                f"rank(s) {entered} entered it"
+                if entered
+                else f"rank(s) {missing} did not refuse it within {wait:g} s: they may have "
+                f"entered it"
+            )
+            self.broken = (
+                f"the group is unusable: {where_} was refused here ({name}) but {why}, and "
+                f"this group's later calls could match its messages"
+            )
+        if self.broken is not None:
+            self._unsettled.clear()
+        self._update_slow()
 
     def report(self, call: Call, seq: int, exc: BaseException, stuck: bool = False) -> None:
         """A collective that failed on this rank: tell the group's other ranks (unless the
@@ -523,15 +611,19 @@ class Dispatcher:
         if stuck and isinstance(exc, PeerError) and self.broken is None:
             self.broken = f"the group is unusable: {exc}"
             self._update_slow()
-        if self.notices is not None and not call.spec.p2p and not isinstance(exc, _CONSEQUENCES):
+        if self.notices is None or call.spec.p2p or getattr(exc, "refused", False):
+            return  # (a refusal told the others itself)
+        if not isinstance(exc, _CONSEQUENCES):
             self._post(call.spec.name, seq, exc)
+        elif isinstance(exc, PeerError) and exc.told:  # a peer refused it: it learns that
+            self._post(call.spec.name, seq, exc, ENTERED)  # this rank took part (settle)
 
-    def _post(self, op: str, seq: int, exc: BaseException) -> None:
+    def _post(self, op: str, seq: int, exc: BaseException, kind: str = FAILED) -> None:
         if self.notices is None:  # pragma: no cover - callers check
             return
         reason = f"{type(exc).__name__}: {exc}"
         try:
-            self.notices.post(self.gid, seq, op, self.group.rank, self.members, reason)
+            self.notices.post(self.gid, seq, op, self.group.rank, self.members, reason, kind)
         except Exception:  # never hide the real error behind a failed notice
             pass
 
@@ -631,6 +723,9 @@ class Dispatcher:
                     call.out_splits,
                 )
             except HpccommError as precise:
+                precise.refused = True
+                if not spec.p2p:
+                    self.refused_late(spec, seq, precise)
                 return precise
         return call.backend.error(call, seq, exc)
 
@@ -667,7 +762,18 @@ class Dispatcher:
         """Run a collective that is not an array operation (split, dup, ...) as one step of
         the group's sequence: inline, or bounded by the timeout on the worker thread. Under
         the debug check the ranks first compare the op, its sequence number and ``agree``
-        (e.g. new_group's rank list)."""
+        (e.g. new_group's rank list). Its errors reach the error hooks (the flight
+        recorder's dump), as an operation's do."""
+        try:
+            return self._collective(what, fn, *args, agree=agree)
+        except HpccommError as exc:
+            if record.error_hooks:
+                record.report_error(exc)
+            raise
+
+    def _collective(
+        self, what: str, fn: Callable[..., Any], *args: Any, agree: dict[str, Any] | None = None
+    ) -> Any:
         if self.closed:
             raise ClosedError(
                 f"{what} (rank {self.group.rank} of {self.group.size}): communicator "
@@ -676,6 +782,8 @@ class Dispatcher:
         group = self.group
         group.seq += 1
         name = f"{what} #{group.seq} on {group.name} (rank {group.rank} of {group.size})"
+        if self._unsettled:
+            self.settle()
         if self.broken is not None:
             raise ClosedError(f"{name}: {self.broken}")
         if self.debug in CHECKING:
@@ -840,13 +948,30 @@ def _types(value: Any) -> Any:
     return type(value)
 
 
+def _overlap(data: np.ndarray, out: np.ndarray) -> int | None:
+    """Where ``data`` starts in bytes from ``out``'s start if they share memory, else None
+    (with the arrays' shapes and strides, what validation's overlap checks depend on)."""
+    if not np.may_share_memory(data, out):
+        return None
+    return data.ctypes.data - out.ctypes.data
+
+
+_UNHASHABLE = object()  # _frozen's answer for what is no list of sizes
+
+
 def _frozen(value: Any) -> Any:
-    """A hashable form of a sizes list for the cache key."""
-    if value is None or isinstance(value, tuple):
-        return value
+    """A hashable form of a sizes list (a list, tuple or 1-d array of hashable entries) for
+    the cache key, else _UNHASHABLE (such a call is validated, and refused, uncached: a
+    dict is not read as its keys, nor a 2-d array as its rows)."""
     if isinstance(value, np.ndarray):
-        return tuple(value.tolist())
+        value = value.tolist() if value.ndim == 1 else None
+    elif not isinstance(value, (list, tuple)):
+        return value if value is None else _UNHASHABLE
+    if value is None:
+        return _UNHASHABLE
+    frozen = tuple(value)
     try:
-        return tuple(value)
+        hash(frozen)
     except TypeError:
-        return ("unhashable", id(value))
+        return _UNHASHABLE
+    return frozen

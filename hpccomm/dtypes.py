@@ -89,6 +89,9 @@ def dtype_info(dtype: np.dtype, where: object, arg: str = "array") -> DtypeInfo:
     return info
 
 
+_OP_NAMES = ("SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR", "PREMUL_SUM")
+
+
 class ReduceOp(tuple):
     """A reduction: ``ReduceOp.SUM``, ``PRODUCT``, ``MIN``, ``MAX``, ``AVG``, ``BAND``,
     ``BOR``, ``BXOR``, or ``ReduceOp.PREMUL_SUM(factor)`` (each input scaled, then summed).
@@ -107,6 +110,24 @@ class ReduceOp(tuple):
     BXOR: ReduceOp
 
     def __new__(cls, name: str, factor: complex | None = None) -> ReduceOp:
+        if type(name) is not str or name not in _OP_NAMES:
+            raise DtypeError(
+                f"ReduceOp: name is {name!r}, expected one of {', '.join(_OP_NAMES)} (or use "
+                f"ReduceOp.SUM, ..., ReduceOp.PREMUL_SUM(factor))"
+            )
+        if name != "PREMUL_SUM":
+            if factor is not None:
+                raise DtypeError(
+                    f"ReduceOp: {name} takes no factor, got {factor!r}; "
+                    f"ReduceOp.PREMUL_SUM(factor) scales the inputs"
+                )
+        elif isinstance(factor, (bool, np.bool_, np.timedelta64)) or not isinstance(
+            factor, (int, float, complex, np.number)
+        ):
+            raise DtypeError(
+                f"ReduceOp.PREMUL_SUM: factor is {factor!r} ({type(factor).__name__}), expected "
+                f"a real or complex number (not bool)"
+            )
         return tuple.__new__(cls, (name, factor))
 
     name = property(itemgetter(0), doc="The op's name: 'SUM', ..., 'PREMUL_SUM'.")
@@ -116,13 +137,6 @@ class ReduceOp(tuple):
     def PREMUL_SUM(factor: complex) -> ReduceOp:  # noqa: N802 - torch's spelling
         """Scale every rank's input by ``factor``, then sum. A complex factor is only
         defined for complex arrays (checked per call)."""
-        if isinstance(factor, (bool, np.bool_)) or not isinstance(
-            factor, (int, float, complex, np.number)
-        ):
-            raise DtypeError(
-                f"ReduceOp.PREMUL_SUM: factor is {factor!r} ({type(factor).__name__}), expected "
-                f"a real or complex number (not bool)"
-            )
         return ReduceOp("PREMUL_SUM", factor)
 
     def __repr__(self) -> str:

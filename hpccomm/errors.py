@@ -26,6 +26,8 @@ __all__ = [
 class HpccommError(Exception):
     """Base class of every error raised by hpccomm."""
 
+    refused = False  # a call refused on this rank after it took its sequence number
+
 
 class InvalidArgumentError(HpccommError, ValueError):
     """An argument has the wrong value, shape, size or range."""
@@ -62,6 +64,8 @@ class MismatchError(HpccommError, ValueError):
 
 class PeerError(HpccommError, RuntimeError):
     """Another rank of the group failed (or left) and this rank's call cannot complete."""
+
+    told = False  # raised on the failing rank's notice while this rank waited in the call
 
 
 class UnwaitedWorkWarning(RuntimeWarning):

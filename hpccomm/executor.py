@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,9 +25,10 @@ __all__ = ["Executor", "Future"]
 class Future:
     """The outcome of one job on an :class:`Executor`: ``done`` is set when it has run."""
 
-    __slots__ = ("done", "value", "error", "what", "callbacks")
+    __slots__ = ("done", "value", "error", "what", "callbacks", "submitted")
 
     def __init__(self, what: str) -> None:
+        self.submitted = time.monotonic()
         self.done = threading.Event()
         self.value: Any = None
         self.error: BaseException | None = None
@@ -111,6 +113,11 @@ class Executor:
                         fn()
                     except Exception:  # a callback must not stop the worker
                         pass
+
+    def oldest_submitted(self) -> float | None:
+        """When the oldest unfinished job was submitted (time.monotonic()), if any."""
+        with self._lock:
+            return self._queued[0].submitted if self._queued else None
 
     def oldest(self) -> str | None:
         """What the oldest unfinished job is ("all_reduce #3 on world"), if any."""

@@ -261,6 +261,9 @@ def analyze(docs: dict[int, dict[str, Any]], size: int | None) -> str:
                 text += f", and it waits in {_desc(elsewhere[-1])}"
             elif r in failed:
                 text += f", and its call {_desc(failed[r][-1])} failed: {_short(failed[r][-1]['error'])}"
+            elif " #" in docs[r].get("reason", ""):  # a call's error that made no record
+                # (split, dup, new_group, monitored_barrier, create_group)
+                text += f", and it reported {_short(docs[r]['reason'])}"
             else:
                 text += ", and it is in no hpccomm call (computing, or stuck elsewhere)"
             lines.append(text)

@@ -17,9 +17,10 @@ from typing import Any
 
 from .errors import CommTimeoutError, PeerError
 
-__all__ = ["NoticeBoard", "NOTICE_TAG", "POLL_INTERVAL"]
+__all__ = ["NoticeBoard", "NOTICE_TAG", "POLL_INTERVAL", "FAILED", "REFUSED", "ENTERED"]
 
 NOTICE_TAG = 7
+FAILED, REFUSED, ENTERED = "failed", "refused", "entered"  # what a notice says (see post)
 MONITOR_TAG = 8  # monitored_barrier's arrivals and releases
 POLL_INTERVAL = 0.02  # seconds between looks for notices while a rank waits
 
@@ -32,7 +33,8 @@ class NoticeBoard:
         self.comm = comm
         self.world_rank = comm.Get_rank()
         self.any_source = any_source
-        self.received: dict[str, list[tuple[int, str, int, int, str]]] = {}
+        # per group id: (seq, op, group rank, world rank, reason, kind: see post)
+        self.received: dict[str, list[tuple[int, str, int, int, str, str]]] = {}
         self._sent: list[Any] = []
         self._monitor: dict[int, list[tuple]] = {}  # monitor messages that came early
         self._last = 0.0
@@ -45,9 +47,13 @@ class NoticeBoard:
         group_rank: int,
         members: Sequence[int],
         reason: str,
+        kind: str = FAILED,
     ) -> None:
-        """Tell every other member (world ranks) that ``op #seq`` failed here."""
-        msg = (gid, seq, op, group_rank, self.world_rank, reason)
+        """Tell every other member (world ranks) about ``op #seq`` here: it failed inside
+        (FAILED), was refused before any MPI call, so this rank's part of it was never posted
+        (REFUSED), or, waiting inside it, this rank heard of a peer's refusal (ENTERED: the
+        refusing rank learns that this one took part, see Dispatcher.settle)."""
+        msg = (gid, seq, op, group_rank, self.world_rank, reason, kind)
         for w in members:
             if w != self.world_rank:
                 self._sent.append(self.comm.isend(msg, dest=w, tag=NOTICE_TAG))
@@ -60,20 +66,38 @@ class NoticeBoard:
             return
         self._last = now
         while self.comm.iprobe(source=self.any_source, tag=NOTICE_TAG):
-            gid, seq, op, group_rank, world_rank, reason = self.comm.recv(
-                source=self.any_source, tag=NOTICE_TAG
-            )
-            self.received.setdefault(gid, []).append((seq, op, group_rank, world_rank, reason))
+            gid, *rest = self.comm.recv(source=self.any_source, tag=NOTICE_TAG)
+            self.received.setdefault(gid, []).append(tuple(rest))
 
     def check(self, gid: str, seq: int, where: str) -> None:
         """Raise PeerError if a member reported failing call ``seq`` of group ``gid``."""
         self.poll()
-        for nseq, op, group_rank, world_rank, reason in self.received.get(gid, ()):
-            if nseq == seq:
-                raise PeerError(
+        for nseq, op, group_rank, world_rank, reason, kind in self.received.get(gid, ()):
+            if nseq == seq and kind != ENTERED:
+                err = PeerError(
                     f"{where}: rank {group_rank} (world rank {world_rank}) failed {op} #{nseq} "
                     f"and will not join it: {reason}"
                 )
+                err.told = True  # by a notice, while this rank waited inside the call
+                raise err
+
+    def refused_by(
+        self, gid: str, seq: int, others: Sequence[int], deadline: float
+    ) -> tuple[list[int], list[int]]:
+        """Wait until every group rank in ``others`` has said that it refused call ``seq`` of
+        group ``gid`` too or that it entered it, or until ``deadline`` (time.monotonic()), or
+        until one said it entered; returns (those that entered, those that said nothing)."""
+        pause = 1e-4
+        while True:
+            self.poll(force=True)
+            seen = [(r, k) for s, _, r, _, _, k in self.received.get(gid, ()) if s == seq]
+            entered = sorted({r for r, k in seen if k != REFUSED and r in others})
+            said = {r for r, _ in seen}
+            missing = [r for r in others if r not in said]
+            if entered or not missing or time.monotonic() >= deadline:
+                return entered, missing
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
 
     def watch(self, gid: str, seq: int, where: Callable[[], str]) -> Callable[[], None]:
         """A callable for bounded waits: raises PeerError once a notice for this call came."""

@@ -158,6 +158,7 @@ class Call:
         "mode",
         "checked",
         "crc",
+        "in_place",
     )
 
     def __init__(
@@ -199,6 +200,9 @@ class Call:
         self.mode = "blocking"
         self.checked = False  # compared across ranks before it runs (debug "large")
         self.crc: int | None = None  # its fingerprint's CRC without the sequence number
+        # all_gather, gather's destination, scatter's source: the array is exactly this
+        # rank's block of out (scatter: out is exactly its block of the array): MPI_IN_PLACE
+        self.in_place = False
 
     def piece(self, count: int) -> Call:
         """A copy of this call for a part of its buffer of ``count`` elements (the MPI
@@ -310,6 +314,35 @@ def _check_disjoint(call: Call, b: Buffer, o: Buffer | None) -> None:
         )
 
 
+def _address(b: Buffer) -> int:
+    return b.array.ctypes.data if b.device is None else b.array.data.ptr
+
+
+def _check_block(call: Call, whole: Buffer, part: Buffer, part_arg: str, whole_arg: str) -> bool:
+    """all_gather, gather's destination, scatter's source (``call.counts`` set): ``part``
+    (this rank's contribution or result) may share memory with ``whole`` (every rank's
+    blocks) only as exactly this rank's block, torch's in-place form (True: the call runs
+    as MPI_IN_PLACE); any other overlap is refused: what a peer's block writes over would
+    still be sent, or this rank's data lands in a block that is then overwritten."""
+    if part.device != whole.device or not whole.xp.may_share_memory(whole.array, part.array):
+        return False
+    counts, displs = call.counts
+    me = call.group.rank
+    lo, n = displs[me], counts[me]
+    if (
+        part.contiguous
+        and whole.contiguous
+        and part.elements == n
+        and _address(part) == _address(whole) + lo * whole.dtype.itemsize
+    ):
+        return True
+    raise InvalidArgumentError(
+        f"{call}: {part_arg} shares memory with {whole_arg} but is not exactly this rank's "
+        f"block of it (elements {lo}..{lo + n - 1} of {whole_arg}), expected separate arrays "
+        f"or exactly that block (the in-place form); pass a copy"
+    )
+
+
 def read_only(call: Call, arg: str = "array") -> InvalidArgumentError:
     """The error for a read-only array the operation writes into."""
     return InvalidArgumentError(
@@ -373,13 +406,22 @@ def _check_out(call: Call, o: Buffer | None, shape: tuple[int, ...], template: B
     _check_writable(call, o, "out")
 
 
+def _kind(value: Any) -> str:
+    return f"{value.ndim}-d array" if isinstance(value, np.ndarray) else type(value).__name__
+
+
 def _check_sizes(call: Call, sizes: Any, arg: str, total: int | None) -> list[int]:
     n = call.group.size
     if isinstance(sizes, np.ndarray) and sizes.ndim == 1:
         sizes = sizes.tolist()
-    if not isinstance(sizes, Sequence) or len(sizes) != n:
-        got = len(sizes) if isinstance(sizes, Sequence) else type(sizes).__name__
-        raise InvalidArgumentError(f"{call}: {arg} has {got} entries, expected {n} (one per rank)")
+    if not isinstance(sizes, Sequence):
+        raise InvalidArgumentError(
+            f"{call}: {arg} is a {_kind(sizes)}, expected a list of {n} ints (one per rank)"
+        )
+    if len(sizes) != n:
+        raise InvalidArgumentError(
+            f"{call}: {arg} has {len(sizes)} entries, expected {n} (one per rank)"
+        )
     out = []
     for i, s in enumerate(sizes):
         value = as_int(s)
@@ -480,6 +522,8 @@ def _v_all_gather(call: Call, b: Buffer | None, o: Buffer | None) -> None:
             return
     _check_out(call, o, (sum(out_rows), *rest), b)
     call.counts = _counts(out_rows, row_elems)
+    if o is not None:
+        call.in_place = _check_block(call, o, b, "the array", "out")
 
 
 def _v_scatter(call: Call, b: Buffer | None, o: Buffer | None) -> None:
@@ -533,6 +577,8 @@ def _v_scatter(call: Call, b: Buffer | None, o: Buffer | None) -> None:
     if me != call.peer:
         call.count = math.prod(out_shape)
     call.counts = _counts(blocks, row_elems)
+    if me == call.peer and o is not None and b is not None:
+        call.in_place = _check_block(call, b, o, "out", "the array")
 
 
 def _v_reduce_scatter(call: Call, b: Buffer | None, o: Buffer | None) -> None:
@@ -724,9 +770,10 @@ BARRIER = OpSpec("barrier", C, _v_barrier, nccl=False)
 SEND = OpSpec("send", P, _v_send, root="dst")
 RECV = OpSpec("recv", P, _v_recv, root="src", in_place=True)
 SENDRECV = OpSpec("sendrecv", P, _v_sendrecv, root="dst")
-# the operations whose out= must not overlap the array (the dispatch's cache key says whether
-# a call's do: validation is skipped for a description seen before)
-DISJOINT = frozenset({ALL_TO_ALL, SENDRECV})
+# the operations whose validation depends on how out= overlaps the array: refused for the
+# first two, allowed only as exactly this rank's block for the others (the dispatch's cache
+# key holds the overlap: validation is skipped for a description seen before)
+DISJOINT = frozenset({ALL_TO_ALL, SENDRECV, ALL_GATHER, GATHER, SCATTER})
 BATCH_P2P = OpSpec("batch_isend_irecv", P, _v_batch, arrays=False)
 BROADCAST_OBJECT = OpSpec(
     "broadcast_object", C, _v_rooted_object, root="src", objects=True, nccl=False

@@ -56,6 +56,7 @@ class Record:
     def describe(self) -> dict[str, Any]:
         """A plain dict of the record (for logs, flight recorders and tests)."""
         c = self.call
+        ran = getattr(c.backend, "ran_on", None)  # a backend that may hand a call on
         return {
             "op": c.spec.name,
             "group": c.group.name,
@@ -65,7 +66,7 @@ class Record:
             "shape": c.shape,
             "count": c.count,
             "redop": None if c.redop is None else repr(c.redop),
-            "backend": getattr(c.backend, "name", None),
+            "backend": getattr(c.backend, "name", None) if ran is None else ran(self.seq),
             "async": self.async_op,
             "t_start": self.t_start,
             "t_end": self.t_end,

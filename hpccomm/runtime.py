@@ -280,7 +280,7 @@ def _local_gpus(info: LaunchInfo) -> tuple[Any, tuple[str, ...], str | None, boo
     try:
         import cupy
     except ImportError:  # the launcher's list still tells whether ranks would share one
-        return None, env_visible or (), "CuPy is not installed", False
+        return None, env_visible or (), "CuPy is not installed", expected
     except Exception as exc:  # a CUDA library that fails to load
         return None, (), f"CuPy failed to import: {type(exc).__name__}: {exc}", True
     rt = cupy.cuda.runtime
@@ -375,7 +375,11 @@ def _bind_gpu(
         sources["visible_gpus"] = "CUDA device count"
     if why is not None:
         if want_gpu is None and expected:
-            warnings.warn(f"hpccomm: staying CPU-only: {why}", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"hpccomm: staying CPU-only: {why} (init(gpu=False): a CPU-only job, no warning)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         sources["gpu"] = f"CPU-only: {why}"
         return info.replace(visible_gpus=visible, gpu=None, sources=sources)
     sources["gpu"] = "the node's ranks and the GPUs each sees (by UUID)"
@@ -729,17 +733,27 @@ def _exit_before_finalize(status: int) -> None:
 _SURVIVOR_WAIT = 60.0  # seconds the survivors of a failed rank wait for each other at exit
 
 
+_EXIT_GRACE = 0.5  # seconds a call still running at exit gets to complete, at least
+
+
 def _stuck_calls(comm: Communicator) -> list[str]:
-    """The calls still inside MPI on ``comm``'s worker threads and its groups'."""
+    """The calls still inside MPI on ``comm``'s worker thread and its groups' (each once).
+    A call still running there (an ``async_op`` call never waited for, a peer late) is given
+    until its time bound (submitted + the group's timeout; without one, _EXIT_GRACE) to
+    complete first: a call stuck past it aborts the job, one that completes does not."""
     out = []
-    for c in [comm, *comm._children]:
-        ex = c._dispatcher.executor
-        if ex is not None and not ex.close(timeout=0.5):
+    ex = comm._dispatcher.executor
+    if ex is not None:
+        since, bound = ex.oldest_submitted(), comm.timeout
+        grace = _EXIT_GRACE
+        if since is not None and bound is not None:
+            grace = max(grace, since + bound - time.monotonic())
+        if not ex.close(timeout=grace):
             out.append(ex.stuck or "a call")
-        if c._dispatcher.interrupted is not None:
-            out.append(c._dispatcher.interrupted)
-        if c is not comm:
-            out.extend(_stuck_calls(c))
+    if comm._dispatcher.interrupted is not None:
+        out.append(comm._dispatcher.interrupted)
+    for child in comm._children:
+        out.extend(_stuck_calls(child))
     return out
 
 

@@ -89,6 +89,7 @@ class Work:
         "_explain",
         "_callbacks",
         "_finishing",
+        "_waited",
         "__weakref__",
     )
 
@@ -117,6 +118,7 @@ class Work:
         self._after = after  # maps the result back once done (debug buffer guard)
         self._explain = explain  # adds what the dispatch knows to a timeout's message
         self._callbacks: list[Callable[[Work], None]] = []
+        self._waited = False  # a wait() that timed out (the caller saw CommTimeoutError)
         self._done = False
         self._exc: BaseException | None = None
         self._result: Any = None
@@ -213,6 +215,7 @@ class Work:
                 self._finish(exc)
                 done = True
             if not done:
+                self._waited = True
                 raise self._timed_out(timeout or 0.0)
             if not self._done:
                 self._finish()
@@ -221,10 +224,17 @@ class Work:
         return self._result
 
     def _timed_out(self, timeout: float) -> CommTimeoutError:
-        err = CommTimeoutError(
-            f"{self._where()}: not complete after {timeout:g} s; some rank of the group has "
-            f"not joined it (MPI cannot cancel it: abort the job)"
-        )
+        bound = self._timeout
+        if bound is None or timeout < bound:  # a shorter wait than the group's bound
+            err = CommTimeoutError(
+                f"{self._where()}: not complete after {timeout:g} s; it goes on (a later "
+                f"wait() may complete it; if some rank never joins it, MPI cannot cancel it)"
+            )
+        else:
+            err = CommTimeoutError(
+                f"{self._where()}: not complete after {timeout:g} s; some rank of the group "
+                f"has not joined it (MPI cannot cancel it: abort the job)"
+            )
         if self._explain is not None:
             err = self._explain(err)
         if record.error_hooks and self._closed is not _always:
@@ -279,9 +289,10 @@ class Work:
         closed = self._closed
         if closed is not None and closed():
             return
+        how = "after its wait() timed out" if self._waited else "without wait()"
         warnings.warn(
-            f"{self._where()}: Work handle dropped without wait(); its buffers may be read "
-            f"or written only after the operation completes",
+            f"{self._where()}: Work handle dropped {how}, its operation still pending; its "
+            f"buffers may be read or written only after the operation completes",
             UnwaitedWorkWarning,
             stacklevel=1,
         )

@@ -882,11 +882,12 @@ class MPIBackend:
 
     def _all_gather(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> np.ndarray:
         mt = call.how
+        send = IN_PLACE if call.in_place else [x, mt]  # x: exactly this rank's block of out
         if call.uneven:
             counts, displs = call.counts
-            self.mpi.Allgatherv([x, mt], [out, counts, displs, mt])
+            self.mpi.Allgatherv(send, [out, counts, displs, mt])
         else:
-            self.mpi.Allgather([x, mt], [out, mt])
+            self.mpi.Allgather(send, [out, mt])
         return out
 
     def _gather(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> Any:
@@ -895,7 +896,7 @@ class MPIBackend:
         if out is not None:
             counts, displs = call.counts
             recv = [out, counts, displs, mt]
-        self.mpi.Gatherv([x, mt], recv, call.peer)
+        self.mpi.Gatherv(IN_PLACE if call.in_place else [x, mt], recv, call.peer)
         return out
 
     def _scatter(self, call: Call, x: Any, out: np.ndarray, stream: Any) -> np.ndarray:
@@ -904,7 +905,7 @@ class MPIBackend:
         if self.rank == call.peer:
             counts, displs = call.counts
             send = [x, counts, displs, mt]
-        self.mpi.Scatterv(send, [out, mt], call.peer)
+        self.mpi.Scatterv(send, IN_PLACE if call.in_place else [out, mt], call.peer)
         return out
 
     def _reduce_scatter(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> np.ndarray:

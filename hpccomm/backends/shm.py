@@ -74,7 +74,9 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import sys
 import uuid
+import warnings
 import weakref
 import zlib
 from collections.abc import Callable
@@ -83,6 +85,7 @@ from typing import Any
 import numpy as np
 
 from .. import ops as O
+from .. import record
 from ..dtypes import ARITHMETIC_UFUNCS, SUPPORTED_DTYPES, ReduceOp
 from ..errors import (
     BackendError,
@@ -128,6 +131,7 @@ _FACTOR = _ADDR - 2  # PREMUL_SUM: a CRC of this rank's factor (its type and val
 _DIRECT = -1  # the header's buffer word on the single-copy path
 _WITHDRAWN = -1  # the tick word of a header whose call failed its check
 _ALIGN = 64  # slice boundaries and areas on cache-line multiples
+_KEPT = 4096  # sequence numbers of calls handed to MPI kept for their records (ran_on)
 
 _LOGICAL: dict[str, Any] = {
     "SUM": np.logical_or,
@@ -203,8 +207,11 @@ def settings(env: Any = None) -> Settings:
     raw_threshold = e.get(THRESHOLD_ENV)
     threshold = None if raw_threshold is None else _size(raw_threshold, THRESHOLD_ENV)
     chunk = _size(e.get(CHUNK_ENV, str(DEFAULT_CHUNK)), CHUNK_ENV)
-    if chunk < 4096:
-        raise InvalidArgumentError(f"hpccomm: {CHUNK_ENV} is {chunk}, expected at least 4096")
+    if chunk < 4096 or chunk % _ALIGN:
+        raise InvalidArgumentError(
+            f"hpccomm: {CHUNK_ENV} is {chunk}, expected at least 4096 and a multiple of "
+            f"{_ALIGN} bytes (every dtype's elements must tile a chunk)"
+        )
     cma = switch(e, CMA_ENV, default=True, where="hpccomm")
     s = Settings(enabled, threshold, chunk, cma)
     if env is None:
@@ -335,6 +342,9 @@ class ShmBackend:
         self.cma_why = "" if self.direct else "off"  # why the single-copy path does not run
         self.pids: list[int] = []  # every rank's process id (single-copy path)
         self.direct_calls = 0  # calls that ran on the single-copy path
+        # the sequence numbers of calls handed to MPI at run time, kept while someone
+        # listens to the records (the last _KEPT of them): see ran_on
+        self._on_mpi: dict[int, None] = {}
         # arrays of single-copy calls that ended abnormally: a peer may still write into
         # them, so their memory is never given back
         self._held: list[np.ndarray] = []
@@ -423,6 +433,12 @@ class ShmBackend:
     def error(self, call: Call, seq: int, exc: BaseException) -> HpccommError:
         if isinstance(exc, _Said):  # the body's own verdict, named with the call's number
             return exc.kind(f"{call.where(seq)}: {exc.text}")
+        from mpi4py import MPI
+
+        if not isinstance(exc, MPI.Exception):  # the path's own Python code failed
+            return BackendError(
+                f"{call.where(seq)}: the shared-memory path failed: {type(exc).__name__}: {exc}"
+            )
         err = self.host.error(call, seq, exc)
         if isinstance(err, PeerError):  # the host revoked the group's communicators; the
             # hierarchical path's node and cross-node ones too, where a peer may be waiting
@@ -520,7 +536,18 @@ class ShmBackend:
                                              for w, r in first.items())  # fmt: skip
         return seg
 
+    def ran_on(self, seq: int) -> str:
+        """Which backend ran call ``seq`` of the group, for its record: "shm", or "mpi" for a
+        call given to the path that handed it to MPI at run time (known while someone
+        listens to the records)."""
+        return "mpi" if seq in self._on_mpi else self.name
+
     def _fallback(self, call: Call, x: Any, out: Any, stream: Any) -> Any:
+        if record.listeners:
+            kept = self._on_mpi
+            kept[self.seq] = None
+            if len(kept) > _KEPT:
+                del kept[next(iter(kept))]
         plan: _Plan = call.how
         plain = plan.plain
         if plain is None:
@@ -628,8 +655,14 @@ class ShmBackend:
             return None
         count = int(np.prod(shape, dtype=np.int64))
         region = max(4096, _round_up(count * dtype.itemsize, 4096))
-        mm, _ = _map_shared(self.node.mpi, self.rank, region * self.size)
-        if mm is None:
+        mm, why = _map_shared(self.node.mpi, self.rank, region * self.size)
+        if mm is None:  # the same on every rank (the reasons are agreed)
+            warnings.warn(
+                f"{call}: an ordinary array, not a symmetric buffer: the shared memory "
+                f"could not be mapped: {why}",
+                RuntimeWarning,
+                stacklevel=4,
+            )
             return None
         self.allocated += 1  # alike on every rank: the allocation's id
         alloc = _Allocation(self.allocated, mm, self.size, region, self.rank)
@@ -649,7 +682,8 @@ class ShmBackend:
 
     def _locate(self, x: np.ndarray) -> tuple[_Allocation, int] | None:
         addr = x.ctypes.data
-        for alloc in self.allocs.values():
+        # a copy of the entries: a buffer dropped on another thread (finalize) pops one
+        for alloc in tuple(self.allocs.values()):
             off = addr - alloc.start
             if 0 <= off and off + x.nbytes <= alloc.region:
                 return alloc, off
@@ -961,6 +995,15 @@ class ShmBackend:
         return _delivered(out, private, lost)
 
 
+def _mmap(fd: int, total: int) -> mmap.mmap:
+    """A shared mapping of ``total`` bytes of file ``fd``. Python's mmap keeps a duplicate of
+    the descriptor for its size() and resize(), which nothing here uses: from Python 3.13
+    (``trackfd=False``) it keeps none, before that one per mapping (each symmetric buffer)."""
+    if sys.version_info >= (3, 13):
+        return mmap.mmap(fd, total, trackfd=False)
+    return mmap.mmap(fd, total)
+
+
 def _map_shared(mpi: Any, rank: int, total: int) -> tuple[Any, str]:
     """Collective over ``mpi``: a zero-filled shared memory file of ``total`` bytes mapped by
     every rank. Returns the mapping, or None on every rank with the reasons when some rank
@@ -1007,7 +1050,7 @@ def _map_memfd(mpi: Any, rank: int, total: int) -> tuple[Any, str]:
                 try:
                     st = os.fstat(mine)
                     if (st.st_dev, st.st_ino) == (dev, ino):
-                        mm = mmap.mmap(mine, total)
+                        mm = _mmap(mine, total)
                     else:
                         why = f"{path} is another file here (another PID namespace?)"
                 finally:
@@ -1062,7 +1105,7 @@ def _map_named(mpi: Any, rank: int, total: int) -> tuple[Any, str]:
             try:
                 fd = os.open(path, os.O_RDWR)
                 try:
-                    mm = mmap.mmap(fd, total)
+                    mm = _mmap(fd, total)
                 finally:
                     os.close(fd)
             except OSError as exc:
@@ -1400,7 +1443,9 @@ class _Plan:
                 self.mine.append((slice(t, t + m), slice(lo, lo + m)) if m > 0 else None)
         else:
             per = chunk // itemsize  # elements per chunk
-            self.chunks = -(-n // per)
+            # at least one chunk: a call of 0 elements still meets its peers' (the header
+            # check, the ticks); it folds and copies nothing
+            self.chunks = max(1, -(-n // per))
             for k in range(self.chunks):
                 start = k * per
                 m = min(per, n - start)

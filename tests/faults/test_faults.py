@@ -82,6 +82,66 @@ def test_validation_failure_on_one_rank_names_it_to_the_others(launch):
     assert job.rc != 0 and not job.crashed()
 
 
+@pytest.mark.parametrize(
+    ("op", "timeout"),
+    [("broadcast", 5), ("broadcast", None), ("gather", 5), ("gather", None), ("all_reduce", 5)],
+)
+def test_a_refusal_on_one_rank_never_feeds_its_next_call_stale_data(launch, op, timeout):
+    # A refusal on every rank leaves the group usable. Then rank 1 refuses a call (a
+    # read-only broadcast target; a gather root's wrong out=; an all_reduce op undefined for
+    # the dtype) while rank 0 completes it without rank 1 (the root's eager send; the
+    # sender's): its message stayed in MPI and rank 1's next call of the same kind received
+    # it, silently (the old data instead of rank 0's new one). Now rank 1's group is
+    # unusable (its next call: ClosedError naming the refusal), after the group's timeout
+    # (10 s without one) or at once where rank 0 waited inside the call and heard of it.
+    job = launch(
+        2,
+        f"""
+        c = hpccomm.init(timeout={timeout})
+        r = c.rank
+        def call(value, bad):
+            if "{op}" == "broadcast":
+                x = np.full(4, value) if r == 0 else np.zeros(4)
+                x.flags.writeable = not bad
+                return c.broadcast(x, 0).tolist()
+            if "{op}" == "all_reduce":
+                return c.all_reduce(np.full(2, value), op=ReduceOp.BAND if bad else ReduceOp.SUM)
+            x = np.full(2, value + r)
+            out = np.zeros(3 if bad else 4) if r == 1 else None
+            got = c.gather(x, dst=1, out=out)
+            return None if got is None else got.tolist()
+        outcome(c, "all_refuse", lambda: c.all_reduce(np.ones(2), op=ReduceOp.BAND))
+        outcome(c, "usable", lambda: call(3.0, False))
+        outcome(c, "first", lambda: call(1.0, r == 1))
+        outcome(c, "second", lambda: call(2.0, False))
+        """,
+    )
+    for rank in (0, 1):
+        assert job.of(rank, "all_refuse")["cls"] == "DtypeError"
+        usable = job.of(rank, "usable")
+        assert usable["cls"] is None and usable["s"] < 2, usable
+        if rank == 1 and op != "all_reduce":
+            want = [3.0] * 4 if op == "broadcast" else [3.0, 3.0, 4.0, 4.0]
+            assert usable["value"] == repr(want)
+    first = job.of(1, "first")
+    assert first["cls"] in ("InvalidArgumentError", "DtypeError") and first["s"] < 0.5, first
+    second = job.of(1, "second")
+    assert second["cls"] == "ClosedError", second  # not the stale [1.0, ...]
+    assert (
+        f"the group is unusable: {op} #3 on world (rank 1 of 2) was refused here "
+        in (second["msg"])
+    )
+    if op == "all_reduce":  # rank 0 waited in it: PeerError, and rank 1 heard at once
+        assert job.of(0, "first")["cls"] == "PeerError"
+        assert "but rank(s) [0] entered it" in second["msg"] and second["s"] < 2, second
+    else:
+        assert job.of(0, "first")["cls"] is None
+        wait = timeout or 10
+        assert f"rank(s) [0] did not refuse it within {wait} s" in second["msg"]
+        assert wait - 0.5 < second["s"] < wait + 5, second
+    assert not job.crashed()
+
+
 def test_broadcast_object_whose_root_cannot_pickle(launch):
     job = launch(
         2,
@@ -214,6 +274,43 @@ def test_exit_after_a_timeout_ends_the_job_cleanly(launch):
     assert job.of(0, "call")["cls"] == "CommTimeoutError"
     assert job.rc != 0
     assert "hpccomm (rank 0 of 2): exiting while all_reduce #1 on world" in job.stderr
+    assert not job.crashed()
+
+
+def test_exit_with_a_running_call_waits_for_its_bound(launch):
+    # An async all_reduce never waited for, its peer 1 s late under a 30 s timeout: exit
+    # gave it 0.5 s and aborted the job (rank 1 killed before it printed); it now has until
+    # its own bound and completes. A call stuck on a child group is named once at exit (it
+    # was named twice, its worker closed twice).
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=30)
+        x = np.ones(4)
+        if c.rank == 0:
+            w = c.all_reduce(x, async_op=True)
+        else:
+            time.sleep(1)
+            c.all_reduce(x)
+            report(c, "late", x=x.tolist())
+        """,
+    )
+    assert job.of(1, "late")["x"] == [2.0] * 4
+    assert job.rc == 0 and "aborting" not in job.stderr, job.stderr
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=1)
+        d = c.dup().dup()
+        if c.rank == 0:
+            outcome(d, "call", lambda: d.all_reduce(np.ones(2)))
+        else:
+            time.sleep(2)
+        """,
+    )
+    assert job.of(0, "call")["cls"] == "CommTimeoutError"
+    assert job.rc != 0
+    assert job.stderr.count("all_reduce #1 on world/dup/dup (rank 0 of 2)") == 1, job.stderr
     assert not job.crashed()
 
 

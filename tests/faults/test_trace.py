@@ -111,3 +111,31 @@ def test_a_killed_rank_leaves_no_file(launch, tmp_path, capsys):
     verdict = analyze(trace, capsys)
     assert "rank 2 left no trace file (killed hard, or not tracing)" in verdict, verdict
     assert "rank 0: all_reduce #2 on world (2,) float64 failed: all_reduce #2 on world" in verdict
+
+
+def test_a_rank_stuck_in_group_creation_leaves_its_trace(launch, tmp_path, capsys):
+    # split, dup, new_group, create_group and monitored_barrier make no record of a call:
+    # their timeouts wrote no trace file, and the analysis said of a live rank "never did
+    # and left no trace file (killed hard?)". Now their errors dump the trace, and the
+    # analysis names what the rank reported.
+    trace = tmp_path / "trace"
+    job = launch(
+        3,
+        f"""
+        c = hpccomm.init(timeout=2, trace_dir={str(trace)!r})
+        c.all_reduce(np.ones(4))
+        if c.rank < 2:
+            outcome(c, "call", lambda: c.all_reduce(np.ones(1024, np.float32)))
+        else:
+            outcome(c, "call", lambda: c.split(0))
+        """,
+    )
+    assert job.of(2, "call")["cls"] == "CommTimeoutError"
+    assert sorted(p.name for p in trace.glob("rank*.json")) == [
+        f"rank{r:05d}.json" for r in range(3)
+    ]
+    verdict = analyze(trace, capsys)
+    assert "ranks 0-1 entered all_reduce #2 on world (1024,) float32 and wait" in verdict
+    assert "rank 2 never did: its last completed call there was all_reduce #1" in verdict
+    assert "and it reported CommTimeoutError: split #2 on world (rank 2 of 3)" in verdict
+    assert "left no trace file" not in verdict

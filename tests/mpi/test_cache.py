@@ -236,6 +236,75 @@ def test_out_overlapping_the_array_is_refused_where_mpi_forbids_it(plain):
             plain.sendrecv(y, dst=right, src=left, out=y)
 
 
+@pytest.mark.parametrize("uneven", [False, True], ids=["even", "uneven"])
+def test_gathers_and_scatters_into_their_own_input(plain, uneven):
+    # all_gather, gather's destination and scatter's source may overlap out and the array
+    # only as exactly this rank's block (torch's in-place all_gather_into_tensor: MPI_IN_PLACE);
+    # another block of out as the array gave silently wrong results (2 ranks: rank 0's data
+    # where rank 1's belonged; the source's block landing on the last rank), now refused on
+    # every call, a description seen before or not
+    n, r = plain.size, plain.rank
+    k = 3
+    sizes = [k] * n if uneven else None
+    kw = {"sizes": sizes} if uneven else {}
+    want = np.concatenate([10.0 * q + np.arange(k) for q in range(n)])
+    for _ in range(2):
+        out = np.zeros(k * n)
+        out[r * k : (r + 1) * k] = 10.0 * r + np.arange(k)
+        assert plain.all_gather(out[r * k : (r + 1) * k], out=out, **kw) is out
+        assert (out == want).all()
+        for dst in range(n):
+            out = np.zeros(k * n)
+            out[r * k : (r + 1) * k] = 10.0 * r + np.arange(k)
+            plain.gather(out[r * k : (r + 1) * k], dst=dst, out=out if r == dst else None, **kw)
+            if r == dst:
+                assert (out == want).all()
+        for src in range(n):
+            full = want.copy()
+            if r == src:
+                got = plain.scatter(full, src=src, out=full[r * k : (r + 1) * k], **kw)
+                assert (full == want).all()
+            else:
+                got = plain.scatter(src=src, out=np.zeros(k), **kw)
+            assert (got == want[r * k : (r + 1) * k]).all()
+        if n == 1:
+            continue
+        other = (r + 1) % n
+        out = np.zeros(k * n)
+        for part in (out[other * k : (other + 1) * k], out[1 : k + 1]):
+            with pytest.raises(hpccomm.InvalidArgumentError, match=r"all_gather .*the array "
+                               r"shares memory with out but is not exactly this rank's block"):  # fmt: skip
+                plain.all_gather(part, out=out, **kw)
+        with pytest.raises(hpccomm.InvalidArgumentError, match=r"gather .*not exactly"):
+            plain.gather(out[other * k : (other + 1) * k], dst=r, out=out, **kw)
+        full = want.copy()
+        with pytest.raises(hpccomm.InvalidArgumentError, match=r"scatter .*out shares memory "
+                           r"with the array but is not exactly this rank's block"):  # fmt: skip
+            plain.scatter(full, src=r, out=full[other * k : (other + 1) * k], **kw)
+
+
+def test_sizes_and_roots_that_are_no_plain_values_are_refused_by_name(plain):
+    # A root, tag or sizes entry that cannot be a cache key (a NumPy array, a list) raised
+    # a bare "TypeError: unhashable type" on that rank only (its peers were never told); a
+    # dict as sizes was read as its keys, a 2-d array as its rows
+    n = plain.size
+    x = np.ones(2)
+    bad = [
+        (lambda: plain.broadcast(x, np.array(0)), r"broadcast .*src is array\(0\), expected"),
+        (lambda: plain.broadcast(x, [0]), r"broadcast .*src is \[0\], expected"),
+        (lambda: plain.all_gather(x, sizes=dict.fromkeys(range(n), 2)), r"sizes is a dict"),
+        (lambda: plain.all_gather(x, sizes=np.full((n, 1), 2)), r"sizes is a 2-d array"),
+        (lambda: plain.all_gather(x, sizes=[np.array(2)] * n), r"sizes\[0\] is array\(2\)"),
+        (lambda: plain.send(x, 0, tag=np.array(1)), r"send .*tag is array\(1\)"),
+    ]
+    for _ in range(2):
+        for call, text in bad:
+            with pytest.raises(hpccomm.InvalidArgumentError, match=text):
+                call()
+    got = plain.all_gather(x, sizes=np.full(n, 2))
+    assert got.shape == (2 * n,)
+
+
 def test_a_library_error_on_the_worker_thread_is_validated_again(world):
     # A call with a timeout runs on the worker thread: a read-only array after a cached
     # call of the same description failed there as MPI's "dlpack: buffer is not writable"

@@ -91,3 +91,69 @@ def test_async_work_never_waited_is_reported(comm):
     assert any("barrier #" in t and "dropped without wait()" in t for t in texts), texts
     assert not any("all_reduce #" in t for t in texts)  # a completed handle is fine
     comm.barrier()
+
+
+def test_a_receive_dropped_after_its_wait_timed_out_says_so(world):
+    # irecv(...).wait(timeout=) with no sender: CommTimeoutError that says the operation
+    # goes on (it said "abort the job", though a later wait() may complete it); dropping the
+    # handle then warned "dropped without wait()", though it had been waited for
+    import gc
+    import warnings
+
+    if world.size < 2:
+        pytest.skip("needs 2 ranks")
+    c = world.dup()
+    try:
+        c.timeout = 30
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if c.rank == 1:
+                work = c.irecv(np.empty(2), 0, tag=5)
+                with pytest.raises(hpccomm.CommTimeoutError, match=r"not complete after 0.2 s; "
+                                   r"it goes on \(a later wait\(\) may complete it"):  # fmt: skip
+                    work.wait(timeout=0.2)
+            c.barrier()
+            if c.rank == 0:
+                c.send(np.full(2, 7.0), 1, tag=5)
+            if c.rank == 1:
+                assert work.wait() == 0
+                work = c.irecv(np.empty(2), 0, tag=6)
+                with pytest.raises(hpccomm.CommTimeoutError):
+                    work.wait(timeout=0.2)
+                del work
+                gc.collect()
+            c.barrier()
+            if c.rank == 0:
+                c.send(np.full(2, 8.0), 1, tag=6)  # the dropped receive's message
+        texts = [str(w.message) for w in caught if issubclass(w.category, UnwaitedWorkWarning)]
+        if c.rank == 1:
+            assert any("dropped after its wait() timed out" in t for t in texts), texts
+            assert not any("without wait()" in t for t in texts), texts
+    finally:
+        c.free()
+
+
+def test_records_name_mpi_where_the_fast_path_handed_the_call_on(world):
+    # An ordinary array in the symmetric buffers' size range goes to the fast path, which
+    # hands it to MPI at run time: its record said "shm"
+    from hpccomm.backends import shm as shm_mod
+    from hpccomm.backends.shm import ShmBackend
+
+    c = world.dup()
+    try:
+        if c.size < 2 or c.num_nodes != 1:
+            pytest.skip("the fast path needs 2 or more ranks on one node")
+        # symmetric buffers only: ordinary arrays of any size are the MPI path's
+        fast = ShmBackend(c._backend, None, 1 << 20, direct=False)
+        fast.ranges = dict.fromkeys(fast.ranges, (shm_mod.NEVER, shm_mod.NEVER))
+        c._dispatcher.shm = fast
+        c._dispatcher.cache.clear()
+        keep = c.zeros(1 << 16, np.float32)  # from now on calls of this size go to the path
+        with CallLog() as log:
+            c.all_reduce(np.ones(1 << 16, np.float32))  # 256 KiB ordinary: MPI runs it
+            keep[:] = 1
+            c.all_reduce(keep)  # the symmetric path
+        assert [rec["backend"] for rec in log.records] == ["mpi", "shm"], log.records
+        assert (keep == c.size).all()
+    finally:
+        c.free()

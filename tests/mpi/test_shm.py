@@ -1423,3 +1423,58 @@ def hierarchical(size, half, count, dtype, opname, seed):
         if opname == "AVG":
             acc = np.divide(acc, size).astype(dt)
     return acc
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["copy", "single_copy"])
+def test_calls_of_no_elements_from_a_threshold_of_zero(comm, monkeypatch, direct):
+    # HPCCOMM_SHM_THRESHOLD=0: every size takes the path, 0 elements too. The copy path had
+    # no chunk for them: all_reduce and reduce's root raised IndexError, and where one rank
+    # had 0 elements and the other 4096 the ranks' ticks parted for good (every later call
+    # a MismatchError). Now: nothing to do, alike on every rank; a call whose sizes differ
+    # is a MismatchError on every rank, and the group goes on.
+    comm, fast = with_fast_path(comm, monkeypatch, direct=direct, threshold=0)
+    empty = np.ones(0, np.float32)
+    assert comm.all_reduce(empty).shape == (0,)
+    for root in range(comm.size):
+        assert comm.reduce(np.ones(0, np.float64), root).shape == (0,)
+    assert comm.reduce_scatter(np.ones(0, np.int32)).shape == (0,)
+    with at_debug(comm, "off"):  # no debug check: the path's header check sees it
+        with pytest.raises(MismatchError, match="differ"):
+            comm.all_reduce(np.ones(0 if comm.rank == 0 else 4096, np.float32))
+    for _ in range(3):
+        x = np.full(4096, comm.rank + 1.0, np.float32)
+        comm.all_reduce(x)
+        assert (x == comm.size * (comm.size + 1) / 2).all()
+
+
+def test_a_chunk_that_dtypes_cannot_tile_is_refused():
+    # 4100 bytes: float64 and complex128 views of a chunk failed inside every call
+    with pytest.raises(hpccomm.InvalidArgumentError, match="HPCCOMM_SHM_CHUNK is 4100, expected"):
+        shm_mod.settings({"HPCCOMM_SHM_CHUNK": "4100"})
+    assert shm_mod.settings({"HPCCOMM_SHM_CHUNK": "4160"}).chunk == 4160
+
+
+def test_buffers_dropped_while_a_call_looks_them_up(comm, monkeypatch):
+    # The worker thread (async calls) looks up symmetric buffers in the group's table while
+    # the main thread may drop others (their finalizers remove their entries): "dictionary
+    # changed size during iteration" failed a call on one rank, its peers then waited. An
+    # entry whose lookup drops another makes the interleaving certain.
+    comm, fast = with_fast_path(comm, monkeypatch)
+    x = comm.zeros(4096, np.float32)
+    keep = [comm.zeros(256, np.float32) for _ in range(3)]
+
+    class Dropping:
+        region = 0
+
+        @property
+        def start(self):
+            fast.allocs.pop(max(fast.allocs), None)  # the newest buffer's finalizer
+            return 0
+
+    fast.allocs = {0: Dropping(), **fast.allocs}
+    before = fast.sym_calls
+    x[:] = comm.rank + 1
+    comm.all_reduce(x, async_op=True).wait()
+    assert (x == comm.size * (comm.size + 1) / 2).all()
+    assert fast.sym_calls == before + 1
+    del keep

@@ -58,6 +58,33 @@ def test_reduce_op_names_and_equality():
         ReduceOp.PREMUL_SUM("x")
 
 
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        (("PREMUL_SUM",), r"ReduceOp.PREMUL_SUM: factor is None"),  # was a plain SUM
+        (("SUM", 2.0), r"ReduceOp: SUM takes no factor, got 2.0"),  # the factor was ignored
+        (("FOO",), r"ReduceOp: name is 'FOO', expected one of SUM, PRODUCT"),  # KeyError later
+        (("sum",), r"ReduceOp: name is 'sum'"),
+        (("PREMUL_SUM", np.timedelta64(2)), r"factor is .*timedelta64"),  # unhashable later
+        (("PREMUL_SUM", True), r"factor is True"),
+    ],
+)
+def test_reduce_ops_made_directly_are_checked(args, text):
+    with pytest.raises(DtypeError, match=text):
+        ReduceOp(*args)
+    import pickle
+
+    op = ReduceOp.PREMUL_SUM(np.float32(0.5))
+    assert pickle.loads(pickle.dumps(op)) == op and ReduceOp("MAX") == ReduceOp.MAX
+
+
+def test_a_disagreement_of_three_ranks_reads_as_a_list():
+    from hpccomm.debug import disagreement
+
+    fps = [{"op": "all_reduce", "seq": 1, "shape": (4 * (r + 1),)} for r in range(3)]
+    assert disagreement(fps) == "shape is (4,) on rank 0, (8,) on rank 1 but (12,) on rank 2"
+
+
 def test_info_no_mpi_in_process(monkeypatch, capsys):
     monkeypatch.setenv("SLURM_JOB_ID", "9")
     monkeypatch.delenv("SLURM_STEP_NUM_TASKS", raising=False)
@@ -203,6 +230,8 @@ def test_gpu_binding_without_cupy(mpi_env, visible, gpu_arg, expect):
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
     )
     assert expect in out.stdout + out.stderr, out.stdout + out.stderr
+    if gpu_arg == "None":  # a GPU was expected (CUDA_VISIBLE_DEVICES names one): said so
+        assert "staying CPU-only: CuPy is not installed" in out.stderr, out.stderr
 
 
 def test_too_few_gpus_for_the_ranks_under_mpiexec(mpiexec, mpi_env):
