@@ -14,6 +14,8 @@ export PYTHONUNBUFFERED := 1
 MPIEXEC  := $(BIN)/mpiexec --oversubscribe
 # Every MPI run is bounded: a hang fails the run instead of blocking CI.
 MPI_TIMEOUT ?= 300
+# the fault jobs (each bounded on its own): about 5 minutes here, some waiting out timeouts
+FAULTS_TIMEOUT ?= 720
 # Each bounded run gets a TMPDIR of its own: prterun keeps its session files in
 # $TMPDIR/ompi.<pid> and leaves them when it is killed, and a later prterun given the same
 # pid in the same directory fails at start ("The PMIx server's listener thread failed to
@@ -58,7 +60,7 @@ test-unit:
 
 # Fault injection: each scenario starts its own MPI job (bounded inside the tests too).
 test-faults:
-	$(BOUND) $(BIN)/python -m pytest -q -p no:cacheprovider --color=no tests/faults
+	env TMPDIR=$$(mktemp -d /tmp/hpccomm-run.XXXXXX) timeout -k 10 $(FAULTS_TIMEOUT) $(BIN)/python -m pytest -q -p no:cacheprovider --color=no tests/faults
 
 # Needs the local two-node cluster (make slurm-up); without it the tests skip and say why.
 test-slurm:

@@ -62,7 +62,7 @@ from .work import Done, Work, wait_watching
 __all__ = ["Dispatcher", "CACHE_LIMIT"]
 
 CACHE_LIMIT = 512  # validated call descriptions kept per communicator (cleared when full)
-# Seconds a rank that refused a collective waits (without a timeout; with one: the timeout)
+# Seconds at most (the group's timeout where shorter) a rank that refused a collective waits
 # to hear that every other member refused it too (else the group is unusable there: see
 # Dispatcher.refused)
 REFUSAL_WAIT = 10.0
@@ -522,8 +522,8 @@ class Dispatcher:
         gather's sender: their messages go out eagerly) and leave messages that this group's
         next call on this rank would match: stale data, silently. So unless the debug check
         ran (every rank compared the call: nobody entered it) this rank's next call on the
-        group first waits (until the group's timeout after the refusal, REFUSAL_WAIT
-        without one) for every other member's word that it refused the call too; without it,
+        group first waits (until REFUSAL_WAIT after the refusal, or the group's timeout
+        where shorter) for every other member's word that it refused the call too; without it,
         or told that one entered the call, the group is unusable on this rank (that call and
         later ones: ClosedError, and the others are told)."""
         if record.error_hooks:
@@ -569,14 +569,14 @@ class Dispatcher:
             )
 
     def _expect_refusals(self, seq: int, where_: str, exc: BaseException) -> None:
-        wait = REFUSAL_WAIT if self._timeout is None else self._timeout
+        wait = min(self._timeout or REFUSAL_WAIT, REFUSAL_WAIT)
         # settled by the next call on the group (the error reaches the caller at once)
         self._unsettled.append((seq, where_, type(exc).__name__, time.monotonic() + wait, wait))
         self._slow = True
 
     def settle(self) -> None:
         """Before the next call after a refusal: did every other member refuse it too? Their
-        notices are waited for until the group's timeout (REFUSAL_WAIT without one) after the
+        notices are waited for until REFUSAL_WAIT (or the group's shorter timeout) after the
         refusal; a rank that waited inside the call says so when it hears of the refusal. If
         any entered it, or some said nothing, the group is unusable here (see refused)."""
         if self.notices is None:

@@ -268,12 +268,16 @@ def analyze(docs: dict[int, dict[str, Any]], size: int | None) -> str:
                 text += ", and it is in no hpccomm call (computing, or stuck elsewhere)"
             lines.append(text)
     if not waits:
+        p2p = [(r, e) for r, es in sorted(pending.items()) for e in es if e["op"] in _P2P]
+        for r, e in p2p[:3]:
+            peer = "" if e.get("peer") is None else f" (peer rank {e['peer']})"
+            lines.append(f"rank {r} waits in {_desc(e)}{peer}")
         if failed:
             lines.extend(
                 f"rank {r}: {_desc(es[-1])} failed: {_short(es[-1]['error'])}"
                 for r, es in sorted(failed.items())
             )
-        else:
+        elif not p2p:
             lines.append("no rank waits in a collective call")
     if missing:
         lines.append(f"{_ranks(missing)} left no trace file (killed hard, or not tracing)")

@@ -739,14 +739,16 @@ _EXIT_GRACE = 0.5  # seconds a call still running at exit gets to complete, at l
 def _stuck_calls(comm: Communicator) -> list[str]:
     """The calls still inside MPI on ``comm``'s worker thread and its groups' (each once).
     A call still running there (an ``async_op`` call never waited for, a peer late) is given
-    until its time bound (submitted + the group's timeout; without one, _EXIT_GRACE) to
-    complete first: a call stuck past it aborts the job, one that completes does not."""
+    until its time bound (submitted + the group's timeout; without one, or on a group made
+    unusable by a peer's failure, _EXIT_GRACE) to complete first: a call stuck past it
+    aborts the job, one that completes does not."""
     out = []
     ex = comm._dispatcher.executor
     if ex is not None:
         since, bound = ex.oldest_submitted(), comm.timeout
         grace = _EXIT_GRACE
-        if since is not None and bound is not None:
+        # (a broken group's call is stuck for good: a peer failed or refused it)
+        if since is not None and bound is not None and comm._dispatcher.broken is None:
             grace = max(grace, since + bound - time.monotonic())
         if not ex.close(timeout=grace):
             out.append(ex.stuck or "a call")

@@ -7,6 +7,7 @@ operation's result or one error, kept for every later ``wait()``/``exception()``
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import warnings
@@ -14,7 +15,13 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from . import record
-from .errors import BackendError, CommTimeoutError, HpccommError, UnwaitedWorkWarning
+from .errors import (
+    BackendError,
+    CommTimeoutError,
+    HpccommError,
+    InvalidArgumentError,
+    UnwaitedWorkWarning,
+)
 from .executor import Future
 from .ops import Call
 
@@ -199,6 +206,17 @@ class Work:
                 cancel a started collective), so a later wait() may still complete it.
             HpccommError: the operation failed (every later wait() raises it again).
         """
+        if timeout is not _DEFAULT and timeout is not None:
+            if (
+                not isinstance(timeout, (int, float))
+                or isinstance(timeout, bool)
+                or not math.isfinite(timeout)
+                or timeout < 0
+            ):
+                raise InvalidArgumentError(
+                    f"{self._where()}: wait timeout is {timeout!r}, expected finite seconds "
+                    f">= 0 or None"
+                )
         if not self._done:
             if timeout is _DEFAULT:
                 timeout = self._timeout

@@ -87,7 +87,8 @@ def _numpy_op(dtype: np.dtype, name: str) -> MPI.Op:
         ) -> None:
             a = np.frombuffer(inbuf, dtype=_dt)
             b = np.frombuffer(inoutbuf, dtype=_dt)
-            _f(a, b, out=b)
+            with np.errstate(all="ignore"):  # overflow, inf - inf: as MPI's own ops, silent
+                _f(a, b, out=b)
 
         op = _numpy_ops[key] = MPI.Op.Create(combine, commute=True)
     return op
@@ -847,11 +848,13 @@ class MPIBackend:
         lives until the blocking call returns), or the array itself for AVG."""
         if scale == "avg":
             return x
-        return (x * scale).astype(x.dtype, copy=False)
+        with np.errstate(all="ignore"):  # inf * 0, overflow: as MPI's own ops, silent
+            return (x * scale).astype(x.dtype, copy=False)
 
     def _divide(self, target: np.ndarray, scale: Any) -> None:
         if scale == "avg":
-            np.divide(target, self.size, out=target)
+            with np.errstate(all="ignore"):
+                np.divide(target, self.size, out=target)
 
     # -- collectives (blocking bodies) --------------------------------------------------
 

@@ -199,3 +199,26 @@ def test_errors_name_hpccomm_types():
     assert issubclass(InvalidArgumentError, hpccomm.HpccommError)
     assert issubclass(InvalidArgumentError, ValueError)
     assert issubclass(DtypeError, TypeError)
+
+
+def test_nan_inf_and_overflow_raise_no_numpy_warnings(comm):
+    # MPI's own ops reduce NaN, inf - inf and overflow silently; hpccomm's NumPy ops (float16,
+    # NaN-propagating MIN/MAX, PREMUL_SUM's scaling, AVG's division) warned from inside the
+    # library ("invalid value encountered in add", backends/mpi.py)
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for dt in (np.float16, np.float32, np.float64, np.complex64):
+            ops = [ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PREMUL_SUM(0.5)]
+            if dt != np.complex64:
+                ops += [ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT]
+            for op in ops:
+                for n in (7, 70001):
+                    x = np.full(n, np.nan if comm.rank == 0 else np.inf, dt)
+                    x[1] = -np.inf if comm.rank else np.inf
+                    x[2] = 6e4 if dt == np.float16 else 3e38
+                    comm.all_reduce(x, op=op)
+                    comm.reduce_scatter(np.repeat(x, comm.size), op=op)
+    mine = [w for w in caught if "hpccomm" in w.filename]
+    assert not mine, [(w.filename, w.lineno, str(w.message)) for w in mine]

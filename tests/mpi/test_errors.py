@@ -325,3 +325,14 @@ def test_long_receive_is_a_mismatch_naming_sender_tag_and_sizes(comm):
         with pytest.raises(MismatchError):  # the failure stays: a second wait() raises again
             work.wait()
         assert isinstance(work.exception(), MismatchError)
+
+
+def test_a_wait_timeout_that_is_no_duration_is_refused(comm):
+    # wait(timeout=nan) was taken (and -1, "1"); 0 polls
+    work = comm.all_reduce(np.ones(2), async_op=True)
+    for bad in (float("nan"), -1, float("inf"), "1", True):
+        with pytest.raises(InvalidArgumentError, match=r"all_reduce #\d+ on .*wait "
+                           r"timeout is .*, expected finite seconds >= 0 or None"):  # fmt: skip
+            work.wait(timeout=bad)
+    assert (work.wait() == comm.size).all()
+    assert (work.wait(timeout=0) == comm.size).all()

@@ -78,3 +78,15 @@ def test_cli_reads_a_directory(tmp_path, capsys):
     assert out.startswith("world #1: ranks 0-1 entered barrier #1 on world and wait.")
     assert main(["trace", "analyze", str(tmp_path / "nope")]) == 2
     assert "trace analyze: " in capsys.readouterr().err
+
+
+def test_a_receive_that_waits_is_named():
+    # no collective waits, but a receive does: it said only "no rank waits in a collective
+    # call"
+    recv = entry("recv", "world", 3, "started")
+    recv["peer"] = 0
+    docs = {0: doc(0, 2, [entry("all_reduce", "world", 1, "completed")]),
+            1: doc(1, 2, [entry("all_reduce", "world", 1, "completed"), recv])}  # fmt: skip
+    verdict = analyze(docs, 2)
+    assert verdict.startswith("rank 1 waits in recv #3 on world (4,) float32 (peer rank 0)")
+    assert "no rank waits" not in verdict
