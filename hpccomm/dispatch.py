@@ -22,6 +22,8 @@ call with device arrays; it imports nothing above it.
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -62,9 +64,8 @@ from .work import Done, Work, wait_watching
 __all__ = ["Dispatcher", "CACHE_LIMIT"]
 
 CACHE_LIMIT = 512  # validated call descriptions kept per communicator (cleared when full)
-# Seconds at most (the group's timeout where shorter) a rank that refused a collective waits
-# to hear that every other member refused it too (else the group is unusable there: see
-# Dispatcher.refused)
+# Seconds after which a rank that refused a collective, waiting without a timeout to hear
+# that every other member refused it too, says on stderr whom it waits for (see settle)
 REFUSAL_WAIT = 10.0
 # Errors that are consequences of another rank's failure: never reported to the others.
 _CONSEQUENCES = (CommTimeoutError, PeerError, ClosedError)
@@ -102,6 +103,7 @@ class Dispatcher:
         "_timeout",
         "_slow",
         "_unsettled",
+        "_settling",
     )
 
     def __init__(
@@ -135,8 +137,9 @@ class Dispatcher:
         self.shm: Backend | None = None
         self._timeout = timeout
         # refusals whose peers' word is still to be heard (see refused): seq, where, the
-        # error's name, the deadline and the wait
-        self._unsettled: list[tuple[int, str, str, float, float]] = []
+        # error's name and when
+        self._unsettled: list[tuple[int, str, str, float]] = []
+        self._settling = threading.Lock()  # settle runs on the caller's or the worker thread
         self._slow = timeout is not None or debug in CHECKING
 
     # -- settings ---------------------------------------------------------------------------
@@ -396,7 +399,7 @@ class Dispatcher:
     ) -> Any:
         """The run step when the call is not a plain inline one: listeners, a Work, a time
         bound, point-to-point requests, a device stream, or earlier calls still queued."""
-        if self._unsettled:
+        if self._unsettled and not call.spec.p2p:
             self.settle()
         if self.broken is not None:
             closed = ClosedError(f"{call.where(seq)}: {self.broken}")
@@ -441,7 +444,16 @@ class Dispatcher:
                     # a library error: validated again from scratch first, as inline
                     fail = partial(self.failed, call, seq, key=key, data=data, out=out)
                     pending = self.worker().submit(
-                        call.where(seq), _run_job, call, seq, data, out, stream, job, fail
+                        call.where(seq),
+                        _run_job,
+                        call,
+                        seq,
+                        data,
+                        out,
+                        stream,
+                        job,
+                        fail,
+                        self.before_job,
                     )
                     self._slow = True  # later plain calls queue behind it until it is done
             elif mode == "requests":
@@ -521,11 +533,10 @@ class Dispatcher:
         A peer that entered it may complete it without this rank (a broadcast's root, a
         gather's sender: their messages go out eagerly) and leave messages that this group's
         next call on this rank would match: stale data, silently. So unless the debug check
-        ran (every rank compared the call: nobody entered it) this rank's next call on the
-        group first waits (until REFUSAL_WAIT after the refusal, or the group's timeout
-        where shorter) for every other member's word that it refused the call too; without it,
-        or told that one entered the call, the group is unusable on this rank (that call and
-        later ones: ClosedError, and the others are told)."""
+        ran (every rank compared the call: nobody entered it) this rank's next collective on
+        the group first waits (see settle) for every other member's word that it refused the
+        call too; without it, or told that one entered the call, the group is unusable on
+        this rank (that call and later ones: ClosedError, and the others are told)."""
         if record.error_hooks:
             record.report_error(exc)
         if spec.p2p:
@@ -569,38 +580,82 @@ class Dispatcher:
             )
 
     def _expect_refusals(self, seq: int, where_: str, exc: BaseException) -> None:
-        wait = min(self._timeout or REFUSAL_WAIT, REFUSAL_WAIT)
-        # settled by the next call on the group (the error reaches the caller at once)
-        self._unsettled.append((seq, where_, type(exc).__name__, time.monotonic() + wait, wait))
+        # settled by the next collective on the group (the error reaches the caller at once)
+        self._unsettled.append((seq, where_, type(exc).__name__, time.monotonic()))
         self._slow = True
 
     def settle(self) -> None:
-        """Before the next call after a refusal: did every other member refuse it too? Their
-        notices are waited for until REFUSAL_WAIT (or the group's shorter timeout) after the
-        refusal; a rank that waited inside the call says so when it hears of the refusal. If
-        any entered it, or some said nothing, the group is unusable here (see refused)."""
+        """Before the next collective after a refusal (on the caller's thread, or on the
+        worker before a queued call): did every other member refuse it too? Their notices
+        are waited for until the group's timeout after the refusal (without a timeout, as
+        long as it takes, saying on stderr after REFUSAL_WAIT whom it waits for); a rank
+        that waited inside the call says so when it hears of the refusal. If any entered
+        it, or some said nothing in time, the group is unusable here (see refused)."""
         if self.notices is None:
             return
-        g = self.group
-        others = [r for r in range(g.size) if r != g.rank]
-        while self._unsettled and self.broken is None:
-            seq, where_, name, deadline, wait = self._unsettled.pop(0)
-            entered, missing = self.notices.refused_by(self.gid, seq, others, deadline)
-            if not entered and not missing:
-                continue
-            why = (
-                f"rank(s) {entered} entered it"
-                if entered
-                else f"rank(s) {missing} did not refuse it within {wait:g} s: they may have "
-                f"entered it"
-            )
-            self.broken = (
-                f"the group is unusable: {where_} was refused here ({name}) but {why}, and "
-                f"this group's later calls could match its messages"
-            )
+        with self._settling:
+            g = self.group
+            others = [r for r in range(g.size) if r != g.rank]
+            while self._unsettled and self.broken is None:
+                seq, where_, name, since = self._unsettled[0]
+                bound = self._timeout
+                entered, missing = self._hear(seq, where_, name, since, others, bound)
+                self._unsettled.pop(0)
+                self.notices.forget(self.gid, seq)
+                if not entered and not missing:
+                    continue
+                why = (
+                    f"rank(s) {entered} entered it"
+                    if entered
+                    else f"rank(s) {missing} did not refuse it within {bound:g} s (the "
+                    f"timeout): they may have entered it"
+                )
+                self.broken = (
+                    f"the group is unusable: {where_} was refused here ({name}) but {why}, "
+                    f"and this group's later calls could match its messages"
+                )
+            if self.broken is not None:
+                self._unsettled.clear()
+            self._update_slow()
+
+    def _hear(
+        self, seq: int, where_: str, name: str, since: float, others: list[int],
+        bound: float | None,
+    ) -> tuple[list[int], list[int]]:  # fmt: skip
+        """The others' word on refused call ``seq``: (ranks that entered it, ranks silent
+        until the bound)."""
+        notices = self.notices
+        assert notices is not None
+        if bound is not None:
+            return notices.refused_by(self.gid, seq, others, since + bound)
+        entered, missing = notices.refused_by(self.gid, seq, others, since + REFUSAL_WAIT)
+        if entered or not missing:
+            return entered, missing
+        sys.stderr.write(
+            f"hpccomm: {where_} was refused here ({name}); this rank's next collective on "
+            f"the group waits to hear that every rank refused it too, and rank(s) {missing} "
+            f"said nothing for {REFUSAL_WAIT:g} s: they may be inside it (a rank that "
+            f"completed it without this one cannot say so); a timeout (init(timeout=...)) "
+            f"ends such a wait with an error\n"
+        )
+        sys.stderr.flush()
+        return notices.refused_by(self.gid, seq, others, float("inf"))
+
+    def before_job(self, call: Call, seq: int) -> None:
+        """On the worker thread before a queued collective: a refusal found after the call
+        was queued (a cached call's library failure) is settled first, and a group made
+        unusable by it refuses the call (its peers told) instead of matching the refused
+        call's messages."""
+        if call.spec.p2p:
+            return
+        if self._unsettled and not call.spec.p2p:
+            self.settle()
         if self.broken is not None:
-            self._unsettled.clear()
-        self._update_slow()
+            closed = ClosedError(f"{call.where(seq)}: {self.broken}")
+            closed.refused = True
+            if self.notices is not None:
+                self._post(call.spec.name, seq, closed, REFUSED)
+            raise closed
 
     def report(self, call: Call, seq: int, exc: BaseException, stuck: bool = False) -> None:
         """A collective that failed on this rank: tell the group's other ranks (unless the
@@ -785,7 +840,9 @@ class Dispatcher:
         if self._unsettled:
             self.settle()
         if self.broken is not None:
-            raise ClosedError(f"{name}: {self.broken}")
+            closed = ClosedError(f"{name}: {self.broken}")
+            self._post(what, group.seq, closed, REFUSED)  # a peer may wait in it
+            raise closed
         if self.debug in CHECKING:
             fp = {"op": what, "seq": group.seq, **(agree or {})}
             if self.debug == "detail":
@@ -883,7 +940,9 @@ class ReadOnlyWhileRunning:
         return view
 
     def release(self, result: Any) -> Any:
-        for array, view in self._owned:
+        # last taken first: data may be a view of out (an in-place all_gather), which NumPy
+        # makes writable again only once out is
+        for array, view in reversed(self._owned):
             array.flags.writeable = True
             self.held.pop(id(array), None)
             if result is view:
@@ -924,10 +983,13 @@ def _run_job(
     stream: Any,
     check: Callable[[Call, int], None] | None = None,
     fail: Callable[[Exception], HpccommError] | None = None,
+    before: Callable[[Call, int], None] | None = None,
 ) -> Any:
     """A blocking body on the worker thread (after the debug check, if any): library errors
     become HpccommErrors naming the call (a PeerError when a peer process died), by ``fail``
     where given (the dispatch's: a call from the cache is validated again first)."""
+    if before is not None:
+        before(call, seq)  # a refusal found after this call was queued (Dispatcher.before_job)
     try:
         if check is not None:
             check(call, seq)

@@ -65,8 +65,11 @@ class NoticeBoard:
         if not force and now - self._last < POLL_INTERVAL:
             return
         self._last = now
-        while self.comm.iprobe(source=self.any_source, tag=NOTICE_TAG):
-            gid, *rest = self.comm.recv(source=self.any_source, tag=NOTICE_TAG)
+        while True:  # matched probes: another thread polling cannot take the message
+            msg = self.comm.improbe(source=self.any_source, tag=NOTICE_TAG)
+            if msg is None:
+                return
+            gid, *rest = msg.recv()
             self.received.setdefault(gid, []).append(tuple(rest))
 
     def check(self, gid: str, seq: int, where: str) -> None:
@@ -98,6 +101,13 @@ class NoticeBoard:
                 return entered, missing
             time.sleep(pause)
             pause = min(pause * 2, 0.01)
+
+    def forget(self, gid: str, seq: int) -> None:
+        """Drop the notices of call ``seq`` of group ``gid`` (a settled refusal: a group that
+        refuses calls over and over keeps no growing list)."""
+        kept = self.received.get(gid)
+        if kept:
+            kept[:] = [n for n in kept if n[0] != seq]
 
     def watch(self, gid: str, seq: int, where: Callable[[], str]) -> Callable[[], None]:
         """A callable for bounded waits: raises PeerError once a notice for this call came."""

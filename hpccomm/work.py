@@ -8,11 +8,14 @@ operation's result or one error, kept for every later ``wait()``/``exception()``
 from __future__ import annotations
 
 import math
+import numbers
 import threading
 import time
 import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
+
+import numpy as np
 
 from . import record
 from .errors import (
@@ -208,8 +211,8 @@ class Work:
         """
         if timeout is not _DEFAULT and timeout is not None:
             if (
-                not isinstance(timeout, (int, float))
-                or isinstance(timeout, bool)
+                not isinstance(timeout, numbers.Real)
+                or isinstance(timeout, (bool, np.bool_))
                 or not math.isfinite(timeout)
                 or timeout < 0
             ):

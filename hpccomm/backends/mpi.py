@@ -885,7 +885,11 @@ class MPIBackend:
 
     def _all_gather(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> np.ndarray:
         mt = call.how
-        send = IN_PLACE if call.in_place else [x, mt]  # x: exactly this rank's block of out
+        send: Any = [x, mt]
+        if call.in_place:  # x is exactly this rank's block of out: MPI asks every rank or
+            # none to pass MPI_IN_PLACE to an allgather, and another rank may not: a copy
+            # (host arrays; a device array, on a CUDA-aware MPI, goes in place)
+            send = [x.copy(), mt] if type(x) is np.ndarray else IN_PLACE
         if call.uneven:
             counts, displs = call.counts
             self.mpi.Allgatherv(send, [out, counts, displs, mt])

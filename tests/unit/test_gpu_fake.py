@@ -332,6 +332,7 @@ def make_cupy(gpu: Gpu) -> dict[str, types.ModuleType]:
         gpu.log.append(("alloc", gpu.current().ptr)) or ndarray(gpu, np.empty(shape, dtype))
     )
     cupy.asarray = lambda a: ndarray(gpu, np.array(a))
+    cupy.may_share_memory = lambda x, y: np.may_share_memory(x.a, y.a)
 
     def zeros(shape, dtype=np.float64):
         gpu.device_calls += 1
@@ -895,4 +896,28 @@ def test_device_recv_is_staged_blocking_or_not(gpu, async_op):
     assert sent.wait() is None
     assert list(y.a) == [0.0, 1.0, 2.0, 3.0]
     assert any(e[0] in ("d2h", "h2d") for e in gpu.log), gpu.log  # staged copies
+    d.close()
+
+
+@pytest.mark.parametrize("spec", ["all_gather", "scatter"])
+def test_an_in_place_gather_on_the_staged_path(gpu, spec):
+    """The in-place form (the array is exactly this rank's block of out) runs as MPI_IN_PLACE
+    on host arrays; the staged device path copies to separate host twins, where MPI_IN_PLACE
+    would read this rank's block from an uninitialized host out (garbage) or, for scatter's
+    source, leave its host out unwritten and copy that back over the device array."""
+    from mpi4py import MPI
+
+    from hpccomm.backends.mpi import MPIBackend
+
+    host = MPIBackend(MPI.COMM_SELF.Dup())
+    devices = DeviceBackends(host, DeviceConfig(0, "mpi", DevicePath(False, "test")))
+    d = Dispatcher(Group("self", 0, 1), host, devices.backend_for)
+    devices.attach(d)
+    whole = dev(gpu, np.arange(4.0))
+    part = whole[0:4]
+    if spec == "all_gather":
+        got = d.dispatch(O.ALL_GATHER, part, whole)
+    else:
+        got = d.dispatch(O.SCATTER, whole, part, peer=0)
+    assert list(got.a) == [0.0, 1.0, 2.0, 3.0] and list(whole.a) == [0.0, 1.0, 2.0, 3.0]
     d.close()
