@@ -151,6 +151,37 @@ def test_a_refusal_on_one_rank_never_feeds_its_next_call_stale_data(launch, op, 
     assert not job.crashed()
 
 
+def test_calls_queued_behind_a_refusal_found_on_the_worker(launch):
+    # A cached all_reduce description, then rank 0's async call A on a read-only array
+    # (refused only when its library call fails on the worker) and B queued behind it:
+    # B matched rank 1's A (both ranks returned 120.0, expected 30.0 and 300.0), silently.
+    # B now waits to hear about A first: rank 1 waited inside A and says so, B is refused.
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=10, debug="off")
+        r = c.rank
+        z = np.ones(4)
+        c.all_reduce(z)
+        a = np.full(4, 10.0 * (r + 1))
+        b = np.full(4, 100.0 * (r + 1))
+        if r == 0:
+            a.flags.writeable = False
+        wa = c.all_reduce(a, async_op=True)
+        wb = c.all_reduce(b, async_op=True)
+        outcome(c, "A", lambda: wa.wait().tolist())
+        outcome(c, "B", lambda: wb.wait().tolist())
+        """,
+    )
+    assert job.of(0, "A")["cls"] == "InvalidArgumentError"
+    assert job.of(1, "A")["cls"] == "PeerError"
+    b0, b1 = job.of(0, "B"), job.of(1, "B")
+    assert b0["cls"] == "ClosedError" and "but rank(s) [1] entered it" in b0["msg"], b0
+    assert b1["cls"] in ("PeerError", "ClosedError"), b1  # not [120.0, ...]
+    assert b0["s"] < 5 and b1["s"] < 5
+    assert not job.crashed()
+
+
 def test_broadcast_object_whose_root_cannot_pickle(launch):
     job = launch(
         2,

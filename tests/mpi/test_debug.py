@@ -256,3 +256,23 @@ def test_an_array_in_use_is_named_so_on_a_description_not_seen_before(checked):
     first.wait(timeout=60)
     checked.broadcast(a, 0)
     assert (a == checked.size).all()
+
+
+@pytest.mark.parametrize("op", ["all_gather", "gather"])
+def test_an_in_place_async_gather_under_the_check(checked, op):
+    # The array is exactly this rank's block of out: the read-only guard of a running async
+    # call released the array before out, which NumPy refuses for a view of a read-only
+    # base (ValueError "cannot set WRITEABLE flag", out read-only for good)
+    n, r = checked.size, checked.rank
+    out = np.zeros(2 * n)
+    out[2 * r : 2 * r + 2] = r + 1
+    if op == "all_gather":
+        work = checked.all_gather(out[2 * r : 2 * r + 2], out=out, async_op=True)
+    else:
+        work = checked.gather(out[2 * r : 2 * r + 2], dst=0, out=out if r == 0 else None,
+                              async_op=True)  # fmt: skip
+    work.wait()
+    assert out.flags.writeable
+    if op == "all_gather" or r == 0:
+        assert (out == np.repeat(np.arange(1.0, n + 1), 2)).all()
+    out[:] = 0  # writable again

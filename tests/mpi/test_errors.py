@@ -336,3 +336,29 @@ def test_a_wait_timeout_that_is_no_duration_is_refused(comm):
             work.wait(timeout=bad)
     assert (work.wait() == comm.size).all()
     assert (work.wait(timeout=0) == comm.size).all()
+
+
+def test_point_to_point_after_a_refusal_on_every_rank(comm):
+    # Rank 0 refuses a broadcast and then sends; rank 1 receives first and refuses the same
+    # broadcast after: the send must not wait to hear about the refusal (only collectives
+    # settle refusals), or both ranks wait for each other
+    if comm.size < 2:
+        pytest.skip("needs 2 ranks")
+    r = comm.rank
+    bad = lambda: comm.broadcast(np.ones(2), src=99)  # noqa: E731
+    if r == 0:
+        with pytest.raises(InvalidArgumentError):
+            bad()
+        comm.send(np.arange(3.0), 1, tag=4)
+    elif r == 1:
+        got = np.empty(3)
+        comm.recv(got, 0, tag=4)
+        assert list(got) == [0.0, 1.0, 2.0]
+        with pytest.raises(InvalidArgumentError):
+            bad()
+    else:
+        with pytest.raises(InvalidArgumentError):
+            bad()
+    x = np.ones(2)
+    comm.all_reduce(x)
+    assert (x == comm.size).all()
