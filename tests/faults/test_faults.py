@@ -138,8 +138,9 @@ def test_a_refusal_on_one_rank_never_feeds_its_next_call_stale_data(launch, op, 
         return
     second = job.of(1, "second")
     assert second["cls"] == "ClosedError", second  # not the stale [1.0, ...]
-    assert f"the group is unusable: {op} #3 on world (rank 1 of 2) was refused here " in (
-        second["msg"]
+    assert (
+        f"the group is unusable: {op} #3 on world (rank 1 of 2) was refused here "
+        in (second["msg"])
     )
     if op == "all_reduce":  # rank 0 waited in it: PeerError, and rank 1 heard at once
         assert job.of(0, "first")["cls"] == "PeerError"
