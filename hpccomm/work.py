@@ -224,12 +224,12 @@ class Work:
             if timeout is _DEFAULT:
                 timeout = self._timeout
             try:
-                if timeout is None:
-                    done = self._pending.wait(None)
-                elif self._watch is None:
+                watch = self._watch
+                if watch is None:
                     done = self._pending.wait(timeout)
-                else:
-                    done = wait_watching(self._pending, timeout, self._watch)
+                else:  # without a bound too: a peer's failure notice ends the wait
+                    bound = math.inf if timeout is None else timeout
+                    done = wait_watching(self._pending, bound, watch)
             except CommTimeoutError:
                 raise
             except Exception as exc:  # the library failed while completing: final

@@ -152,15 +152,17 @@ def test_a_refusal_on_one_rank_never_feeds_its_next_call_stale_data(launch, op, 
     assert not job.crashed()
 
 
-def test_calls_queued_behind_a_refusal_found_on_the_worker(launch):
+@pytest.mark.parametrize("timeout", [10, None])
+def test_calls_queued_behind_a_refusal_found_on_the_worker(launch, timeout):
     # A cached all_reduce description, then rank 0's async call A on a read-only array
     # (refused only when its library call fails on the worker) and B queued behind it:
     # B matched rank 1's A (both ranks returned 120.0, expected 30.0 and 300.0), silently.
     # B now waits to hear about A first: rank 1 waited inside A and says so, B is refused.
+    # Without a timeout too: an async Work's wait() looks for notices all the same.
     job = launch(
         2,
-        """
-        c = hpccomm.init(timeout=10, debug="off")
+        f"""
+        c = hpccomm.init(timeout={timeout}, debug="off")
         r = c.rank
         z = np.ones(4)
         c.all_reduce(z)
