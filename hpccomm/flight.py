@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import signal
 import socket
 import threading
@@ -201,6 +202,9 @@ def _desc(e: dict[str, Any]) -> str:
     return what
 
 
+# a dump's reason that is an hpccomm error about a call ("CommTimeoutError: split #2 on ...")
+_CALL_ERROR = re.compile(r"\w+Error: \w+ #\d+ on ")
+
 _P2P = ("send", "recv", "sendrecv", "batch_isend_irecv", "send_object", "recv_object")
 
 
@@ -261,7 +265,7 @@ def analyze(docs: dict[int, dict[str, Any]], size: int | None) -> str:
                 text += f", and it waits in {_desc(elsewhere[-1])}"
             elif r in failed:
                 text += f", and its call {_desc(failed[r][-1])} failed: {_short(failed[r][-1]['error'])}"
-            elif " #" in docs[r].get("reason", ""):  # a call's error that made no record
+            elif _CALL_ERROR.match(docs[r].get("reason", "")):  # a call's error, no record
                 # (split, dup, new_group, monitored_barrier, create_group)
                 text += f", and it reported {_short(docs[r]['reason'])}"
             else:

@@ -3,6 +3,8 @@ never arrived and why, and the ranks without a file."""
 
 import json
 
+import pytest
+
 from hpccomm.cli import main
 from hpccomm.flight import analyze, load
 
@@ -90,3 +92,17 @@ def test_a_receive_that_waits_is_named():
     verdict = analyze(docs, 2)
     assert verdict.startswith("rank 1 waits in recv #3 on world (4,) float32 (peer rank 0)")
     assert "no rank waits" not in verdict
+
+
+@pytest.mark.parametrize(
+    ("reason", "said"),
+    [
+        ("CommTimeoutError: split #2 on world (rank 1 of 2): not complete", "it reported"),
+        ("requested: checkpoint #3 before step 7", "it is in no hpccomm call"),
+    ],
+)
+def test_what_a_rank_without_a_waiting_call_reported(reason, said):
+    # only an hpccomm error about a call is quoted (a user's dump() reason with '#' was)
+    docs = {0: doc(0, 2, [entry("all_reduce", "world", 2, "started")]),
+            1: doc(1, 2, [entry("all_reduce", "world", 1, "completed")], reason=reason)}  # fmt: skip
+    assert said in analyze(docs, 2)
