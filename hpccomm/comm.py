@@ -546,14 +546,10 @@ class Communicator:
         self._group.seq += 1
         seq = self._group.seq
         w = f"monitored_barrier #{seq} on {self.name} (rank {self.rank} of {self.size})"
-        try:
+        with record.reported():  # the flight recorder's dump, as for an operation
             notices.monitored_barrier(
                 self._dispatcher.gid, seq, self._dispatcher.members, self.rank, bound or 60.0, w
             )
-        except HpccommError as exc:  # the flight recorder's dump, as for an operation
-            if record.error_hooks:
-                record.report_error(exc)
-            raise
 
     # -- point-to-point -----------------------------------------------------------------
 
@@ -878,17 +874,13 @@ class Communicator:
             return made, made.mpi.allgather(self._node_key)
 
         # the members only: not a step of this group's sequence, bounded by its timeout
-        try:
+        with record.reported():  # the flight recorder's dump, as for an operation
             backend, keys = self._dispatcher.bounded(
                 f"create_group {ranks} on {self.name} (rank {self.rank} of {self.size})",
                 job,
                 late="not complete after {t} s; some rank of the list has not called "
                 "create_group (MPI cannot cancel it: abort the job)",
             )
-        except HpccommError as exc:  # the flight recorder's dump, as for an operation
-            if record.error_hooks:
-                record.report_error(exc)
-            raise
         count = self._created.get((tuple(ranks), tag_value), 0)
         self._created[(tuple(ranks), tag_value)] = count + 1
         child = self._adopt(

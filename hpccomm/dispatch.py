@@ -57,7 +57,7 @@ from .errors import (
 )
 from .executor import Executor, Future
 from .notices import ENTERED, FAILED, REFUSED, NoticeBoard
-from .ops import DISJOINT, Call, Group, OpSpec
+from .ops import OVERLAP_CHECKED, Call, Group, OpSpec
 from .record import Record
 from .work import Done, Work, wait_watching
 
@@ -225,7 +225,7 @@ class Dispatcher:
                     out.dtype,
                     out.shape,
                     out.strides,
-                    _overlap(data, out) if spec in DISJOINT else None,
+                    _overlap(data, out) if spec in OVERLAP_CHECKED else None,
                 ),
                 # the arguments' types: True == 1 == 1.0 and 2.0 == 2+0j as keys, but not
                 # in validation (a root of True, a complex factor on a real dtype)
@@ -402,10 +402,7 @@ class Dispatcher:
         if self._unsettled and not call.spec.p2p:
             self.settle()
         if self.broken is not None:
-            closed = ClosedError(f"{call.where(seq)}: {self.broken}")
-            if self.notices is not None and not call.spec.p2p:  # a peer may wait in it
-                self._post(call.spec.name, seq, closed, REFUSED)
-            raise closed
+            raise self._unusable(call.spec.name, seq, call.where(seq), call.spec.p2p)
         if self._slow and not async_op:
             self._update_slow()  # the worker may have drained since the last call
         site = call_site() if self.debug == "detail" else None
@@ -546,7 +543,7 @@ class Dispatcher:
         if self.notices is not None:
             self._post(spec.name, seq, exc, REFUSED)
         g = self.group
-        where_ = f"{spec.name} #{seq} on {g.name} (rank {g.rank} of {g.size})"
+        where_ = where(spec.name, g.rank, g.size, group=g.name, seq=seq)
         if self.closed:  # freed here: nothing to agree on (its communicators are gone)
             return
         if self.debug in CHECKING:  # the others compare fingerprints: join with the reason
@@ -575,9 +572,7 @@ class Dispatcher:
         self._post(spec.name, seq, exc, REFUSED)
         g = self.group
         if g.size > 1:
-            self._expect_refusals(
-                seq, f"{spec.name} #{seq} on {g.name} (rank {g.rank} of {g.size})", exc
-            )
+            self._expect_refusals(seq, where(spec.name, g.rank, g.size, group=g.name, seq=seq), exc)
 
     def _expect_refusals(self, seq: int, where_: str, exc: BaseException) -> None:
         # settled by the next collective on the group (the error reaches the caller at once)
@@ -648,14 +643,19 @@ class Dispatcher:
         call's messages."""
         if call.spec.p2p:
             return
-        if self._unsettled and not call.spec.p2p:
+        if self._unsettled:
             self.settle()
         if self.broken is not None:
-            closed = ClosedError(f"{call.where(seq)}: {self.broken}")
-            closed.refused = True
-            if self.notices is not None:
-                self._post(call.spec.name, seq, closed, REFUSED)
-            raise closed
+            raise self._unusable(call.spec.name, seq, call.where(seq))
+
+    def _unusable(self, op: str, seq: int, where_: str, p2p: bool = False) -> ClosedError:
+        """The ClosedError of call ``seq`` on a group made unusable; a collective's peers are
+        told (one may wait in it), so the error is not reported again (``refused``)."""
+        closed = ClosedError(f"{where_}: {self.broken}")
+        closed.refused = True
+        if not p2p:
+            self._post(op, seq, closed, REFUSED)
+        return closed
 
     def report(self, call: Call, seq: int, exc: BaseException, stuck: bool = False) -> None:
         """A collective that failed on this rank: tell the group's other ranks (unless the
@@ -819,12 +819,8 @@ class Dispatcher:
         the debug check the ranks first compare the op, its sequence number and ``agree``
         (e.g. new_group's rank list). Its errors reach the error hooks (the flight
         recorder's dump), as an operation's do."""
-        try:
+        with record.reported():
             return self._collective(what, fn, *args, agree=agree)
-        except HpccommError as exc:
-            if record.error_hooks:
-                record.report_error(exc)
-            raise
 
     def _collective(
         self, what: str, fn: Callable[..., Any], *args: Any, agree: dict[str, Any] | None = None
@@ -840,9 +836,7 @@ class Dispatcher:
         if self._unsettled:
             self.settle()
         if self.broken is not None:
-            closed = ClosedError(f"{name}: {self.broken}")
-            self._post(what, group.seq, closed, REFUSED)  # a peer may wait in it
-            raise closed
+            raise self._unusable(what, group.seq, name)
         if self.debug in CHECKING:
             fp = {"op": what, "seq": group.seq, **(agree or {})}
             if self.debug == "detail":

@@ -773,7 +773,7 @@ SENDRECV = OpSpec("sendrecv", P, _v_sendrecv, root="dst")
 # the operations whose validation depends on how out= overlaps the array: refused for the
 # first two, allowed only as exactly this rank's block for the others (the dispatch's cache
 # key holds the overlap: validation is skipped for a description seen before)
-DISJOINT = frozenset({ALL_TO_ALL, SENDRECV, ALL_GATHER, GATHER, SCATTER})
+OVERLAP_CHECKED = frozenset({ALL_TO_ALL, SENDRECV, ALL_GATHER, GATHER, SCATTER})
 BATCH_P2P = OpSpec("batch_isend_irecv", P, _v_batch, arrays=False)
 BROADCAST_OBJECT = OpSpec(
     "broadcast_object", C, _v_rooted_object, root="src", objects=True, nccl=False

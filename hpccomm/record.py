@@ -8,10 +8,12 @@ shape, times, error) and notify; with no listener the record step is one integer
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from .errors import HpccommError
 from .ops import Call
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "notify",
     "error_hooks",
     "report_error",
+    "reported",
 ]
 
 # Dispatch reads this list directly: an empty list means "no one listens".
@@ -92,6 +95,17 @@ def report_error(exc: BaseException) -> None:
             fn(exc)
         except Exception:  # a hook must not replace the real error
             pass
+
+
+@contextlib.contextmanager
+def reported() -> Iterator[None]:
+    """An hpccomm error raised inside reaches the error hooks (the flight recorder's dump) on
+    its way to the caller: for steps that make no Record (group creation, monitored_barrier)."""
+    try:
+        yield
+    except HpccommError as exc:
+        report_error(exc)
+        raise
 
 
 def notify(event: str, record: Record) -> None:

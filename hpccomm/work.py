@@ -15,8 +15,6 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import numpy as np
-
 from . import record
 from .errors import (
     BackendError,
@@ -212,7 +210,7 @@ class Work:
         if timeout is not _DEFAULT and timeout is not None:
             if (
                 not isinstance(timeout, numbers.Real)
-                or isinstance(timeout, (bool, np.bool_))
+                or isinstance(timeout, bool)  # (NumPy's bool is no numbers.Real)
                 or not math.isfinite(timeout)
                 or timeout < 0
             ):
