@@ -15,7 +15,6 @@ a CommTimeoutError names the op and its sequence number).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -54,6 +53,7 @@ from .ops import (
     Group,
     P2POp,
     as_int,
+    check_timeout,
 )
 from .parallel import ParallelGroups
 
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     from .discovery import LaunchInfo
     from .work import Work
 
-__all__ = ["Communicator", "NodeInfo", "check_timeout"]
+__all__ = ["Communicator", "NodeInfo"]
 
 _SUM = ReduceOp.SUM
 
@@ -89,19 +89,6 @@ def node_info(keys: Sequence[Any], rank: int) -> NodeInfo:
         order.setdefault(k, len(order))
     local = [r for r, k in enumerate(keys) if k == mine]
     return NodeInfo(local.index(rank), len(local), order[mine], len(order))
-
-
-def check_timeout(value: Any, what: str) -> float | None:
-    """A timeout setting: None, or finite seconds > 0 (NaN, 0, negatives, inf, bool and
-    strings are refused with an error naming ``what``)."""
-    if value is None:
-        return None
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value <= 0:
-        raise InvalidArgumentError(
-            f"{what}: timeout is {value!r}, expected finite seconds > 0 or None"
-        )
-    return float(value)
 
 
 class NotMember:

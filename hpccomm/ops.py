@@ -35,7 +35,7 @@ from .dtypes import (
 )
 from .errors import DtypeError, HpccommError, InvalidArgumentError, where
 
-__all__ = ["OpSpec", "Call", "Group", "P2POp", "SPECS", "as_int"]
+__all__ = ["OpSpec", "Call", "Group", "P2POp", "SPECS", "as_int", "check_timeout"]
 
 Counts = tuple[list[int], list[int]]  # elements per rank, displacement per rank
 _NO_COUNTS: Counts = ([], [])
@@ -272,6 +272,24 @@ def as_int(value: Any) -> int | None:
     if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
         return int(value)
     return None
+
+
+def check_timeout(value: Any, what: str, zero: bool = False) -> float | None:
+    """A timeout: None, or finite seconds > 0 (>= 0 where ``zero``: a wait that only polls).
+
+    Any real number is taken (NumPy's floats and ints included); NaN, infinities, negatives,
+    bools (Python's or NumPy's) and strings are refused with an error naming ``what``. The one
+    rule for every timeout hpccomm takes: init's, a communicator's, a call's, Work.wait's.
+    """
+    if value is None:
+        return None
+    ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+    if not ok or not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        raise InvalidArgumentError(
+            f"{what}: timeout is {value!r}, expected finite seconds {'>=' if zero else '>'} 0 "
+            f"or None"
+        )
+    return float(value)
 
 
 def _rows(shape: tuple[int, ...]) -> tuple[int, tuple[int, ...], int]:

@@ -16,13 +16,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import flight, memory, profiler
-from .comm import Communicator, NodeInfo, check_timeout
+from .comm import Communicator, NodeInfo
 from .cuda_aware import DeviceConfig, decide
 from .debug import EAGER_ENV, level_from
 from .discovery import LaunchInfo, discover
 from .errors import GpuBindingError, HpccommError, InvalidArgumentError, LaunchMismatchError
 from .gpuselect import choose_on_node, format_uuid, sharing_allowed
 from .notices import NoticeBoard
+from .ops import check_timeout
 from .switches import switch
 
 if TYPE_CHECKING:

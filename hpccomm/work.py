@@ -8,7 +8,6 @@ operation's result or one error, kept for every later ``wait()``/``exception()``
 from __future__ import annotations
 
 import math
-import numbers
 import threading
 import time
 import warnings
@@ -20,11 +19,10 @@ from .errors import (
     BackendError,
     CommTimeoutError,
     HpccommError,
-    InvalidArgumentError,
     UnwaitedWorkWarning,
 )
 from .executor import Future
-from .ops import Call
+from .ops import Call, check_timeout
 
 __all__ = ["Work", "Pending", "wait_bounded", "wait_watching"]
 
@@ -207,17 +205,8 @@ class Work:
                 cancel a started collective), so a later wait() may still complete it.
             HpccommError: the operation failed (every later wait() raises it again).
         """
-        if timeout is not _DEFAULT and timeout is not None:
-            if (
-                not isinstance(timeout, numbers.Real)
-                or isinstance(timeout, bool)  # (NumPy's bool is no numbers.Real)
-                or not math.isfinite(timeout)
-                or timeout < 0
-            ):
-                raise InvalidArgumentError(
-                    f"{self._where()}: wait timeout is {timeout!r}, expected finite seconds "
-                    f">= 0 or None"
-                )
+        if timeout is not _DEFAULT:
+            timeout = check_timeout(timeout, f"{self._where()}: wait", zero=True)
         if not self._done:
             if timeout is _DEFAULT:
                 timeout = self._timeout

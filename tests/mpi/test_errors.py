@@ -330,10 +330,11 @@ def test_long_receive_is_a_mismatch_naming_sender_tag_and_sizes(comm):
 def test_a_wait_timeout_that_is_no_duration_is_refused(comm):
     # wait(timeout=nan) was taken (and -1, "1"); 0 polls
     work = comm.all_reduce(np.ones(2), async_op=True)
-    for bad in (float("nan"), -1, float("inf"), "1", True):
-        with pytest.raises(InvalidArgumentError, match=r"all_reduce #\d+ on .*wait "
+    for bad in (float("nan"), -1, float("inf"), "1", True, np.bool_(True)):
+        with pytest.raises(InvalidArgumentError, match=r"all_reduce #\d+ on .*wait: "
                            r"timeout is .*, expected finite seconds >= 0 or None"):  # fmt: skip
             work.wait(timeout=bad)
+    assert (work.wait(timeout=np.float32(30)) == comm.size).all()  # any real number
     assert (work.wait() == comm.size).all()
     assert (work.wait(timeout=0) == comm.size).all()
 

@@ -78,6 +78,23 @@ def test_reduce_ops_made_directly_are_checked(args, text):
     assert pickle.loads(pickle.dumps(op)) == op and ReduceOp("MAX") == ReduceOp.MAX
 
 
+@pytest.mark.parametrize("zero", [False, True])
+def test_one_rule_for_every_timeout(zero):
+    # init's and a communicator's timeout refused NumPy's float32 (no float subclass) while
+    # Work.wait took it: one check now, 0 allowed only where a wait may just poll
+    from hpccomm import InvalidArgumentError
+    from hpccomm.ops import check_timeout
+
+    for good in (1, 2.5, np.float32(0.5), np.int64(3)):
+        assert check_timeout(good, "x", zero) == float(good)
+    assert check_timeout(None, "x", zero) is None
+    assert (check_timeout(0, "x", True), check_timeout(0.0, "x", True)) == (0.0, 0.0)
+    bad = [float("nan"), float("inf"), -1, "1", True, np.bool_(True), [1]] + [0] * (not zero)
+    for value in bad:
+        with pytest.raises(InvalidArgumentError, match=r"^init: timeout is .*, expected finite"):
+            check_timeout(value, "init", zero)
+
+
 def test_a_disagreement_of_three_ranks_reads_as_a_list():
     from hpccomm.debug import disagreement
 
