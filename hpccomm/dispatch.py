@@ -57,7 +57,7 @@ from .errors import (
 )
 from .executor import Executor, Future
 from .notices import ENTERED, FAILED, REFUSED, NoticeBoard
-from .ops import OVERLAP_CHECKED, Call, Group, OpSpec
+from .ops import OVERLAP_CHECKED, Call, Group, OpSpec, check_stream
 from .record import Record
 from .work import Done, Work, wait_watching
 
@@ -199,6 +199,14 @@ class Dispatcher:
                 ReadOnlyWhileRunning.refuse_held(
                     data, out, where(spec.name, g.rank, g.size, group=g.name, seq=nxt)
                 )
+            except InvalidArgumentError as exc:
+                self.refused(spec, exc)
+                raise
+        if stream is not None:
+            g = self.group
+            try:
+                nxt = (g.p2p_seq if spec.p2p else g.seq) + 1
+                check_stream(stream, where(spec.name, g.rank, g.size, group=g.name, seq=nxt))
             except InvalidArgumentError as exc:
                 self.refused(spec, exc)
                 raise
@@ -435,8 +443,9 @@ class Dispatcher:
                     call.backend.seq = seq
                     pending = Done(call.body(call, data, out, stream))
                 else:
-                    if stream is None and call.device is not None:
-                        stream = call.backend.stream_now()  # the caller's, not the worker's
+                    settle = None
+                    if call.device is not None:  # the caller's stream, not the worker's
+                        stream, settle = call.backend.worker_stream(stream)
                     job = partial(self.verify, site=site) if checked else None
                     # a library error: validated again from scratch first, as inline
                     fail = partial(self.failed, call, seq, key=key, data=data, out=out)
@@ -451,6 +460,7 @@ class Dispatcher:
                         job,
                         fail,
                         self.before_job,
+                        settle,
                     )
                     self._slow = True  # later plain calls queue behind it until it is done
             elif mode == "requests":
@@ -978,17 +988,22 @@ def _run_job(
     check: Callable[[Call, int], None] | None = None,
     fail: Callable[[Exception], HpccommError] | None = None,
     before: Callable[[Call, int], None] | None = None,
+    settle: Any = None,
 ) -> Any:
     """A blocking body on the worker thread (after the debug check, if any): library errors
     become HpccommErrors naming the call (a PeerError when a peer process died), by ``fail``
-    where given (the dispatch's: a call from the cache is validated again first)."""
+    where given (the dispatch's: a call from the cache is validated again first). ``settle``:
+    a CUDA stream the call's GPU work is done on before it completes (WorkerStreams)."""
     if before is not None:
         before(call, seq)  # a refusal found after this call was queued (Dispatcher.before_job)
     try:
         if check is not None:
             check(call, seq)
         call.backend.seq = seq
-        return call.body(call, data, out, stream)
+        result = call.body(call, data, out, stream)
+        if settle is not None:
+            settle.synchronize()
+        return result
     except HpccommError:
         raise
     except Exception as exc:

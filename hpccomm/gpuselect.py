@@ -38,11 +38,17 @@ def parse_visible_devices(value: str | None) -> tuple[str, ...] | None:
 
 def format_uuid(raw: object) -> str:
     """A GPU UUID (the 16 bytes of ``cudaDeviceProp.uuid``) as nvidia-smi prints it,
-    ``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``; "" when missing or all zeros. A string is
-    returned as it is."""
+    ``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``; "" when missing, cut short or all zeros (the
+    callers then identify the GPU by its PCI bus id). A string is returned as it is.
+
+    CuPy 14.2's ``getDeviceProperties`` reads the field as a C string (runtime.pyx:
+    ``props.uuid.bytes``, a ``char[16]``): it stops at the first zero byte (about 6% of UUIDs
+    have one) or, without one, runs on into the next field (``luid``). The first 16 bytes of
+    a longer value are the UUID; a shorter one is cut at the same byte in every process that
+    sees that GPU, so the bus id fallback names it alike everywhere."""
     if isinstance(raw, str):
         return raw
-    data = bytes(raw) if isinstance(raw, (bytes, bytearray, memoryview)) else b""
+    data = bytes(raw)[:16] if isinstance(raw, (bytes, bytearray, memoryview)) else b""
     if len(data) != 16 or not any(data):
         return ""
     h = data.hex()

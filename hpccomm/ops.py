@@ -35,7 +35,7 @@ from .dtypes import (
 )
 from .errors import DtypeError, HpccommError, InvalidArgumentError, where
 
-__all__ = ["OpSpec", "Call", "Group", "P2POp", "SPECS", "as_int", "check_timeout"]
+__all__ = ["OpSpec", "Call", "Group", "P2POp", "SPECS", "as_int", "check_stream", "check_timeout"]
 
 Counts = tuple[list[int], list[int]]  # elements per rank, displacement per rank
 _NO_COUNTS: Counts = ([], [])
@@ -290,6 +290,23 @@ def check_timeout(value: Any, what: str, zero: bool = False) -> float | None:
             f"or None"
         )
     return float(value)
+
+
+def check_stream(stream: Any, what: str) -> None:
+    """``stream=`` is a CuPy stream (``cupy.cuda.Stream`` or ``ExternalStream``: an int
+    ``ptr`` and ``synchronize``/``record``), else an InvalidArgumentError naming ``what``
+    (anything else failed inside the backend, after the peers had entered the call)."""
+    ptr = getattr(stream, "ptr", None)
+    if (
+        not isinstance(ptr, int)
+        or isinstance(ptr, bool)
+        or not callable(getattr(stream, "synchronize", None))
+        or not callable(getattr(stream, "record", None))
+    ):
+        raise InvalidArgumentError(
+            f"{what}: stream is {_kind(stream)}, expected a CuPy stream "
+            f"(cupy.cuda.Stream or cupy.cuda.ExternalStream) or None"
+        )
 
 
 def _rows(shape: tuple[int, ...]) -> tuple[int, tuple[int, ...], int]:

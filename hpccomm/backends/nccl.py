@@ -41,6 +41,7 @@ from ..ops import Call
 from ..work import Work
 
 __all__ = [
+    "WorkerStreams",
     "NcclBackend",
     "DeviceWork",
     "NcclPlan",
@@ -191,7 +192,11 @@ def gpu_identity(runtime: Any, device: int, host: str) -> GpuIdentity:
 
 
 def check_unique_gpus(
-    identities: Sequence[tuple[str, ...]], rank: int, *, allowed: bool = False
+    identities: Sequence[tuple[str, ...]],
+    rank: int,
+    *,
+    allowed: bool = False,
+    allowed_on: Sequence[int] = (),
 ) -> None:
     """Raise GpuBindingError (on every rank that calls it) when two ranks share one GPU.
 
@@ -202,7 +207,9 @@ def check_unique_gpus(
         identities: :class:`GpuIdentity` (host, UUID, PCI bus id) of every rank, in rank
             order; (host, bus id) pairs are accepted too.
         rank: this rank.
-        allowed: sharing is explicitly allowed (see :func:`multi_rank_gpu_allowed`).
+        allowed: sharing is explicitly allowed on every rank (see
+            :func:`multi_rank_gpu_allowed`).
+        allowed_on: the ranks where it is allowed when not on every rank (for the message).
     """
     if allowed:
         return
@@ -225,6 +232,11 @@ def check_unique_gpus(
             f"share GPU {gpu}{more}; NCCL rejects two ranks of one communicator on one GPU. Give "
             f"each rank its own GPU (srun --gpus-per-task=1, or as many tasks per node as GPUs), "
             f"or allow it with NCCL_MULTI_RANK_GPU_ENABLE=1 (NCCL >= 2.30, slow, for testing)"
+            + (
+                f"; it is set on rank(s) {list(allowed_on)} only, and must be on every rank"
+                if allowed_on
+                else ""
+            )
         )
 
 
@@ -246,6 +258,37 @@ def event_done(runtime: Any, event: Any, where: object) -> bool:
     except Exception as exc:
         raise BackendError(f"{where}: CUDA error on the GPU: {exc}") from exc
     raise BackendError(f"{where}: CUDA error {status} on the GPU")  # pragma: no cover
+
+
+class WorkerStreams:
+    """The stream a call the caller ordered on ``stream`` runs on when the worker thread runs
+    it (bounded and async calls).
+
+    A stream object names the same CUDA stream on every thread, except CuPy's per-thread
+    default stream (``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``: ``Stream.ptds``, the handle
+    ``cudaStreamPerThread``), which means the calling thread's own stream: used on the worker
+    thread it would be the worker's, unordered with the caller's kernels that made the data.
+    For that one, :meth:`resolve` (in the caller's thread) makes a stream of hpccomm's own on
+    the current device wait for what the caller enqueued so far, and returns it with itself
+    as the stream to synchronize before the call completes, so the caller's later kernels
+    (enqueued after the call returns or its Work's wait()) find the result done."""
+
+    def __init__(self) -> None:
+        self._side: dict[int, Any] = {}  # device id -> hpccomm's stream
+        self._lock = threading.Lock()
+
+    def resolve(self, stream: Any) -> tuple[Any, Any]:
+        import cupy
+
+        if stream.ptr != cupy.cuda.runtime.streamPerThread:
+            return stream, None
+        device = cupy.cuda.Device().id
+        with self._lock:
+            side = self._side.get(device)
+            if side is None:
+                side = self._side[device] = cupy.cuda.Stream(non_blocking=True)
+        side.wait_event(stream.record())  # recorded here, on the caller's own stream
+        return side, side
 
 
 def check_tags(call: Call, tags: Sequence[Any]) -> None:
@@ -406,6 +449,7 @@ class NcclBackend:
         self.size = mpi_comm.Get_size()
         self.version = int(nccl.get_version())
         self._aborted: str | None = None
+        self._streams = WorkerStreams()
         self._lock = threading.RLock()  # the communicator between abort() and its users
         self._temps: list[Any] = []  # the running call's temporaries (held until completion)
         where = f"NCCL init (rank {self.rank} of {self.size})"
@@ -418,7 +462,11 @@ class NcclBackend:
                 uid = (pack_unique_id(raw).tobytes(), isinstance(raw, (bytes, bytearray)))
         except Exception as exc:
             mine = f"{type(exc).__name__}: {exc}"
-        everyone = mpi_comm.allgather((mine, uid))
+        # the sharing exception is the group's (each rank's own setting made some ranks
+        # refuse while the others entered ncclCommInitRank and waited for them)
+        allowed = multi_rank_gpu_allowed(self.version)
+        gathered = mpi_comm.allgather((mine, uid, allowed))
+        everyone = [(m, u) for m, u, _ in gathered]
         failed = [(r, m) for r, (m, _) in enumerate(everyone) if isinstance(m, str)]
         if everyone[0][1] is None and not failed:
             failed = [(0, "no unique id")]  # pragma: no cover - rank 0 fails above instead
@@ -428,7 +476,13 @@ class NcclBackend:
                 + "; ".join(f"rank {r} could not describe GPU or unique id: {m}" for r, m in failed)
             )
         identities = [GpuIdentity(*m) for m, _ in everyone]
-        check_unique_gpus(identities, self.rank, allowed=multi_rank_gpu_allowed(self.version))
+        allowed_on = [r for r, (_, _, a) in enumerate(gathered) if a]
+        check_unique_gpus(
+            identities,
+            self.rank,
+            allowed=len(allowed_on) == self.size,
+            allowed_on=allowed_on,
+        )
         raw_id, as_bytes = everyone[0][1]
         commid = unpack_unique_id(np.frombuffer(raw_id, dtype=np.uint8), as_bytes)
         with cupy.cuda.Device(device):
@@ -458,6 +512,11 @@ class NcclBackend:
 
     def stream_now(self) -> Any:
         return self._cupy.cuda.get_current_stream()
+
+    def worker_stream(self, stream: Any) -> tuple[Any, Any]:
+        """(the stream for the worker thread, the stream it synchronizes or None); see
+        WorkerStreams."""
+        return self._streams.resolve(stream if stream is not None else self.stream_now())
 
     def error(self, call: Call, seq: int, exc: BaseException) -> HpccommError:
         return BackendError(f"{call.where(seq)}: {self.name} failed: {exc}")
@@ -532,7 +591,7 @@ class NcclBackend:
         host until the GPU has finished it. The returned Pending gives up after ``timeout``
         seconds (None: never), aborting the communicator."""
         where = call.where(seq)
-        stream = stream if stream is not None else self.stream_now()
+        stream, _ = self.worker_stream(stream)  # the job waits for it on the host anyway
 
         def job() -> Any:
             if check is not None:

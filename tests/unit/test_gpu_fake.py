@@ -120,6 +120,9 @@ class Stream:
         return event
 
 
+PTDS = 2  # the per-thread default stream's handle: the calling thread's own stream
+
+
 class Event:
     def __init__(self, gpu: Gpu, disable_timing: bool = True) -> None:
         self.gpu = gpu
@@ -159,6 +162,7 @@ class Runtime(types.ModuleType):
         super().__init__("cupy.cuda.runtime")
         self.gpu = gpu
         self.CUDARuntimeError = CUDARuntimeError
+        self.streamPerThread = PTDS  # CuPy: cudaStreamPerThread, Stream.ptds's handle
 
     def _device(self) -> None:
         self.gpu.device_calls += 1
@@ -459,11 +463,23 @@ def test_format_uuid_like_nvidia_smi():
     assert format_uuid(bytes(16)) == "" and format_uuid(None) == ""
 
 
+def test_uuid_as_cupy_reads_it():
+    """CuPy reads cudaDeviceProp.uuid as a C string: past the 16 bytes into luid when no
+    byte is zero (the first 16 are the UUID; the rest was compared too, and may differ by
+    process), cut at a zero byte otherwise (the GPU is then named by its PCI bus id)."""
+    u = bytes(range(1, 17))
+    assert format_uuid(u + b"ZZZZZZZZ") == format_uuid(u) != ""
+    assert format_uuid(u[:5]) == ""  # cut at u[5] == 0: the bus id names the GPU instead
+    short = [("n1", format_uuid(u[:5]), "0000:01:00.0")] * 2
+    with pytest.raises(GpuBindingError, match=r"would share GPU 0000:01:00.0"):
+        check_unique_gpus(short, 1)
+
+
 def test_nccl_init_exchanges_uuids_and_refuses_a_shared_one(gpu):
-    other = ((("n2", format_uuid(U1), "0000:01:00.0"), None),)
+    other = ((("n2", format_uuid(U1), "0000:01:00.0"), None, False),)
     with pytest.raises(GpuBindingError, match=rf"would share GPU {format_uuid(U1)} \(PCI"):
         NcclBackend(FakeMPI(0, 2, [None, *other]), 0, host="n1")
-    distinct = ((("n2", format_uuid(U2), "0000:01:00.0"), None),)
+    distinct = ((("n2", format_uuid(U2), "0000:01:00.0"), None, False),)
     b = NcclBackend(FakeMPI(0, 2, [None, *distinct]), 0, host="n1")
     assert b.comm.ndev == 2 and b.comm.rank == 0
 
@@ -471,7 +487,7 @@ def test_nccl_init_exchanges_uuids_and_refuses_a_shared_one(gpu):
 def test_nccl_init_failure_on_one_rank_is_raised_on_every_rank(gpu):
     """A rank that cannot describe its GPU still joins the exchange, so the others raise
     too, naming it, instead of waiting in the allgather."""
-    failed = ("CUDARuntimeError: cudaErrorInsufficientDriver", None)
+    failed = ("CUDARuntimeError: cudaErrorInsufficientDriver", None, False)
     with pytest.raises(BackendError, match="rank 1 could not describe GPU.*InsufficientDriver"):
         NcclBackend(FakeMPI(0, 2, [None, failed]), 0)
 
@@ -479,8 +495,9 @@ def test_nccl_init_failure_on_one_rank_is_raised_on_every_rank(gpu):
 # -- defect 5: "auto" falls back to the MPI device path where NCCL refuses -------------------
 
 
-def shared_gpu_mpi() -> FakeMPI:
-    return FakeMPI(0, 2, [None, (("n1", format_uuid(U1), "0000:01:00.0"), None)])
+def shared_gpu_mpi(allowed: bool = False) -> FakeMPI:
+    """Rank 1 of 2 on rank 0's GPU; ``allowed``: NCCL_MULTI_RANK_GPU_ENABLE=1 there."""
+    return FakeMPI(0, 2, [None, (("n1", format_uuid(U1), "0000:01:00.0"), None, allowed)])
 
 
 def test_auto_falls_back_to_mpi_when_ranks_share_a_gpu(gpu, monkeypatch):
@@ -509,10 +526,25 @@ def test_explicit_nccl_still_refuses_ranks_sharing_a_gpu(gpu, monkeypatch):
 
 def test_multi_rank_gpu_enable_lets_nccl_share(gpu, monkeypatch):
     monkeypatch.setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1")
-    d, devices = nccl_dispatcher(gpu, auto=True, mpi=shared_gpu_mpi())
+    d, devices = nccl_dispatcher(gpu, auto=True, mpi=shared_gpu_mpi(allowed=True))
     call = O.Call(O.ALL_REDUCE, d.group, redop=ReduceOp.SUM)
     call.device = 0
     assert isinstance(devices.backend_for(call), NcclBackend)
+
+
+@pytest.mark.parametrize("here", [True, False])
+def test_multi_rank_gpu_enable_on_some_ranks_only_is_refused_on_every_rank(gpu, monkeypatch, here):
+    """Each rank decided from its own environment: the ranks with the setting entered
+    ncclCommInitRank and waited for the ones that refused. The setting is the group's now."""
+    if here:
+        monkeypatch.setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1")
+    else:
+        monkeypatch.delenv("NCCL_MULTI_RANK_GPU_ENABLE", raising=False)
+    with pytest.raises(
+        GpuBindingError, match=rf"set on rank\(s\) \[{0 if here else 1}\] only, and must be"
+    ):
+        NcclBackend(shared_gpu_mpi(allowed=not here), 0, host="n1")
+    assert [e for e in gpu.log if e[0] == "nccl_init"] == []
 
 
 def test_auto_mode_is_said_and_dup_to_nccl_is_explicit():
@@ -684,6 +716,60 @@ def test_nccl_premul_and_avg_kernels_on_the_call_stream(gpu):
     d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.PREMUL_SUM(0.25), stream=s)
     assert list(x.a) == [1.0] * 3
     assert ("kernel", "multiply", s.ptr) in gpu.log and ("nccl", "allReduce", s.ptr) in gpu.log
+
+
+@pytest.mark.parametrize("backend", ["mpi_device", "nccl"])  # ("mpi": a pytest-mpi marker)
+def test_per_thread_default_stream_is_not_handed_to_the_worker(gpu, backend):
+    """With CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1 the current stream is Stream.ptds, whose
+    handle means the calling thread's own stream: a bounded call run on the worker thread on
+    it ran on the worker's stream, unordered with the caller's kernels. It runs on a stream
+    of hpccomm's own that first waits for an event recorded on the caller's, and is done
+    on the GPU before the call returns."""
+    from mpi4py import MPI
+
+    from hpccomm.backends.mpi import MPIBackend
+
+    if backend == "nccl":
+        d, devices = nccl_dispatcher(gpu, timeout=30)
+    else:
+        host = MPIBackend(MPI.COMM_SELF.Dup())
+        devices = DeviceBackends(host, DeviceConfig(0, "mpi", DevicePath(False, "test")))
+        d = Dispatcher(Group("self", 0, 1), host, devices.backend_for, timeout=30)
+        devices.attach(d)
+    x = dev(gpu, np.arange(5, dtype=np.float32))
+    ptds = Stream(gpu, ptr=PTDS)
+    with ptds:
+        mark = len(gpu.log)
+        for async_op in (False, True):
+            got = d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM, async_op=async_op)
+            if async_op:
+                got = got.wait()
+            assert list(got.a) == [0, 1, 2, 3, 4]
+    log = gpu.log[mark:]
+    on_ptds = [e for e in log if PTDS in e[1:] and e != ("event", PTDS)]
+    assert on_ptds == [], log  # only the caller's event is recorded on its own stream
+    waits = [e for e in log if e[0] == "wait_event"]
+    assert len(waits) == 2 and waits[0][1] != PTDS, log
+    side = waits[0][1]
+    moved = [i for i, e in enumerate(log) if e[0] in ("d2h", "h2d", "nccl")]
+    assert moved and all(log[i][-1] == side for i in moved), log
+    assert log.index(waits[0]) < moved[0]
+    if backend == "mpi_device":  # the worker synchronizes hpccomm's stream before the call is done
+        assert ("sync", side) in log[moved[-1]:], log
+    d.close()
+
+
+def test_stream_that_is_no_cupy_stream_is_refused_by_name(gpu):
+    d, devices = nccl_dispatcher(gpu)
+    x = dev(gpu, np.ones(4, np.float32))
+    for bad in (5, "s", object()):
+        with pytest.raises(
+            InvalidArgumentError,
+            match=r"all_reduce #\d+ on world \(rank 0 of 1\): stream is \w+, expected a CuPy",
+        ):
+            d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM, stream=bad)
+    s = Stream(gpu)
+    assert list(d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM, stream=s).a) == [1.0] * 4
 
 
 # -- defect 8: grouped calls -----------------------------------------------------------------
