@@ -755,7 +755,7 @@ def test_per_thread_default_stream_is_not_handed_to_the_worker(gpu, backend):
     assert moved and all(log[i][-1] == side for i in moved), log
     assert log.index(waits[0]) < moved[0]
     if backend == "mpi_device":  # the worker synchronizes hpccomm's stream before the call is done
-        assert ("sync", side) in log[moved[-1]:], log
+        assert ("sync", side) in log[moved[-1] :], log
     d.close()
 
 
