@@ -776,8 +776,8 @@ class Communicator:
         """Split into groups by ``color`` (None: this rank joins no group and gets a
         :class:`NotMember`, which is falsy and refuses every operation),
         ordered by ``key`` (default: this rank). All ranks of the group must call this.
-        Under the debug check the ranks compare ``expect`` (any value every rank should
-        agree on, such as the layout and dimension the groups are for) and raise a
+        Unless the debug level is "off" the ranks compare ``expect`` (any value every rank
+        should agree on, such as the layout and dimension the groups are for) and raise a
         MismatchError naming those that differ.
 
         Example (4 ranks, ``color = rank % 2``): ranks 0, 2 form one group, 1, 3 another.

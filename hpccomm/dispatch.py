@@ -825,10 +825,11 @@ class Dispatcher:
         self, what: str, fn: Callable[..., Any], *args: Any, agree: dict[str, Any] | None = None
     ) -> Any:
         """Run a collective that is not an array operation (split, dup, ...) as one step of
-        the group's sequence: inline, or bounded by the timeout on the worker thread. Under
-        the debug check the ranks first compare the op, its sequence number and ``agree``
-        (e.g. new_group's rank list). Its errors reach the error hooks (the flight
-        recorder's dump), as an operation's do."""
+        the group's sequence: inline, or bounded by the timeout on the worker thread. Unless
+        the debug level is "off" (these steps are rare: the default "large" checks them too),
+        the ranks first compare the op, its sequence number and ``agree`` (e.g. new_group's
+        rank list, a layout group's layout and dimensions). Its errors reach the error hooks
+        (the flight recorder's dump), as an operation's do."""
         with record.reported():
             return self._collective(what, fn, *args, agree=agree)
 
@@ -847,7 +848,7 @@ class Dispatcher:
             self.settle()
         if self.broken is not None:
             raise self._unusable(what, group.seq, name)
-        if self.debug in CHECKING:
+        if self.debug != "off":
             fp = {"op": what, "seq": group.seq, **(agree or {})}
             if self.debug == "detail":
                 fp["site"] = call_site()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, MismatchError
 from .layout import Layout
 
 __all__ = ["ParallelGroups", "Splittable"]
@@ -78,6 +78,17 @@ class ParallelGroups:
                 expect=f"layout group {'-'.join(key)} of {self.layout.to_json()}",
             )
             group.name = f"{self.comm.name}/{'-'.join(key)}"
+            if group.size != len(members) or group.rank != members.index(self.comm.rank):
+                # debug "off" (else the split compared the layouts): the other ranks asked
+                # for other groups, or built another layout
+                got = group.size
+                group.free()
+                raise MismatchError(
+                    f"layout group {'-'.join(key)} on {self.comm.name} (rank {self.comm.rank} "
+                    f"of {self.comm.size}): the split gave a group of {got} rank(s), expected "
+                    f"{len(members)} ({members}) by the layout; the ranks asked for different "
+                    f"groups or built different layouts (HPCCOMM_DEBUG=check names them)"
+                )
             if self.comm.nccl is not None:  # subgroups of an NCCL communicator get theirs too
                 group.enable_nccl()
             self._groups[key] = group
