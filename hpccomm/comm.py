@@ -993,8 +993,9 @@ class Communicator:
         the group should free together.
 
         Raises:
-            InvalidArgumentError: an ``async_op`` collective of the group is still running
-                (wait() for it first); nothing is freed then.
+            InvalidArgumentError: an ``async_op`` operation of the group (a collective, or a
+                point-to-point Work handed out) is still running (wait() for it first);
+                nothing is freed then.
         """
         if self._freed:
             return
@@ -1004,6 +1005,15 @@ class Communicator:
             raise InvalidArgumentError(
                 f"{where('free', self.rank, self.size)}: {ex.pending} operation(s) on "
                 f"{self.name} still running ({running}); wait() for them first"
+            )
+        p2p = self._dispatcher.running_p2p()
+        if p2p:
+            raise InvalidArgumentError(
+                f"{where('free', self.rank, self.size)}: {len(p2p)} point-to-point "
+                f"operation(s) on {self.name} still running ({', '.join(p2p[:3])}"
+                f"{', ...' if len(p2p) > 3 else ''}); wait() for them first (a Work dropped "
+                f"unfinished does not hold up free(): hpccomm keeps its arrays alive until MPI "
+                f"is done with them)"
             )
         for child in reversed(self._children):
             child.free()

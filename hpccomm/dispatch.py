@@ -59,7 +59,7 @@ from .executor import Executor, Future
 from .notices import ENTERED, FAILED, REFUSED, NoticeBoard
 from .ops import OVERLAP_CHECKED, Call, Group, OpSpec, check_stream
 from .record import Record
-from .work import Done, Work, wait_watching
+from .work import ORPHANS, Done, Work, reap, wait_watching
 
 __all__ = ["Dispatcher", "CACHE_LIMIT"]
 
@@ -104,6 +104,7 @@ class Dispatcher:
         "_slow",
         "_unsettled",
         "_settling",
+        "_p2p",
     )
 
     def __init__(
@@ -141,6 +142,9 @@ class Dispatcher:
         self._unsettled: list[tuple[int, str, str, float]] = []
         self._settling = threading.Lock()  # settle runs on the caller's or the worker thread
         self._slow = timeout is not None or debug in CHECKING
+        # the point-to-point Works handed out and not seen complete (free() refuses while
+        # one runs: MPI would go on using its arrays on a communicator freed under it)
+        self._p2p: weakref.WeakSet[Work] = weakref.WeakSet()
 
     # -- settings ---------------------------------------------------------------------------
 
@@ -411,6 +415,8 @@ class Dispatcher:
             self.settle()
         if self.broken is not None:
             raise self._unusable(call.spec.name, seq, call.where(seq), call.spec.p2p)
+        if ORPHANS:
+            reap()
         if self._slow and not async_op:
             self._update_slow()  # the worker may have drained since the last call
         site = call_site() if self.debug == "detail" else None
@@ -519,6 +525,8 @@ class Dispatcher:
             explain=partial(self.timed_out, call, seq, pending),
         )
         if async_op:
+            if call.spec.p2p:
+                self._p2p.add(work)
             return work
         try:
             return work.wait(self._timeout)
@@ -814,6 +822,20 @@ class Dispatcher:
                 f"sizes may differ (debug='check' on every rank compares every call)"
             )
         return exc
+
+    def running_p2p(self) -> list[str]:
+        """The point-to-point operations handed out (Works) that are still running."""
+        running = []
+        for work in list(self._p2p):
+            try:
+                done = work.is_completed()
+            except HpccommError:
+                done = True  # failed: MPI has let go of its arrays
+            if done:
+                self._p2p.discard(work)
+            else:
+                running.append(repr(work))
+        return running
 
     def worker(self) -> Executor:
         """The communicator's worker thread (started on first use)."""

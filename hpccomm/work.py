@@ -11,6 +11,7 @@ import math
 import threading
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -24,9 +25,16 @@ from .errors import (
 from .executor import Future
 from .ops import Call, check_timeout
 
-__all__ = ["Work", "Pending", "wait_bounded", "wait_watching"]
+__all__ = ["Work", "Pending", "ORPHANS", "reap", "wait_bounded", "wait_watching"]
 
 _DEFAULT: Any = object()  # wait() without an argument: the communicator's timeout
+
+# Operations whose Work was dropped unfinished (never waited for, or a blocking call that
+# timed out), each with its call's name: MPI may still read or write their buffers, which
+# the Pending holds, so they stay alive here until MPI is done with them (reap). Dropped,
+# the memory went back to the allocator while MPI still wrote into it (a later array
+# received the message) or read it (the peer received whatever was there by then).
+ORPHANS: deque[tuple[Any, str]] = deque()
 
 
 class Pending(Protocol):
@@ -238,6 +246,11 @@ class Work:
                 f"{self._where()}: not complete after {timeout:g} s; it goes on (a later "
                 f"wait() may complete it; if some rank never joins it, MPI cannot cancel it)"
             )
+        elif self._call.spec.p2p:
+            err = CommTimeoutError(
+                f"{self._where()}: not complete after {timeout:g} s"
+                f"{_p2p_left(self._call, self._pending)}"
+            )
         else:
             err = CommTimeoutError(
                 f"{self._where()}: not complete after {timeout:g} s; some rank of the group "
@@ -294,6 +307,11 @@ class Work:
         # and an unsynchronized read of its buffers is the bug being reported.
         if self._done:
             return
+        pending = self._pending
+        # (the worker holds a queued call's arrays; nothing is posted for a probed receive
+        # that matched no message)
+        if not isinstance(pending, (Future, Done)) and getattr(pending, "posted", True):
+            ORPHANS.append((pending, self._where()))
         closed = self._closed
         if closed is not None and closed():
             return
@@ -326,6 +344,48 @@ _Finished = _FinishedSource()
 
 def _always() -> bool:
     return True
+
+
+def _p2p_left(call: Call, pending: Any) -> str:
+    """What a point-to-point call that timed out leaves behind (the end of its error)."""
+    name = call.spec.name
+    peer = "any rank" if call.peer is None else f"rank {call.peer}"
+    tag = "any tag" if call.tag is None else f"tag {call.tag}"
+    if name in ("recv", "recv_object") and not getattr(pending, "posted", True):
+        return (
+            f"; no message from {peer} with {tag} arrived. Nothing stays posted: a later "
+            f"receive may take that message"
+        )
+    if name == "recv":
+        return (
+            f"; no matching message from {peer} ({tag}) has completed. The receive stays "
+            f"posted: MPI may still write the array (hpccomm keeps it alive), so do not "
+            f"read or reuse it before a wait() completes"
+        )
+    if name in ("send", "send_object"):
+        return (
+            f"; {peer} has not received it ({tag}). The send stays posted: MPI may still "
+            f"read the data (hpccomm keeps it alive), so do not modify it before a wait() "
+            f"completes; if {peer} never receives it, end the job"
+        )
+    return (
+        "; its sends and receives stay posted: MPI may still read and write the arrays "
+        "(hpccomm keeps them alive), so do not touch them before a wait() completes"
+    )
+
+
+def reap() -> None:
+    """Let go of the dropped operations MPI has finished (ORPHANS): each is tested once, in
+    the order dropped. Safe against drops on other threads (a garbage collection): deque
+    appends and pops are atomic."""
+    for _ in range(len(ORPHANS)):
+        pending, name = ORPHANS.popleft()
+        try:
+            done = pending.test()
+        except Exception:  # failed: MPI has let go of its buffers
+            done = True
+        if not done:
+            ORPHANS.append((pending, name))
 
 
 class Done:

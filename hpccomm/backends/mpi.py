@@ -350,6 +350,12 @@ class _ProbedRecv(_Received):
         self.matched = False
         self.done = False
 
+    @property
+    def posted(self) -> bool:
+        """Whether MPI holds the buffer now (a matched message being received): until a
+        message is matched nothing is posted, and a receive that timed out then is over."""
+        return self.matched and not self.done
+
     def _fits(self, msg: MPI.Message) -> bool:
         """Whether the matched message fits the buffer; if not, it is received into
         scratch memory (and so taken off the queue) and dropped."""
@@ -568,6 +574,7 @@ class _ObjectRecv:
     """A pending ``recv_object``: probes until a message matches, then receives it."""
 
     __slots__ = ("comm", "source", "tag", "value", "done", "seq")
+    posted = False  # nothing is posted before a message matches, and then received at once
 
     def __init__(self, comm: pkl5.Intracomm, source: int, tag: int) -> None:
         self.comm, self.source, self.tag = comm, source, tag
@@ -655,13 +662,18 @@ class MPIBackend:
         self._objects_comm = MPI._commctx_intra(self.mpi)[0]
         # The debug checks' exchanges run on a communicator of their own: a rank checking a
         # call can never match another rank's data (a mismatch that straddles the ``large``
-        # level's threshold waits, or times out, instead of exchanging wrong bytes).
+        # level's threshold waits, or times out, instead of exchanging wrong bytes). Its
+        # point-to-point space carries send_object/recv_object (the checks are collectives,
+        # which never match point-to-point messages): on the array communicator an array
+        # send matched a recv_object, whose pkl5 took it for a header and waited in MPI for
+        # parts that never come, past any timeout; a send_object matched an array recv.
         self.checks = self.mpi.Dup()
         # the check's buffers, made once (a group's calls never check concurrently)
         self._mine = np.zeros(2, np.int64)
         self._most = np.zeros(2, np.int64)
         self._check_args = ([self._mine, MPI.INT64_T], [self._most, MPI.INT64_T], MPI.MAX)
         self._pkl5: pkl5.Intracomm | None = None
+        self._pkl5_p2p: pkl5.Intracomm | None = None
         self._bodies: dict[O.OpSpec, Callable[..., Any]] = {
             O.ALL_REDUCE: self._all_reduce,
             O.REDUCE: self._reduce,
@@ -738,7 +750,7 @@ class MPIBackend:
         )
 
     def close(self) -> None:
-        self._pkl5 = None
+        self._pkl5 = self._pkl5_p2p = None
 
     def error(self, call: Call, seq: int, exc: BaseException) -> HpccommError:
         where = call.where(seq)
@@ -983,9 +995,17 @@ class MPIBackend:
 
     @property
     def objects(self) -> pkl5.Intracomm:
+        """pkl5 on this group (its collectives run on mpi4py's duplicate made at init)."""
         if self._pkl5 is None:
             self._pkl5 = pkl5.Intracomm(self.mpi)
         return self._pkl5
+
+    @property
+    def object_messages(self) -> pkl5.Intracomm:
+        """pkl5 for send_object/recv_object: apart from the arrays' messages (see checks)."""
+        if self._pkl5_p2p is None:
+            self._pkl5_p2p = pkl5.Intracomm(self.checks)
+        return self._pkl5_p2p
 
     def _bcast_object(self, call: Call, obj: Any, out: Any, stream: Any) -> Any:
         return self.objects.bcast(obj, root=call.peer)
@@ -1000,10 +1020,10 @@ class MPIBackend:
         return self.objects.scatter(objs if self.rank == call.peer else None, root=call.peer)
 
     def _send_object(self, call: Call, obj: Any, out: Any, stream: Any) -> _ObjectSend:
-        return _ObjectSend(self.objects.isend(obj, dest=call.peer, tag=call.tag))
+        return _ObjectSend(self.object_messages.isend(obj, dest=call.peer, tag=call.tag))
 
     def _recv_object(self, call: Call, obj: Any, out: Any, stream: Any) -> _ObjectRecv:
-        return _ObjectRecv(self.objects, *_source_tag(call))
+        return _ObjectRecv(self.object_messages, *_source_tag(call))
 
     # -- groups (collective over this communicator unless said otherwise) -----------------
 

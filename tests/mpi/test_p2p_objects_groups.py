@@ -255,3 +255,104 @@ def test_launch_discovery_agrees_with_mpi(world):
 
 def test_init_is_idempotent(world):
     assert hpccomm.init() is world and hpccomm.is_initialized()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_dropped_receive_keeps_its_array_until_mpi_is_done(comm):
+    # Rank 1 drops an irecv unwaited and makes new arrays: MPI wrote the message later into
+    # memory that then belonged to one of them (2,000,000 of its elements overwritten).
+    # The dropped operation keeps its array until MPI is done with it now
+    import gc
+    import warnings
+
+    from hpccomm import work as work_mod
+
+    n = 2_000_000  # above the eager limit: the data moves when rank 1 next drives MPI
+    if comm.rank == 1:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", hpccomm.UnwaitedWorkWarning)
+            w = comm.irecv(np.zeros(n), 0, tag=5)
+            name = repr(w).split(" pending")[0][len("<Work ") :]
+            del w
+            gc.collect()
+        victims = [np.full(n, 7.0) for _ in range(4)]
+        comm.barrier()
+        deadline = time.monotonic() + 30
+        while any(where == name for _, where in work_mod.ORPHANS):
+            assert time.monotonic() < deadline, "the dropped receive never completed"
+            work_mod.reap()
+            time.sleep(0.001)
+        comm.barrier()
+        assert all((v == 7.0).all() for v in victims)
+    elif comm.rank == 0:
+        comm.barrier()
+        comm.send(np.full(n, 3.0), 1, tag=5)
+        comm.barrier()
+    else:
+        comm.barrier()
+        comm.barrier()
+
+
+def test_free_refuses_while_a_point_to_point_work_runs(comm):
+    # free() went through with an irecv pending; its Work then said a later wait() might
+    # complete it, on a communicator both sides had freed
+    from hpccomm import InvalidArgumentError
+
+    c = comm.dup()
+    dst, src = (c.rank + 1) % c.size, (c.rank - 1) % c.size
+    buf = np.zeros(4)
+    w = c.irecv(buf, src, tag=9)
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"free \(rank \d+ of \d+\): 1 point-to-point operation\(s\) on .* still running "
+        r"\(<Work recv #1 on .*\); wait\(\) for them first",
+    ):
+        c.free()
+    c.send(np.full(4, float(c.rank)), dst, tag=9)
+    assert w.wait() == src and (buf == src).all()
+    c.free()
+    assert c.freed
+
+
+@pytest.mark.mpi(min_size=2)
+def test_objects_and_arrays_never_take_each_other_messages(comm):
+    # An array send matched recv_object, whose pickle-5 receive took it for a header and
+    # waited inside MPI for parts that never come, past the timeout (the job hung); a
+    # send_object matched an array recv (8 elements: pickle-5's header). Objects and arrays
+    # are apart now, whatever the order
+    c = comm.dup()
+    c.timeout = 20
+    if c.rank == 1:
+        c.send(np.arange(4, dtype=np.int64), 0, tag=5)
+        c.send_object({"a": 1}, 0, tag=5)
+        c.send_object("second", 0, tag=6)
+        c.send(np.arange(3.0), 0, tag=6)
+    elif c.rank == 0:
+        assert c.recv_object(1, tag=5) == {"a": 1}
+        x = np.empty(4, np.int64)
+        assert c.recv(x, 1, tag=5) == 1 and list(x) == [0, 1, 2, 3]
+        y = np.empty(3)
+        assert c.recv(y, 1, tag=6) == 1 and list(y) == [0.0, 1.0, 2.0]
+        assert c.recv_object(1, tag=6) == "second"
+    c.barrier()
+    c.free()
+
+
+@pytest.mark.parametrize("op", ["recv", "recv_object"])
+def test_a_receive_that_timed_out_says_nothing_stays_posted(comm, op):
+    # It said "some rank of the group has not joined it (MPI cannot cancel it: abort the
+    # job)", though nothing stays posted and a later receive works
+    from hpccomm import CommTimeoutError
+
+    c = comm.dup()
+    c.timeout = 0.3
+    with pytest.raises(
+        CommTimeoutError,
+        match=rf"{op} #1 on .*not complete after 0.3 s; no message from rank {c.rank} with tag "
+        r"77 arrived. Nothing stays posted",
+    ):
+        if op == "recv":
+            c.recv(np.empty(2), c.rank, tag=77)
+        else:
+            c.recv_object(c.rank, tag=77)
+    c.free()
