@@ -686,6 +686,8 @@ class Dispatcher:
             self._update_slow()
         if self.notices is None or call.spec.p2p or getattr(exc, "refused", False):
             return  # (a refusal told the others itself)
+        if getattr(exc, "local", False):
+            return
         if not isinstance(exc, _CONSEQUENCES):
             self._post(call.spec.name, seq, exc)
         elif isinstance(exc, PeerError) and exc.told:  # a peer refused it: it learns that

@@ -27,6 +27,9 @@ class HpccommError(Exception):
     """Base class of every error raised by hpccomm."""
 
     refused = False  # a call refused on this rank after it took its sequence number
+    # failed on this rank after the operation completed among the ranks (unpickling what it
+    # received): nothing for the others to hear, the group goes on
+    local = False
 
 
 class InvalidArgumentError(HpccommError, ValueError):

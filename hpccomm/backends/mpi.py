@@ -570,6 +570,22 @@ class _All:
         return self.result
 
 
+def _pickle_stage(exc: BaseException) -> str | None:
+    """Where an object transfer failed: "dumps" (pickling, before anything was sent),
+    "loads" (unpickling what was received) or None (MPI), from pkl5's frames in the
+    traceback."""
+    names = set()
+    tb = exc.__traceback__
+    while tb is not None:
+        names.add(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    if names & {"_pickle_loads", "loads_oob"}:
+        return "loads"
+    if names & {"_pickle_dumps", "dumps_oob"}:
+        return "dumps"
+    return None
+
+
 class _ObjectRecv:
     """A pending ``recv_object``: probes until a message matches, then receives it."""
 
@@ -754,6 +770,18 @@ class MPIBackend:
 
     def error(self, call: Call, seq: int, exc: BaseException) -> HpccommError:
         where = call.where(seq)
+        if call.spec.objects:
+            stage = _pickle_stage(exc)
+            if stage == "loads":  # after the transfer: this rank's own failure
+                err = BackendError(
+                    f"{where}: unpickling the object received failed: {type(exc).__name__}: {exc}"
+                )
+                err.local = True
+                return err
+            if stage == "dumps":
+                return InvalidArgumentError(
+                    f"{where}: the object cannot be pickled: {type(exc).__name__}: {exc}"
+                )
         if isinstance(exc, MPI.Exception) and self._process_failed(exc):
             global peer_failure_seen
             peer_failure_seen = True

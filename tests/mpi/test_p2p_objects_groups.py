@@ -356,3 +356,38 @@ def test_a_receive_that_timed_out_says_nothing_stays_posted(comm, op):
         else:
             c.recv_object(c.rank, tag=77)
     c.free()
+
+
+def _refuse_to_load(why):
+    raise ValueError(why)
+
+
+class _LoadsBadly:
+    """Pickles fine; fails when unpickled (on the receiving ranks)."""
+
+    def __reduce__(self):
+        return (_refuse_to_load, ("no loading here",))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_an_object_that_fails_to_unpickle_is_the_receivers_own_error(comm):
+    # The receivers' unpickling failure (after the transfer completed everywhere) was told
+    # to the group as a failure of the call ("rank 1 failed broadcast_object #1 and will not
+    # join it"), and at times the root's next call found the group unusable. It is the
+    # receiver's own error now, named as such; the group goes on
+    from hpccomm import BackendError, InvalidArgumentError
+
+    # (pkl5 hands the root a copy too, unpickled like the others')
+    with pytest.raises(BackendError, match=r"broadcast_object #\d+ on .*: unpickling the object "
+                       r"received failed: ValueError: no loading here"):  # fmt: skip
+        comm.broadcast_object(_LoadsBadly() if comm.rank == 0 else None, src=0)
+    for _ in range(3):  # the group goes on, on every rank
+        x = np.ones(4)
+        comm.all_reduce(x)
+        assert (x == comm.size).all()
+    if comm.rank == 0:  # and an object that cannot be pickled is named as such
+        import threading
+
+        with pytest.raises(InvalidArgumentError, match=r"send_object #\d+ on .*: the object "
+                           r"cannot be pickled: TypeError: cannot pickle '_thread.lock'"):  # fmt: skip
+            comm.send_object(threading.Lock(), 1)
