@@ -561,8 +561,10 @@ class Communicator:
             the rank the message came from (or a Work whose ``wait()`` returns it).
 
         Raises:
-            MismatchError: the message was shorter than ``array`` (naming sender, tag and
-                both sizes); a longer one is a BackendError (MPI_ERR_TRUNCATE).
+            MismatchError: the message was shorter or longer than ``array`` (naming sender,
+                tag and both sizes; a longer one is received into scratch memory and
+                dropped, ``array`` unchanged); with ``async_op`` a longer one is MPI's
+                BackendError (MPI_ERR_TRUNCATE).
         """
         return self._dispatch(RECV, array, peer=src, tag=tag, async_op=async_op, stream=stream)
 

@@ -733,8 +733,14 @@ class P2POp:
 def check_batch(call: Call, items: Any) -> list[P2POp]:
     """Validate a batch_isend_irecv list (the whole batch, before anything is posted): resolve
     every item's array into ``item.buf`` and normalize peers and tags."""
-    if not isinstance(items, Sequence) or not all(isinstance(p, P2POp) for p in items):
+    if not isinstance(items, Sequence) or isinstance(items, (str, bytes)):
         raise InvalidArgumentError(f"{call}: expected a list of P2POp, got {type(items).__name__}")
+    for i, p in enumerate(items):
+        if not isinstance(p, P2POp):
+            raise InvalidArgumentError(
+                f"{call}: ops[{i}] is {_kind(p)}, expected a P2POp (hpccomm.P2POp('send', "
+                f"array, peer) or 'recv')"
+            )
     for i, p in enumerate(items):
         p.peer = _check_rank(call, p.peer, f"ops[{i}].peer")
         call.tag = p.tag

@@ -186,9 +186,14 @@ def test_scatter_non_source_needs_out(comm):
 
 def test_batch_needs_p2pops(comm):
     with pytest.raises(
-        InvalidArgumentError, match=where(comm, "batch_isend_irecv") + ": expected a list of P2POp"
+        InvalidArgumentError,
+        match=where(comm, "batch_isend_irecv") + r": ops\[0\] is tuple, expected a P2POp",
     ):
         comm.batch_isend_irecv([("send", np.ones(1), 0)])
+    with pytest.raises(
+        InvalidArgumentError, match=where(comm, "batch_isend_irecv") + ": expected a list of P2POp"
+    ):
+        comm.batch_isend_irecv(P2POp("send", np.ones(1), 0))
     with pytest.raises(
         InvalidArgumentError, match="P2POp: op is 'post', expected 'send' or 'recv'"
     ):
