@@ -521,6 +521,17 @@ def init(
     if not MPI.Is_initialized():  # pragma: no cover - mpi4py initializes on import
         MPI.Init_thread()
     info, node, nodes = verify_launch(info, MPI.COMM_WORLD)
+    # The debug level is the job's: with headers on one rank only, a receive took the
+    # sender's header for data (a confusing size error, then the next receive silently got
+    # the previous payload), and a checking rank's collective waited for a peer that was
+    # not checking. One allgather, every rank raising alike.
+    levels = MPI.COMM_WORLD.allgather(level)
+    if any(lv != levels[0] for lv in levels):
+        raise InvalidArgumentError(
+            f"init (rank {MPI.COMM_WORLD.Get_rank()} of {MPI.COMM_WORLD.Get_size()}): the "
+            f"debug level differs across ranks ({_by_rank(levels)}); set the same "
+            f"init(debug=...) or HPCCOMM_DEBUG on every rank"
+        )
     info = _bind_gpu(info, gpu)
     device = _device_config(info, device_backend, cuda_aware_mpi)
     backend = MPIBackend(MPI.COMM_WORLD.Dup())
@@ -547,6 +558,17 @@ def init(
     if nccl:
         _world.enable_nccl()
     return _world
+
+
+def _by_rank(values: list[Any]) -> str:
+    """``'check' on rank 0, 'large' on ranks 1-3``: each value with the ranks holding it."""
+    ranks: dict[Any, list[int]] = {}
+    for r, v in enumerate(values):
+        ranks.setdefault(v, []).append(r)
+    return ", ".join(
+        f"{v!r} on rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))}"
+        for v, rs in ranks.items()
+    )
 
 
 def _reuse_memory(value: bool | None) -> bool:
