@@ -58,6 +58,7 @@ __all__ = [
     "write_json",
     "plot",
     "check_plot_available",
+    "check_writable",
     "iterations",
     "PLOT_HINT",
 ]
@@ -1041,3 +1042,23 @@ def check_plot_available() -> None:
     long sweep starts."""
     if importlib.util.find_spec("matplotlib") is None:
         raise HpccommError(f"bench --plot: {PLOT_HINT}")
+
+
+def check_writable(path: str | os.PathLike[str], what: str) -> None:
+    """Raise HpccommError when ``path`` cannot be written (its folder is missing or not
+    writable, or it is a folder or a read-only file), before a long sweep starts; ``what``
+    names the option (``bench --json``). Nothing is created."""
+    target = os.path.abspath(os.fspath(path))
+    folder = os.path.dirname(target)
+    why = None
+    if os.path.isdir(target):
+        why = "it is a directory"
+    elif not os.path.isdir(folder):
+        why = f"no directory {folder}"
+    elif os.path.exists(target):
+        if not os.access(target, os.W_OK):
+            why = "the file is not writable"
+    elif not os.access(folder, os.W_OK | os.X_OK):
+        why = f"the directory {folder} is not writable"
+    if why is not None:
+        raise HpccommError(f"{what}: cannot write {os.fspath(path)}: {why}")

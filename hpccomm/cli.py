@@ -135,11 +135,17 @@ def _submit_timeout(args: argparse.Namespace) -> float:
 def _cmd_trace_analyze(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.dir):
         raise InvalidArgumentError(f"trace analyze: {args.dir} is not a directory")
-    docs, size = flight.load(args.dir)
+    trace = flight.load_trace(args.dir)
     if args.json:
-        print(json.dumps({"size": size, "ranks": docs}, indent=1, sort_keys=True))
+        doc = {
+            "size": trace.size,
+            "job": trace.job,
+            "ranks": trace.docs,
+            "left_out": list(trace.left_out),
+        }
+        print(json.dumps(doc, indent=1, sort_keys=True))
     else:
-        print(flight.analyze(docs, size))
+        print(flight.analyze(trace.docs, trace.size, left_out=trace.left_out))
     return 0
 
 
@@ -165,6 +171,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     ).normalized()  # a bad flag fails here, before MPI starts
     if args.plot:
         bench.check_plot_available()
+    if discover().rank in (0, None):  # rank 0 writes them; other nodes may lack the folder
+        for what, path in (("--json", args.json), ("--plot", args.plot)):
+            if path:
+                bench.check_writable(path, f"bench {what}")
     comm = init()
     if comm.rank != 0:
         opts.progress = None
@@ -181,6 +191,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_profile_report(args: argparse.Namespace) -> int:
+    if args.top < 1:
+        raise InvalidArgumentError(
+            f"profile report: --top {args.top}, expected the number of rows to show (>= 1)"
+        )
     doc = profiler.load(args.dir)
     print(json.dumps(doc, indent=1) if args.json else profiler.format_summary(doc, top=args.top))
     if args.timeline:

@@ -127,17 +127,22 @@ class _Reader:
                 continue
             # ASCII digits only: Python's int() also takes "1_0" (10) and other scripts' digits
             if not _DIGITS.fullmatch(raw):
-                raise InvalidArgumentError(
-                    f"launch discovery ({self.launcher}): {var}={raw!r} is not an integer >= 0"
-                )
+                raise InvalidArgumentError(f"{self.where()}: {var}={raw!r} is not an integer >= 0")
             value = int(raw)
             if name in _COUNTS and value < 1:
-                raise InvalidArgumentError(
-                    f"launch discovery ({self.launcher}): {var}={raw!r}, expected a count >= 1"
-                )
+                raise InvalidArgumentError(f"{self.where()}: {var}={raw!r}, expected a count >= 1")
             self.values[name] = value
             self.sources[name] = var
             return
+
+    def where(self) -> str:
+        """The start of an error: the launcher, and this process's rank (and the size) when
+        a launcher variable has given it already ("launch discovery (openmpi, rank 1 of 2)")."""
+        rank, size = self.values.get("rank"), self.values.get("size")
+        if rank is None or self.sources.get("rank") not in self.env:  # not read from a variable
+            return f"launch discovery ({self.launcher})"
+        of = f" of {size}" if size is not None and rank < size else ""
+        return f"launch discovery ({self.launcher}, rank {rank}{of})"
 
     def hosts(self, name: str, var: str) -> bool:
         """Read the Slurm hostlist in ``var`` into ``name``; False when it is unset or empty."""
@@ -148,7 +153,7 @@ class _Reader:
             names = tuple(hostlist.expand(raw))
         except ValueError as exc:
             raise InvalidArgumentError(
-                f"launch discovery ({self.launcher}): {var}={raw!r} is not a Slurm hostlist: {exc}"
+                f"{self.where()}: {var}={raw!r} is not a Slurm hostlist: {exc}"
             ) from None
         self.set(name, names, var)
         return True
@@ -160,8 +165,7 @@ class _Reader:
             return hostlist.expand_tasks_per_node(raw)
         except ValueError as exc:
             raise InvalidArgumentError(
-                f"launch discovery ({self.launcher}): {var}={raw!r} is not a Slurm tasks-per-node "
-                f"list: {exc}"
+                f"{self.where()}: {var}={raw!r} is not a Slurm tasks-per-node list: {exc}"
             ) from None
 
     def set(self, name: str, value: Any, source: str) -> None:
@@ -273,7 +277,7 @@ def _srun_step(r: _Reader) -> None:
             counts = r.tasks_per_node(var)
             if node >= len(counts):
                 raise InvalidArgumentError(
-                    f"launch discovery (slurm): SLURM_NODEID={node} but {var}={env[var]!r} "
+                    f"{r.where()}: SLURM_NODEID={node} but {var}={env[var]!r} "
                     f"lists only {len(counts)} nodes"
                 )
             # the step's own list against the step's own counts (the job-level fallback may
@@ -291,7 +295,7 @@ def _srun_step(r: _Reader) -> None:
                 )  # fmt: skip
             ):
                 raise InvalidArgumentError(
-                    f"launch discovery (slurm): {var}={env[var]!r} lists {sum(counts)} tasks on "
+                    f"{r.where()}: {var}={env[var]!r} lists {sum(counts)} tasks on "
                     f"{len(counts)} nodes, but the step has {size} tasks "
                     f"({r.sources.get('size')}) on {nodes} nodes ({r.sources.get('num_nodes')})"
                 )
@@ -397,7 +401,7 @@ def discover(
         i, n = v.get(index), v.get(count)
         if i is not None and n is not None and i >= n:
             raise InvalidArgumentError(
-                f"launch discovery ({launcher}): {index.replace('_', ' ')} {i} "
+                f"{r.where()}: {index.replace('_', ' ')} {i} "
                 f"({sources[index]}) is not below the {count.replace('_', ' ')} {n} "
                 f"({sources[count]}); the launcher's variables contradict each other"
             )

@@ -9,6 +9,9 @@ failed), times, error, and in ``detail`` mode the call site. A rank writes
 (what Slurm sends at a time limit; the rank then ends) and SIGUSR1 (what a person sends a
 hung job; the rank goes on), and on request (:func:`dump`). Signals are taken by a watcher
 thread through ``signal.set_wakeup_fd``, so a rank stuck inside an MPI call still writes.
+A dump records its job (:func:`job_identity`: the launcher's PMIx namespace, or the Slurm job
+and step, ...) and world size; the analysis takes the newest job's dumps of a directory and
+names the files it leaves out (an earlier job's, files not named ``rank<N>.json``).
 """
 
 from __future__ import annotations
@@ -21,18 +24,56 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import record
+from .errors import InvalidArgumentError
 from .record import Record
 
-__all__ = ["FlightRecorder", "dump", "analyze", "load", "ENV", "recorder"]
+__all__ = [
+    "FlightRecorder",
+    "Trace",
+    "dump",
+    "analyze",
+    "load",
+    "load_trace",
+    "job_identity",
+    "ENV",
+    "recorder",
+]
 
 ENV = "HPCCOMM_TRACE_DIR"
 SIGTERM_GRACE = 0.5  # seconds a rank waits after its SIGTERM dump before it exits
 recorder: FlightRecorder | None = None  # the process's recorder, when enabled
+
+# What names one job, the same in every rank of it and different in the next job: the first
+# variable set wins. PMIx's namespace is one per mpiexec or srun step (Open MPI's prterun
+# writes "prterun-<host>-<pid>@1", srun --mpi=pmix "slurm.pmix.<job>.<step>"); Slurm's job
+# and step ids; the job ids of other batch systems, and torchrun's run id.
+_JOB_VARS = (
+    "PMIX_NAMESPACE",
+    "SLURM_JOB_ID",
+    "PBS_JOBID",
+    "LSB_JOBID",
+    "FLUX_JOB_ID",
+    "TORCHELASTIC_RUN_ID",
+)
+
+
+def job_identity(environ: Mapping[str, str] | None = None) -> str | None:
+    """A name of this process's job that every rank of it shares, from the launcher's
+    environment (None when no launcher wrote one, e.g. a singleton)."""
+    env = os.environ if environ is None else environ
+    for var in _JOB_VARS:
+        value = env.get(var, "").strip()
+        if value:
+            if var == "SLURM_JOB_ID" and env.get("SLURM_STEP_ID", "").strip():
+                value += "." + env["SLURM_STEP_ID"].strip()  # one job, several srun steps
+            return f"{var}={value}"
+    return None
 
 
 class FlightRecorder:
@@ -48,6 +89,7 @@ class FlightRecorder:
         self.dumps = 0
         self._lock = threading.Lock()
         self._offset = time.time() - time.perf_counter()  # records use perf_counter
+        self.job = job_identity()
 
     def __call__(self, event: str, rec: Record) -> None:
         if event == "start":
@@ -83,6 +125,7 @@ class FlightRecorder:
             doc = {
                 "rank": self.rank,
                 "size": self.size,
+                "job": self.job,
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "reason": reason,
@@ -163,14 +206,119 @@ def _ignore(signum: int, frame: Any) -> None:
 # -- analysis of every rank's dump --------------------------------------------------------
 
 
-def load(directory: str | os.PathLike[str]) -> tuple[dict[int, dict[str, Any]], int | None]:
-    """Every rank's dump in ``directory`` and the world size they report."""
-    docs = {}
-    for path in sorted(Path(directory).glob("rank*.json")):
+@dataclass(frozen=True)
+class Trace:
+    """The dumps of one job in a trace directory.
+
+    ``docs`` maps world rank to its dump, ``size`` is the job's world size, ``job`` what
+    names the job (:func:`job_identity`; None when the dumps name none) and ``left_out`` one
+    note per file of the directory that is not part of the analysis, saying why.
+    """
+
+    docs: dict[int, dict[str, Any]]
+    size: int | None
+    job: str | None
+    left_out: tuple[str, ...] = ()
+
+
+_DUMP_NAME = re.compile(r"rank([0-9]+)\.json")
+
+
+def _read_dump(path: Path, named: int) -> dict[str, Any]:
+    """One rank's dump (``named``: the rank in its file name), checked for what the analysis
+    reads; InvalidArgumentError names the file and what is wrong with it."""
+    where = f"trace analyze: {path}"
+    try:
         doc = json.loads(path.read_text())
-        docs[int(doc["rank"])] = doc
-    sizes = {doc["size"] for doc in docs.values()}
-    return docs, (max(sizes) if sizes else None)
+    except OSError as exc:
+        raise InvalidArgumentError(f"{where}: cannot read it: {exc.strerror or exc}") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise InvalidArgumentError(
+            f"{where}: not a flight recorder dump: invalid JSON ({exc}; truncated?)"
+        ) from None
+    if not isinstance(doc, dict):
+        raise InvalidArgumentError(
+            f"{where}: not a flight recorder dump: expected a JSON object, got {type(doc).__name__}"
+        )
+    missing = [k for k in ("rank", "size", "reason", "entries") if k not in doc]
+    if missing:
+        raise InvalidArgumentError(
+            f"{where}: not a flight recorder dump: no {', '.join(missing)} (expected the keys "
+            f"rank, size, reason, entries)"
+        )
+    rank, size = doc["rank"], doc["size"]
+    ints = all(type(v) is int for v in (rank, size))
+    if not ints or size < 1 or not 0 <= rank < size:
+        raise InvalidArgumentError(
+            f"{where}: rank {rank!r} of size {size!r}, expected integers with 0 <= rank < size"
+        )
+    if named != rank:
+        raise InvalidArgumentError(
+            f"{where}: records rank {rank}, expected {named} (the rank in its name)"
+        )
+    entries = doc["entries"]
+    keys = ("op", "group", "seq", "state")
+    if not isinstance(entries, list) or not all(
+        isinstance(e, dict) and all(k in e for k in keys) for e in entries
+    ):
+        raise InvalidArgumentError(
+            f"{where}: entries is not a list of calls (each with {', '.join(keys)})"
+        )
+    if not isinstance(doc.get("groups", {}), dict):
+        raise InvalidArgumentError(f"{where}: groups is not an object")
+    return doc
+
+
+def _job_text(job: str | None, size: int) -> str:
+    return f"{'job ' + job if job else 'no job named'}, {size} ranks"
+
+
+def load_trace(directory: str | os.PathLike[str]) -> Trace:
+    """The dumps of the newest job in ``directory`` (the job of the most recent dump).
+
+    Dumps belong to one job when they record the same job (:func:`job_identity`) and world
+    size; files another job left there are left out, and so are ``rank*.json`` files not
+    named ``rank<N>.json``, each with a note in ``Trace.left_out``.
+
+    Raises:
+        InvalidArgumentError: a ``rank<N>.json`` is unreadable, not JSON (truncated) or not
+            a dump; the message names the file.
+    """
+    notes: list[str] = []
+    found: list[tuple[Path, dict[str, Any]]] = []
+    for path in sorted(Path(directory).glob("rank*.json")):
+        named = _DUMP_NAME.fullmatch(path.name)
+        if named is None:
+            notes.append(f"{path.name} (not named rank<N>.json: not a dump)")
+            continue
+        found.append((path, _read_dump(path, int(named.group(1)))))
+    if not found:
+        return Trace({}, None, None, tuple(notes))
+    jobs: dict[tuple[str | None, int], list[tuple[Path, dict[str, Any]]]] = {}
+    for path, doc in found:
+        jobs.setdefault((doc.get("job") or None, doc["size"]), []).append((path, doc))
+
+    def newest(key: tuple[str | None, int]) -> float:
+        return max(float(doc.get("time") or 0) for _, doc in jobs[key])
+
+    chosen = max(jobs, key=newest)
+    job, size = chosen
+    latest = newest(chosen)
+    for key in sorted((k for k in jobs if k != chosen), key=newest):
+        files = ", ".join(p.name for p, _ in jobs[key])
+        notes.append(
+            f"{files} (another job: {_job_text(*key)}, its newest dump {latest - newest(key):.0f} "
+            f"s older than that of the job analyzed: {_job_text(job, size)})"
+        )
+    docs = {doc["rank"]: doc for _, doc in jobs[chosen]}
+    return Trace(docs, size, job, tuple(notes))
+
+
+def load(directory: str | os.PathLike[str]) -> tuple[dict[int, dict[str, Any]], int | None]:
+    """Every rank's dump of the newest job in ``directory`` and its world size (see
+    :func:`load_trace`)."""
+    trace = load_trace(directory)
+    return trace.docs, trace.size
 
 
 def _ranks(ranks: Iterable[int]) -> str:
@@ -208,13 +356,16 @@ _CALL_ERROR = re.compile(r"\w+Error: \w+ #\d+ on ")
 _P2P = ("send", "recv", "sendrecv", "batch_isend_irecv", "send_object", "recv_object")
 
 
-def analyze(docs: dict[int, dict[str, Any]], size: int | None) -> str:
+def analyze(
+    docs: dict[int, dict[str, Any]], size: int | None, *, left_out: Sequence[str] = ()
+) -> str:
     """One paragraph from every rank's dump (ranks are world ranks): for each collective call
     some ranks wait in, which ranks entered it and which never did (with their last completed
     call on that group and where they wait instead), the ranks that left no file, and the
-    failed calls when nobody waits."""
+    failed calls when nobody waits; then the files ``left_out`` (:attr:`Trace.left_out`)."""
+    tail = f". left out: {'; '.join(left_out)}" if left_out else ""
     if not docs:
-        return "no trace files: nothing to analyze"
+        return "no trace files: nothing to analyze" + tail
     world = size or (max(docs) + 1)
     lines = []
     missing = [r for r in range(world) if r not in docs]
@@ -288,4 +439,4 @@ def analyze(docs: dict[int, dict[str, Any]], size: int | None) -> str:
     reasons = sorted({_short(doc["reason"]) for doc in docs.values()})
     more = f" and {len(reasons) - 3} more" if len(reasons) > 3 else ""
     lines.append("(dumps written on: " + "; ".join(reasons[:3]) + more + ")")
-    return ". ".join(lines)
+    return ". ".join(lines) + tail

@@ -42,6 +42,15 @@ def _parse_tokens(
     """Split ``spec`` ("tp-dp" or a sequence of tokens) and check each token is known and
     appears once. ``fold_case`` lower-cases a string first (Megatron's RankGenerator does
     ``order.lower()``; its get_ranks does not lower-case the group tokens)."""
+    if not isinstance(spec, str) and not (
+        isinstance(spec, Sequence)
+        and not isinstance(spec, bytes | bytearray)
+        and all(isinstance(t, str) for t in spec)
+    ):
+        raise InvalidArgumentError(
+            f"layout: {what}={spec!r} ({type(spec).__name__}), expected a string of tokens "
+            f"of {'-'.join(known)} such as 'tp-dp', or a sequence of them"
+        )
     text = spec.lower() if fold_case and isinstance(spec, str) else spec
     tokens = tuple(text.split("-")) if isinstance(text, str) else tuple(text)
     if not tokens or tokens == ("",):

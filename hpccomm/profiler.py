@@ -686,6 +686,18 @@ def timeline(directory: str | os.PathLike[str], path: str | os.PathLike[str]) ->
         plt.close(fig)
 
 
+def _read_json(path: Path) -> Any:
+    """One file of a profile directory; HpccommError names the file and the problem."""
+    try:
+        return json.loads(path.read_text())
+    except OSError as exc:
+        raise HpccommError(f"profile report: cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise HpccommError(
+            f"profile report: cannot read {path}: invalid JSON ({exc}; truncated?)"
+        ) from None
+
+
 def load(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """The profile document of a directory: its profile.json, or the analysis of the
     ``rank<N>.json`` files the ranks wrote alone."""
@@ -693,12 +705,9 @@ def load(directory: str | os.PathLike[str]) -> dict[str, Any]:
     if not d.is_dir():
         raise InvalidArgumentError(f"profile report: {d} is not a directory")
     path = d / "profile.json"
-    try:
-        if path.exists():
-            return json.loads(path.read_text())
-        raws = [json.loads(p.read_text()) for p in sorted(d.glob("rank*.json"))]
-    except (OSError, ValueError) as exc:
-        raise HpccommError(f"profile report: cannot read {d}: {exc}") from None
+    if path.exists():
+        return _read_json(path)
+    raws = [_read_json(p) for p in sorted(d.glob("rank*.json"))]
     if not raws:
         raise InvalidArgumentError(
             f"profile report: {d} holds neither profile.json nor rank<N>.json files"

@@ -113,6 +113,38 @@ def _directive(name: str, value: object) -> str:
     return f"#SBATCH --{name}={text}"
 
 
+# sbatch --array: a comma list of indices and LO-HI ranges (a range may take a :STEP), then
+# an optional %N, the most array tasks to run at once: 0-15, 1,3,5, 0-15:4, 0-15%4, 1-7:2,10%2
+_ARRAY_ITEM = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?")  # ASCII digits only
+_ARRAY_FORM = (
+    "index lists and LO-HI[:STEP] ranges, then an optional %MAX, e.g. 0-15, 1,3,5, 0-15:4, 0-15%4"
+)
+
+
+def _check_array(text: str) -> None:
+    """Refuse an --array that is not Slurm's syntax (naming the item and what was expected)."""
+    spec, percent, limit = text.partition("%")
+    why = None
+    if percent and not re.fullmatch(r"[0-9]+", limit):
+        why = f"%{limit} is not a count of tasks"
+    elif percent and int(limit) < 1:
+        why = f"%{limit} lets no task run"
+    for item in spec.split(","):
+        if why is not None:
+            break
+        m = _ARRAY_ITEM.fullmatch(item)
+        if m is None:
+            why = f"item {item!r} is neither an index nor a LO-HI[:STEP] range"
+        elif m.group(2) is not None and int(m.group(2)) < int(m.group(1)):
+            why = f"range {item!r} ends below its start"
+        elif m.group(3) is not None and int(m.group(3)) < 1:
+            why = f"range {item!r} has step {m.group(3)}, expected 1 or more"
+    if why is not None:
+        raise InvalidArgumentError(
+            f"sbatch: --array {text!r} is not a Slurm array: {why}; expected {_ARRAY_FORM}"
+        )
+
+
 def validate(opts: BatchOptions) -> None:
     """Check every option; nothing is rendered or submitted before this passes.
 
@@ -128,6 +160,13 @@ def validate(opts: BatchOptions) -> None:
                 f"sbatch: --{name.replace('_', '-')} is {value!r}, expected text without a "
                 f"double quote (the #SBATCH line quotes a value with spaces in double quotes)"
             )
+    if not opts.job_name or not opts.job_name.strip():
+        raise InvalidArgumentError(
+            f"sbatch: --job-name is {opts.job_name!r}, expected a name (not empty or blank; "
+            f"'#SBATCH --job-name=' names no job)"
+        )
+    if opts.array is not None:
+        _check_array(opts.array)
     for line in opts.extra:
         _check_text("--extra", line)
     for i, word in enumerate(opts.command, 1):

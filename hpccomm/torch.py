@@ -28,15 +28,16 @@ from __future__ import annotations
 import atexit
 import datetime
 import fcntl
-import functools
 import os
 import queue
+import re
 import runpy
 import socket
 import struct
 import sys
 import threading
 import time
+import types
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -78,6 +79,26 @@ _OPS = {
 }
 _registered = False
 
+# The torch dtypes hpccomm carries, as NumPy sees their memory (bfloat16 through ml_dtypes);
+# others (float8, complex32, quantized, sub-byte) are refused by name.
+_NUMPY_DTYPES: dict[torch.dtype, np.dtype] = {
+    torch.bool: np.dtype(np.bool_),
+    torch.uint8: np.dtype(np.uint8),
+    torch.int8: np.dtype(np.int8),
+    torch.int16: np.dtype(np.int16),
+    torch.uint16: np.dtype(np.uint16),
+    torch.int32: np.dtype(np.int32),
+    torch.uint32: np.dtype(np.uint32),
+    torch.int64: np.dtype(np.int64),
+    torch.uint64: np.dtype(np.uint64),
+    torch.float16: np.dtype(np.float16),
+    torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
+    torch.float32: np.dtype(np.float32),
+    torch.float64: np.dtype(np.float64),
+    torch.complex64: np.dtype(np.complex64),
+    torch.complex128: np.dtype(np.complex128),
+}
+
 
 class TensorRefused(InvalidArgumentError):
     """A tensor hpccomm cannot hand to MPI as it is (a device tensor, a non-contiguous one)."""
@@ -87,19 +108,25 @@ class TensorRefused(InvalidArgumentError):
 
 def as_numpy(t: torch.Tensor, what: str = "tensor", copied: bool = False) -> np.ndarray:
     """A NumPy view of a CPU tensor's memory (bfloat16 as ml_dtypes.bfloat16); refuses
-    device tensors, sparse ones, conjugate views and non-contiguous ones (hpccomm never
-    copies behind your back). ``copied``: an input the backend copies anyway (a list of
-    tensors stacked into one array), which may then be non-contiguous or a conjugate view
-    (read through a contiguous copy)."""
+    device tensors, sparse ones, dtypes MPI cannot carry here (float8, complex32...),
+    conjugate or negative views and non-contiguous ones (hpccomm never copies behind your
+    back). ``copied``: an input the backend copies anyway (a list of tensors stacked into one
+    array), which may then be non-contiguous or a conjugate or negative view (read through a
+    contiguous copy)."""
     _usable(t, what)
     t = t.detach()  # the same memory; NumPy refuses tensors that require grad
     if copied:
-        t = t.resolve_conj().contiguous()
+        t = t.resolve_conj().resolve_neg().contiguous()
     else:
         if t.is_conj():
             raise TensorRefused(
                 f"hpccomm torch backend: {what} is a conjugate view (is_conj()), whose memory "
                 f"holds the unconjugated values; pass t.resolve_conj()"
+            )
+        if t.is_neg():
+            raise TensorRefused(
+                f"hpccomm torch backend: {what} is a negative view (is_neg()), whose memory "
+                f"holds the negated values; pass t.resolve_neg()"
             )
         if not t.is_contiguous():
             raise TensorRefused(
@@ -112,7 +139,7 @@ def as_numpy(t: torch.Tensor, what: str = "tensor", copied: bool = False) -> np.
 
 
 def _usable(t: torch.Tensor, what: str) -> None:
-    """Refuses device tensors and sparse ones."""
+    """Refuses device tensors, sparse ones and dtypes hpccomm does not carry."""
     if t.device.type != "cpu":
         raise TensorRefused(
             f"hpccomm torch backend: {what} is on {t.device}, expected a CPU tensor (use an "
@@ -122,6 +149,13 @@ def _usable(t: torch.Tensor, what: str) -> None:
         raise TensorRefused(
             f"hpccomm torch backend: {what} is {t.layout} (shape {tuple(t.shape)}), expected a "
             f"dense tensor (torch.strided); pass t.to_dense()"
+        )
+    if t.dtype not in _NUMPY_DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in _NUMPY_DTYPES)
+        raise TensorRefused(
+            f"hpccomm torch backend: {what} has dtype {t.dtype}, expected one of {names} "
+            f"(hpccomm has no {t.dtype}; a collective that only moves data, such as "
+            f"broadcast or all_gather, takes t.view(torch.uint8))"
         )
 
 
@@ -146,16 +180,61 @@ def _outputs(
             )
 
 
-@functools.cache  # one lookup per torch dtype (it makes an empty tensor)
+def _paired(
+    output: torch.Tensor,
+    input: torch.Tensor,  # noqa: A002 - torch's name
+    n: int,
+    form: str,
+) -> None:
+    """An output and an input tensor of one collective, refused before the call (by torch's
+    names, not hpccomm's) unless their dtypes are equal and their sizes fit ``form``:
+    "gather" (output = n x input: all_gather_into_tensor), "scatter" (input = n x output:
+    reduce_scatter_tensor), "same" (all_to_all_single without split sizes) or "splits"
+    (with split sizes: hpccomm checks them)."""
+    if output.dtype != input.dtype:
+        raise TensorRefused(
+            f"hpccomm torch backend: output is {output.dtype}, expected the input's dtype "
+            f"({input.dtype})"
+        )
+    k_out, k_in = output.numel(), input.numel()
+    if form == "gather" and k_out != n * k_in:
+        raise TensorRefused(
+            f"hpccomm torch backend: output has {k_out} elements, expected {n * k_in} ({n} "
+            f"ranks x {k_in} input elements)"
+        )
+    if form == "scatter" and k_in != n * k_out:
+        raise TensorRefused(
+            f"hpccomm torch backend: input has {k_in} elements, expected {n * k_out} ({n} "
+            f"ranks x {k_out} output elements)"
+        )
+    if form == "same" and k_out != k_in:
+        raise TensorRefused(
+            f"hpccomm torch backend: output has {k_out} elements, expected {k_in} (the "
+            f"input's: without split sizes every rank sends and receives equal blocks)"
+        )
+
+
+def _equal_rows(t: torch.Tensor, what: str, n: int) -> int:
+    """The rows (dim 0; 1 for a 0-d tensor) of each rank's block of an all_to_all_single
+    ``what`` tensor without its split sizes: refused unless they divide by ``n``."""
+    rows = t.shape[0] if t.dim() else 1
+    if rows % n:
+        raise TensorRefused(
+            f"hpccomm torch backend: {what} has {rows} rows (dim 0 of shape {tuple(t.shape)}), "
+            f"expected a multiple of {n} (one equal block per rank without {what}_split_sizes)"
+        )
+    return rows // n
+
+
 def _np_dtype(dtype: torch.dtype) -> np.dtype:
-    if dtype is torch.bfloat16:
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(torch.empty(0, dtype=dtype).numpy().dtype)
+    """The NumPy dtype of a torch dtype that :func:`_usable` accepted."""
+    return _NUMPY_DTYPES[dtype]
 
 
 def _copy_into(o: torch.Tensor, values: np.ndarray) -> None:
-    """``values`` into output tensor ``o`` (any strides, a conjugate view too), by torch."""
-    src = values.reshape(tuple(o.shape))
+    """``values`` into output tensor ``o`` (any strides, a conjugate or negative view too),
+    by torch. ``values`` may be a NumPy scalar (one row of a gathered 0-d tensor)."""
+    src = np.asarray(values).reshape(tuple(o.shape))
     if src.dtype == ml_dtypes.bfloat16:
         o.detach().copy_(torch.from_numpy(src.view(np.int16)).view(torch.bfloat16))
     else:
@@ -535,8 +614,9 @@ class HpccommProcessGroup(dist.ProcessGroup):
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> _TorchWork:  # noqa: A002
         x = as_numpy(input, "input")
-        out = as_numpy(output, "output").reshape(self.comm.size * x.size)
-        work = self.comm.all_gather(x.reshape(-1), out=out, async_op=True)
+        out = as_numpy(output, "output")
+        _paired(output, input, self.comm.size, "gather")
+        work = self.comm.all_gather(x.reshape(-1), out=out.reshape(-1), async_op=True)
         return self._work(work, [output])
 
     def all_gather_single(
@@ -570,11 +650,16 @@ class HpccommProcessGroup(dist.ProcessGroup):
     def allgather_into_tensor_coalesced(
         self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], opts: Any = None
     ) -> _TorchWork:
-        works = []
+        pairs = [
+            (as_numpy(o, "output"), as_numpy(i, "input"))
+            for o, i in zip(outputs, inputs, strict=True)
+        ]
         for o, i in zip(outputs, inputs, strict=True):
-            x = as_numpy(i, "input")
-            out = as_numpy(o, "output").reshape(self.comm.size * x.size)
-            works.append(self.comm.all_gather(x.reshape(-1), out=out, async_op=True))
+            _paired(o, i, self.comm.size, "gather")  # all, before the first call
+        works = [
+            self.comm.all_gather(x.reshape(-1), out=out.reshape(-1), async_op=True)
+            for out, x in pairs
+        ]
         return self._chain(works, list(outputs))
 
     def gather(
@@ -633,6 +718,7 @@ class HpccommProcessGroup(dist.ProcessGroup):
         op = _redop(opts.reduceOp)
         out = as_numpy(output, "output").reshape(-1)
         full = as_numpy(input, "input").reshape(-1)
+        _paired(output, input, self.comm.size, "scatter")
         work = self.comm.reduce_scatter(full, op=op, out=out, async_op=True)
         return self._work(work, [output])
 
@@ -650,14 +736,15 @@ class HpccommProcessGroup(dist.ProcessGroup):
         self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], opts: Any
     ) -> _TorchWork:
         op = _redop(opts.reduceOp)
-        works = [
-            self.comm.reduce_scatter(
-                as_numpy(i, "input").reshape(-1),
-                op=op,
-                out=as_numpy(o, "output").reshape(-1),
-                async_op=True,
-            )
+        pairs = [
+            (as_numpy(o, "output"), as_numpy(i, "input"))
             for o, i in zip(outputs, inputs, strict=True)
+        ]
+        for o, i in zip(outputs, inputs, strict=True):
+            _paired(o, i, self.comm.size, "scatter")  # all, before the first call
+        works = [
+            self.comm.reduce_scatter(full.reshape(-1), op=op, out=out.reshape(-1), async_op=True)
+            for out, full in pairs
         ]
         return self._chain(works, list(outputs))
 
@@ -671,13 +758,19 @@ class HpccommProcessGroup(dist.ProcessGroup):
     ) -> _TorchWork:
         x = as_numpy(input, "input")
         out = as_numpy(output, "output")
+        n = self.comm.size
         splits: dict[str, Any] = {}
-        if input_split_sizes or output_split_sizes:
-            n = self.comm.size
+        if input_split_sizes or output_split_sizes:  # a side without: equal blocks
             splits = {
-                "input_split_sizes": list(input_split_sizes) or [x.shape[0] // n] * n,
-                "output_split_sizes": list(output_split_sizes) or [out.shape[0] // n] * n,
+                "input_split_sizes": list(input_split_sizes)
+                or [_equal_rows(input, "input", n)] * n,
+                "output_split_sizes": list(output_split_sizes)
+                or [_equal_rows(output, "output", n)] * n,
             }
+            _paired(output, input, n, "splits")
+        else:
+            _paired(output, input, n, "same")
+            _equal_rows(input, "input", n)
         work = self.comm.all_to_all_single(x, out=out, async_op=True, **splits)
         return self._work(work, [output])
 
@@ -848,22 +941,42 @@ def _naming(method: Callable[..., Any], op: str, inputs: int) -> Callable[..., A
                 finally:
                     _inside.call = False
             return method(self, *args, **kwargs)
-        except TensorRefused as exc:
-            if exc.named:  # an inner method named it already
+        except Exception as exc:  # refused here or by hpccomm's checks, before MPI
+            if getattr(exc, "named", False):  # an inner method named it already
                 raise
-            text = str(exc).removeprefix("hpccomm torch backend: ")
-            head = where(op, self.comm.rank, self.comm.size, group=self.comm.name)
-            named_exc = TensorRefused(f"{head}: {text}")
-            named_exc.named = True
-            _tell_peers(dispatcher, op, before, named_exc)
-            raise named_exc from None
-        except Exception as exc:  # refused here before any call (e.g. on the root only)
-            _tell_peers(dispatcher, op, before, exc)
-            raise
+            renamed = _renamed(exc, op, self.comm)
+            # refused here before any call (e.g. on the root only): the others are told
+            _tell_peers(dispatcher, op, before, renamed or exc)
+            if renamed is None:
+                raise
+            raise renamed.with_traceback(exc.__traceback__) from None
 
     named.__name__ = method.__name__
     named.__doc__ = method.__doc__
     return named
+
+
+# How a refusal's message starts where it does not name the torch operation and group: this
+# module's own refusals, and those of hpccomm's checks (its operation's name, no group)
+_UNNAMED = re.compile(r"hpccomm torch backend: |[a-z_]+ \(rank \d+ of \d+\): ")
+
+
+def _renamed(exc: BaseException, op: str, comm: Communicator) -> HpccommError | None:
+    """``exc``, an hpccomm error refusing a call before MPI, as the same error naming the
+    torch operation, the rank and the group (``all_reduce on torch:0 (default_pg) (rank 1 of
+    2): ...``); None for other errors, and for hpccomm's errors of a running call (they name
+    its sequence number and the group already)."""
+    if not isinstance(exc, HpccommError):
+        return None
+    text = str(exc)
+    start = _UNNAMED.match(text)
+    if start is None:
+        return None
+    head = where(op, comm.rank, comm.size, group=comm.name)
+    renamed = type(exc)(f"{head}: {text[start.end() :]}")
+    renamed.__dict__.update(exc.__dict__)
+    renamed.named = True  # type: ignore[attr-defined]
+    return renamed
 
 
 def _tell_peers(dispatcher: Any, op: str, before: int, exc: BaseException) -> None:
@@ -947,20 +1060,59 @@ class _ServedMPI:
         members = list(ranks or [])
         if members and world.rank not in members:
             return None
+        timeout = _torch_timeout()
         if not members or members == list(range(world.size)):
             comm = world.dup()
         else:
             comm = world.create_group(members)
+        if timeout is not None:
+            comm.timeout = timeout.total_seconds() or None
         group = HpccommProcessGroup(comm, comm.timeout)
         group.backend_name = "mpi"
         return group
 
 
+_HELPER = "_new_process_group_helper"
+
+
+def _torch_timeout() -> datetime.timedelta | None:
+    """The timeout torch's caller of ``ProcessGroupMPI.create`` holds for the new group:
+    torch passes it to every backend but MPI's (``create(global_ranks)`` takes no timeout),
+    so it is read from the caller's frame, torch's ``_new_process_group_helper`` (its
+    ``timeout`` argument: init_process_group's or new_group's, torch's default 30 min when
+    not given). None, with a warning, where no such frame holds one (a torch that calls
+    it otherwise): the group then keeps the world's timeout."""
+    frame: types.FrameType | None = sys._getframe(1)
+    for _ in range(8):  # create()'s caller, or a few frames above it
+        if frame is None:
+            break
+        if (
+            frame.f_code.co_name == _HELPER
+            and frame.f_globals.get("__name__") == dist.distributed_c10d.__name__
+        ):
+            timeout = frame.f_locals.get("timeout")
+            if isinstance(timeout, datetime.timedelta):
+                return timeout
+            break
+        frame = frame.f_back
+    warnings.warn(
+        f"hpccomm torch backend: torch {torch.__version__} did not pass its timeout to the "
+        f"'mpi' group (no {_HELPER} frame with a timeout above ProcessGroupMPI.create); the "
+        f"group takes the world's (hpccomm.init(timeout=), else none)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return None
+
+
 def serve_mpi() -> None:
     """Serve torch's ``backend="mpi"`` with hpccomm, so ``dist.init_process_group("mpi")``
     and ``dist.new_group(backend="mpi")`` work unchanged on a pip-installed torch (CPU
-    tensors; torch passes this path no timeout: the groups take the world's, from
-    ``hpccomm.init(timeout=)`` called before ``init_process_group``, else none).
+    tensors). Each group takes torch's timeout, as on gloo: ``timeout=`` of
+    ``init_process_group`` or ``new_group``, else torch's default (30 min). torch does not
+    pass it to ``ProcessGroupMPI.create``, so hpccomm reads it from torch's calling frame;
+    where that fails (another torch) a RuntimeWarning says so and the group takes the
+    world's timeout (``hpccomm.init(timeout=)``, else none).
 
     A torch built with its own MPI backend is left alone. ``python -m hpccomm.torch
     script.py ...`` runs an unchanged script this way.
@@ -974,7 +1126,9 @@ def serve_mpi() -> None:
 
 
 def register() -> None:
-    """Register the "hpccomm" backend with torch.distributed (for CPU tensors); idempotent."""
+    """Register the "hpccomm" backend with torch.distributed (for CPU tensors); idempotent.
+    Importing this module calls it: ``dist.init_process_group("hpccomm", ...)`` works after
+    ``import hpccomm.torch`` (it only names the backend; cpu's default stays gloo's)."""
     global _registered
     if not _registered:
         dist.Backend.register_backend(NAME, _creator, extended_api=True, devices=["cpu"])
@@ -1113,6 +1267,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
         runpy.run_path(args[0], run_name="__main__")
     return 0
 
+
+# Importing registers the backend, as the module's docstring says (only its name and
+# creator: no MPI, nothing else changes until a group is made with it).
+register()
 
 if __name__ == "__main__":  # this file run as a script: use the one importable copy
     from hpccomm.torch import _main as _run

@@ -220,3 +220,96 @@ def test_a_timeout_in_the_large_check_says_the_sizes_may_differ(launch):
     got = job.of(1, "all_reduce")
     assert got["cls"] == "CommTimeoutError", got
     assert "not complete after 3 s" in got["msg"] and "sizes may differ" in got["msg"], got
+
+
+def test_served_mpi_groups_take_torchs_timeout(launch):
+    # torch calls ProcessGroupMPI.create(ranks) without its timeout: the served groups had
+    # the world's (none under python -m hpccomm.torch), so a rank that never joined blocked
+    # the others forever; now init_process_group's and new_group's timeout= bound them
+    job = launch(
+        2,
+        """
+        import datetime, torch, torch.distributed as dist
+        dist.init_process_group("mpi", timeout=datetime.timedelta(seconds=3))
+        pair = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=2))
+        r = dist.get_rank()
+        if r == 0:
+            outcome(hpccomm.init(), "all_reduce", lambda: dist.all_reduce(torch.ones(4)))
+            outcome(hpccomm.init(), "pair", lambda: dist.all_reduce(torch.ones(4), group=pair))
+        else:
+            time.sleep(10)  # never joins
+        """,
+        python=("-m", "hpccomm.torch"),
+        bound=90,
+    )
+    d = job.of(0, "all_reduce")
+    assert d["cls"] == "CommTimeoutError", d
+    assert re.match(
+        r"all_reduce #\d+ on torch:0 \(default_pg\) \(rank 0 of 2\): not complete after 3 s",
+        d["msg"],
+    ), d
+    assert 2.5 < d["s"] < 8, d
+    p = job.of(0, "pair")
+    assert p["cls"] == "CommTimeoutError", p
+    assert re.match(r"all_reduce #\d+ on torch:1 \(rank 0 of 2\): not complete after 2 s",
+                    p["msg"]), p  # fmt: skip
+    assert 1.5 < p["s"] < 6, p
+
+
+def test_importing_registers_the_backend(launch):
+    # the module's docstring says importing registers "hpccomm"; torch said "Unknown backend
+    # type hpccomm" until hpccomm.torch.register() was called
+    job = launch(
+        2,
+        """
+        import tempfile, torch, torch.distributed as dist
+        import hpccomm.torch
+        c = hpccomm.init()
+        path = c.broadcast_object(tempfile.mktemp() if c.rank == 0 else None, src=0)
+        dist.init_process_group(
+            "hpccomm", init_method="file://" + path, rank=c.rank, world_size=c.size
+        )
+        t = torch.full((3,), float(c.rank + 1))
+        dist.all_reduce(t)
+        report(c, "done", backend=dist.get_backend(), sum=t.tolist())
+        dist.destroy_process_group()
+        """,
+        bound=60,
+    )
+    assert job.rc == 0, job.stderr[-3000:]
+    for r in range(2):
+        assert job.of(r, "done") == {"backend": "hpccomm", "sum": [3.0] * 3}
+
+
+@pytest.mark.parametrize("op", ["all_to_all_single", "all_gather_into_tensor"])
+def test_a_tensor_of_the_wrong_size_on_one_rank_is_named_and_the_others_told(launch, op):
+    # rank 1's output is too large: refused there before MPI, naming the torch operation,
+    # the group and the sizes (all_to_all_single reached MPI: MPI_ERR_TRUNCATE on both
+    # ranks; all_gather_into_tensor said NumPy's "cannot reshape array of size 7 into shape
+    # (6,)"); rank 0, inside the call already, gets a PeerError with that reason at once
+    job = launch(
+        2,
+        """
+        import torch, torch.distributed as dist
+        import hpccomm.torch as ht
+        ht.init_process_group(timeout=60)
+        r = dist.get_rank()
+        out = torch.zeros(8 if r == 1 else 6)
+        if OP == "all_to_all_single":
+            call = lambda: dist.all_to_all_single(out, torch.ones(6))
+        else:
+            call = lambda: dist.all_gather_into_tensor(out, torch.ones(3))
+        outcome(hpccomm.init(), "call", call)
+        """.replace("OP", repr(op)),
+        bound=90,
+    )
+    said = {
+        "all_to_all_single": "output has 8 elements, expected 6 (the input's",
+        "all_gather_into_tensor": "output has 8 elements, expected 6 (2 ranks x 3 input elements)",
+    }[op]
+    wrong, other = job.of(1, "call"), job.of(0, "call")
+    assert wrong["cls"] == "TensorRefused", wrong
+    assert wrong["msg"].startswith(f"{op} on torch:0 (default_pg) (rank 1 of 2): {said}"), wrong
+    assert other["cls"] == "PeerError", other
+    assert "rank 1 (world rank 1) failed" in other["msg"] and said in other["msg"], other
+    assert other["s"] < 30, other  # told, not timed out

@@ -139,3 +139,44 @@ def test_a_rank_stuck_in_group_creation_leaves_its_trace(launch, tmp_path, capsy
     assert "rank 2 never did: its last completed call there was all_reduce #1" in verdict
     assert "and it reported CommTimeoutError: split #2 on world (rank 2 of 3)" in verdict
     assert "left no trace file" not in verdict
+
+
+def test_dumps_of_an_earlier_job_in_the_same_directory_are_left_out(launch, tmp_path, capsys):
+    # A 3-rank job, then a 2-rank job, into one directory: the analysis merged the first
+    # job's rank00002.json into the second and blamed a "rank 2" the second job did not have.
+    trace = tmp_path / "trace"
+    launch(
+        3,
+        f"""
+        c = hpccomm.init(timeout=2, trace_dir={str(trace)!r})
+        c.all_reduce(np.ones(4))
+        hpccomm.dump("checkpoint")
+        """,
+    )
+    job = launch(
+        2,
+        f"""
+        c = hpccomm.init(timeout=2, trace_dir={str(trace)!r})
+        c.all_reduce(np.ones(4))
+        if c.rank == 0:
+            outcome(c, "call", lambda: c.all_reduce(np.ones(1024, np.float32)))
+        else:
+            hpccomm.dump("checkpoint")  # its file is this job's whatever ends it
+            time.sleep(3)
+        """,
+    )
+    assert job.of(0, "call")["cls"] == "CommTimeoutError"
+    assert sorted(p.name for p in trace.glob("rank*.json")) == [
+        f"rank{r:05d}.json" for r in range(3)
+    ]
+    verdict = analyze(trace, capsys)
+    assert verdict.startswith(
+        "world #2: rank 0 entered all_reduce #2 on world (1024,) float32 and wait. rank 1 never "
+        "did: its last completed call there was all_reduce #1 on world (4,) float64"
+    ), verdict
+    analysis, _, left_out = verdict.partition(". left out: ")
+    assert "rank 2" not in analysis, verdict
+    assert left_out.startswith("rank00002.json (another job: job PMIX_NAMESPACE="), verdict
+    assert ", 3 ranks, its newest dump" in left_out and left_out.rstrip().endswith(", 2 ranks)"), (
+        verdict
+    )

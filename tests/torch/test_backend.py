@@ -184,8 +184,12 @@ def test_subgroups_and_objects(tdist):
 
 
 def test_bad_input_is_refused_at_the_call(tdist):
-    # bitwise ops on floats and non-contiguous tensors: refused before MPI, on every rank alike
-    with pytest.raises(Exception, match=r"all_reduce \(rank \d+ of \d+\): op BAND is not defined"):
+    # bitwise ops on floats and non-contiguous tensors: refused before MPI, on every rank
+    # alike, naming the torch operation and group (hpccomm's refusal named no group)
+    with pytest.raises(
+        Exception,
+        match=r"^all_reduce on torch:0 \(default_pg\) \(rank \d+ of \d+\): op BAND is not defined",
+    ):
         tdist.all_reduce(torch.ones(3), op=dist.ReduceOp.BAND, async_op=True)
     with pytest.raises(
         Exception,

@@ -184,6 +184,26 @@ def test_plot_without_matplotlib_says_how(monkeypatch, tmp_path, capsys):
     assert "pip install 'hpccomm[plot]'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["--json", "--plot"])
+def test_bench_refuses_an_unwritable_output_before_mpi(monkeypatch, tmp_path, capsys, flag):
+    # --json into a folder that does not exist failed only after the whole sweep
+    import hpccomm.cli as cli
+
+    def no_mpi():
+        raise AssertionError("MPI started before the output path was checked")
+
+    monkeypatch.setattr(cli, "init", no_mpi)
+    monkeypatch.setattr(bench, "check_plot_available", lambda: None)
+    missing = tmp_path / "nonexistent" / "x.out"
+    assert main(["bench", flag, str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"hpccomm: bench {flag}: cannot write {missing}: no directory {missing.parent}\n"
+    ), err
+    assert main(["bench", flag, str(tmp_path)]) == 2
+    assert f"bench {flag}: cannot write {tmp_path}: it is a directory" in capsys.readouterr().err
+
+
 def test_bench_cli_refuses_bad_flags_before_mpi(capsys):
     assert main(["bench", "-o", "allsum"]) == 2
     assert "unknown operation 'allsum'" in capsys.readouterr().err
@@ -272,6 +292,31 @@ def test_report_reads_the_files_and_merges_rank_files(tmp_path, capsys):
     assert "error bound unknown" in out and "note: not every rank came" in out
     assert main(["profile", "report", str(tmp_path / "none")]) == 2
     assert "is not a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("top", ["0", "-3"])
+def test_report_refuses_a_top_below_one(tmp_path, capsys, top):
+    # --top 0 and --top -3 printed an empty table without an error
+    raws = [_raw(r, 0.0, late_rank=0) for r in range(2)]
+    profiler.write(profiler.analyze(raws), raws, tmp_path / "p")
+    assert main(["profile", "report", str(tmp_path / "p"), "--top", top]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        f"hpccomm: profile report: --top {top}, expected the number of rows to show (>= 1)\n"
+    )
+
+
+@pytest.mark.parametrize("name", ["profile.json", "rank00001.json"])
+def test_report_names_the_corrupt_file(tmp_path, capsys, name):
+    # a corrupt profile.json was reported as "cannot read DIR"
+    (tmp_path / "rank00000.json").write_text(json.dumps(_raw(0, 0.0, late_rank=0)))
+    (tmp_path / name).write_text('{"ranks": 2, "wal')
+    assert main(["profile", "report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"hpccomm: profile report: cannot read {tmp_path / name}: invalid JSON ("
+    ), err
 
 
 def test_bus_bytes_of_a_call():

@@ -481,10 +481,17 @@ def test_salloc_shell_is_one_process():
     ("env", "text"),
     [
         ({**OMPI, "OMPI_COMM_WORLD_RANK": "x"}, "(openmpi): OMPI_COMM_WORLD_RANK='x' is not an integer"),
-        ({**SRUN_STEP, "SLURM_NODEID": "5"}, "(slurm): SLURM_NODEID=5 but SLURM_STEP_TASKS_PER_NODE='2(x2)' lists only 2 nodes"),
-        ({**SRUN_STEP, "SLURM_STEP_NODELIST": "node[1-"}, "(slurm): SLURM_STEP_NODELIST='node[1-' is not a Slurm hostlist: hostlist 'node[1-': '[' without ']' at position 4"),
-        ({**SRUN_STEP, "SLURM_STEP_TASKS_PER_NODE": "2(x"}, "(slurm): SLURM_STEP_TASKS_PER_NODE='2(x' is not a Slurm tasks-per-node list"),
+        ({**SRUN_STEP, "SLURM_NODEID": "5"}, "(slurm, rank 3 of 4): SLURM_NODEID=5 but SLURM_STEP_TASKS_PER_NODE='2(x2)' lists only 2 nodes"),
+        ({**SRUN_STEP, "SLURM_STEP_NODELIST": "node[1-"}, "(slurm, rank 3 of 4): SLURM_STEP_NODELIST='node[1-' is not a Slurm hostlist: hostlist 'node[1-': '[' without ']' at position 4"),
+        ({**SRUN_STEP, "SLURM_STEP_TASKS_PER_NODE": "2(x"}, "(slurm, rank 3 of 4): SLURM_STEP_TASKS_PER_NODE='2(x' is not a Slurm tasks-per-node list"),
         ({**BATCH_SHELL, "SLURM_JOB_NODELIST": "n[3-1]"}, "(slurm-batch): SLURM_JOB_NODELIST='n[3-1]' is not a Slurm hostlist"),
+        # the rank (and size) the launcher gave, where they were read before the error; the
+        # batch shell's rank 0 of 1 is hpccomm's, not a variable's: not named
+        ({**OMPI, "OMPI_COMM_WORLD_LOCAL_RANK": "5"}, "(openmpi, rank 5 of 8): local rank 5 (OMPI_COMM_WORLD_LOCAL_RANK) is not below the local size 4"),
+        ({**OMPI, "OMPI_COMM_WORLD_SIZE": "y"}, "(openmpi, rank 5): OMPI_COMM_WORLD_SIZE='y' is not an integer >= 0"),
+        ({**OMPI, "OMPI_COMM_WORLD_SIZE": "4"}, "(openmpi, rank 5): rank 5 (OMPI_COMM_WORLD_RANK) is not below the size 4"),
+        ({**SRUN_STEP, "SLURM_LOCALID": "5"}, "(slurm, rank 3 of 4): local rank 5 (SLURM_LOCALID) is not below the local size 2"),
+        ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "z"}, "(hydra, rank 1 of 2): MPI_LOCALNRANKS='z' is not an integer"),
     ],
 )  # fmt: skip
 def test_malformed_variables_are_invalid_argument_errors(env, text):

@@ -226,6 +226,28 @@ def test_jobs_mpiexec_local_script(venv_bin, mpi_env):
     assert [line.split()[0] for line in out.stdout.splitlines()[1:3]] == ["0", "1"]
 
 
+@pytest.mark.parametrize("np_arg", ["hpccomm", "0", "-2", "2x", "99999999999999999999"])
+def test_jobs_mpiexec_local_script_refuses_a_bad_np(tmp_path, np_arg):
+    # NP left out ("mpiexec-local.sh hpccomm info") ran "mpiexec -n hpccomm info"
+    script = Path(__file__).resolve().parents[2] / "jobs" / "mpiexec-local.sh"
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    out = subprocess.run(
+        [str(script), np_arg, "hpccomm", "info"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = out.stderr.splitlines()
+    assert lines[0] == (
+        f"mpiexec-local.sh: NP is '{np_arg}', expected a positive integer (the number of "
+        f"ranks, below 10000000)"
+    ), out.stderr
+    assert lines[1].startswith("usage: ") and "[NP] [command...]" in lines[1]
+    assert out.stdout == ""
+
+
 @pytest.mark.usefixtures("mpiexec")  # skips without one
 @pytest.mark.parametrize(
     ("visible", "gpu_arg", "expect"),
@@ -263,3 +285,49 @@ def test_too_few_gpus_for_the_ranks_under_mpiexec(mpiexec, mpi_env):
                             capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
     assert strict.returncode != 0
     assert "local ranks [0, 2] would share GPU 0" in strict.stderr
+
+
+def test_a_debug_level_that_differs_across_ranks_is_refused_at_init(mpiexec, venv_bin, mpi_env):
+    # With headers on one rank only, a receive took the sender's header for data and the
+    # next receive silently got the previous payload; a checking rank's collective waited
+    # for a peer that was not checking. init compares the level (one allgather)
+    mpi_env.pop("HPCCOMM_DEBUG", None)
+    script = (
+        "import hpccomm\n"
+        "try:\n"
+        "    hpccomm.init(timeout=30)\n"
+        "    print('initialized')\n"
+        "except hpccomm.InvalidArgumentError as exc:\n"
+        "    print(exc)\n"
+    )
+    py = str(venv_bin / "python")
+    out = subprocess.run(
+        [
+            mpiexec,
+            "--oversubscribe",
+            "-n",
+            "1",
+            "env",
+            "HPCCOMM_DEBUG=check",
+            py,
+            "-c",
+            script,
+            ":",
+            "-n",
+            "2",
+            py,
+            "-c",
+            script,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=mpi_env,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = sorted(out.stdout.strip().splitlines())
+    assert lines == [
+        f"init (rank {r} of 3): the debug level differs across ranks ('check' on rank 0, "
+        f"'large' on ranks 1,2); set the same init(debug=...) or HPCCOMM_DEBUG on every rank"
+        for r in range(3)
+    ], out.stdout

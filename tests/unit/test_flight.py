@@ -6,7 +6,7 @@ import json
 import pytest
 
 from hpccomm.cli import main
-from hpccomm.flight import analyze, load
+from hpccomm.flight import FlightRecorder, analyze, job_identity, load, load_trace
 
 
 def entry(op, group, seq, state, shape=(4,), dtype="float32", gid=None, error=None):
@@ -106,3 +106,101 @@ def test_what_a_rank_without_a_waiting_call_reported(reason, said):
     docs = {0: doc(0, 2, [entry("all_reduce", "world", 2, "started")]),
             1: doc(1, 2, [entry("all_reduce", "world", 1, "completed")], reason=reason)}  # fmt: skip
     assert said in analyze(docs, 2)
+
+
+def write(directory, name, d):
+    (directory / name).write_text(d if isinstance(d, str) else json.dumps(d))
+
+
+def test_dumps_of_another_job_are_left_out(tmp_path, capsys):
+    # a 3-rank job's dumps, then a 2-rank job's over ranks 0-1: rank 2's file was merged in
+    # and the verdict blamed a rank 2 the second job did not have
+    for r in range(3):
+        old = doc(r, 3, [entry("all_reduce", "world", 7, "started")])
+        write(
+            tmp_path,
+            f"rank{r:05d}.json",
+            {**old, "job": "PMIX_NAMESPACE=prterun-a@1", "time": 100.0},
+        )
+    for r in range(2):
+        new = doc(r, 2, [entry("barrier", "world", 1, "started", shape=None, dtype=None)])
+        write(
+            tmp_path,
+            f"rank{r:05d}.json",
+            {**new, "job": "PMIX_NAMESPACE=prterun-b@1", "time": 160.0},
+        )
+    trace = load_trace(tmp_path)
+    assert (trace.size, sorted(trace.docs), trace.job) == (2, [0, 1], "PMIX_NAMESPACE=prterun-b@1")
+    assert trace.left_out == (
+        "rank00002.json (another job: job PMIX_NAMESPACE=prterun-a@1, 3 ranks, its newest dump "
+        "60 s older than that of the job analyzed: job PMIX_NAMESPACE=prterun-b@1, 2 ranks)",
+    )
+    assert main(["trace", "analyze", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("world #1: ranks 0-1 entered barrier #1 on world and wait. (dumps")
+    assert "rank 2" not in out.split(". left out: ")[0]
+    assert out.rstrip().endswith(". left out: " + trace.left_out[0])
+
+
+def test_dumps_of_the_same_size_but_another_job_are_left_out(tmp_path):
+    write(tmp_path, "rank00000.json", {**doc(0, 2, []), "job": "SLURM_JOB_ID=7.0", "time": 5.0})
+    write(tmp_path, "rank00001.json", {**doc(1, 2, []), "job": "SLURM_JOB_ID=8.0", "time": 9.0})
+    trace = load_trace(tmp_path)
+    assert sorted(trace.docs) == [1] and trace.job == "SLURM_JOB_ID=8.0"
+    assert trace.left_out[0].startswith("rank00000.json (another job: job SLURM_JOB_ID=7.0")
+    assert "rank 0 left no trace file" in analyze(trace.docs, trace.size)
+
+
+def test_job_identity_from_the_launcher():
+    assert job_identity({"PMIX_NAMESPACE": "prterun-h-1@1", "SLURM_JOB_ID": "5"}) == (
+        "PMIX_NAMESPACE=prterun-h-1@1"
+    )
+    assert job_identity({"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "2"}) == "SLURM_JOB_ID=5.2"
+    assert job_identity({"PATH": "/bin"}) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "problem"),
+    [
+        (
+            "rank00000.json",
+            '{"rank": 0, "size": 2, "entr',
+            "not a flight recorder dump: invalid JSON",
+        ),
+        ("rank00000.json", "{}", "not a flight recorder dump: no rank, size, reason, entries"),
+        ("rank00000.json", "[1]", "expected a JSON object, got list"),
+        ("rank00000.json", json.dumps(doc(1, 2, [])), "records rank 1, expected 0 (the rank in"),
+        ("rank00000.json", json.dumps(doc(0, 2, [{"op": "x"}])), "entries is not a list of calls"),
+        ("rank00000.json", json.dumps({**doc(0, 2, []), "size": "2"}), "rank 0 of size '2', exp"),
+    ],
+)
+def test_a_broken_dump_is_one_line_naming_the_file(tmp_path, capsys, name, content, problem):
+    # a truncated dump crashed with a JSONDecodeError traceback, one without 'rank' a KeyError
+    write(tmp_path, "rank00001.json", doc(1, 2, []))
+    write(tmp_path, name, content)
+    assert main(["trace", "analyze", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"hpccomm: trace analyze: {tmp_path / name}: "), err
+    assert problem in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_file_not_named_like_a_dump_is_skipped_with_a_note(tmp_path, capsys):
+    write(tmp_path, "rank_notes.json", {})
+    for r in range(2):
+        write(
+            tmp_path, f"rank{r:05d}.json", doc(r, 2, [entry("all_reduce", "world", 1, "completed")])
+        )
+    assert main(["trace", "analyze", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("left out: rank_notes.json (not named rank<N>.json: not a dump)")
+    assert main(["trace", "analyze", "--json", str(tmp_path)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["left_out"] == ["rank_notes.json (not named rank<N>.json: not a dump)"]
+    assert sorted(data["ranks"]) == ["0", "1"]
+
+
+def test_a_dump_records_its_job(tmp_path, monkeypatch):
+    monkeypatch.setenv("PMIX_NAMESPACE", "prterun-x-1@1")
+    path = FlightRecorder(tmp_path, 0, 1).dump("requested")
+    assert json.loads(path.read_text())["job"] == "PMIX_NAMESPACE=prterun-x-1@1"
+    assert load_trace(tmp_path).job == "PMIX_NAMESPACE=prterun-x-1@1"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hpccomm.hostlist import compress, expand, expand_tasks_per_node
+from hpccomm.hostlist import MAX_RANGE, compress, expand, expand_tasks_per_node
 
 EXPAND_CASES = [
     ("node1", ["node1"]),
@@ -57,6 +57,23 @@ BAD = [
     ("node[a-b]", "bad range", 5),
     ("a,b]c", "']' without '['", 3),
     ("x[1-2]y[", "'[' without ']'", 7),
+    # more names than Slurm's MAX_RANGE (64 * 1024): expanded without a limit, n[0-3000000]
+    # took 12 s and 490 MB, a[0-300]b[0-300]c[0-300] 2.1 GB
+    ("n[0-3000000]", "range '0-3000000' has 3000001 names, more than the limit of 65536", 2),
+    ("n[0-65536]", "range '0-65536' has 65537 names, more than the limit of 65536", 2),
+    ("n[0-40000,0-40000]", "brackets [0-40000,0-40000] hold at least 80002 names", 10),
+    (
+        "a[0-300]b[0-300]c[0-300]",
+        "name 'a[0-300]b[0-300]c[0-300]' expands to 27270901 names (301 x 301 x 301), more "
+        "than the limit of 65536",
+        0,
+    ),
+    (
+        "x,n[0-40000],m[0-40000]",
+        "the expression expands to more than the limit of 65536 names (40002 before this "
+        "name, 40001 in 'm[0-40000]')",
+        13,
+    ),
 ]
 
 
@@ -152,3 +169,8 @@ def test_other_scripts_digits_and_zero_repeats_are_refused():
         expand("n[1-\u0663]")
     with pytest.raises(ValueError, match="bad item '2\\(x0\\)'"):
         expand_tasks_per_node("2(x0)")
+
+
+def test_the_largest_range_slurm_takes_expands():
+    names = expand("n[00000-65535]")
+    assert len(names) == MAX_RANGE == 65536 and names[-1] == "n65535"

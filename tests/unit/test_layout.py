@@ -488,3 +488,24 @@ def test_bools_are_not_sizes_or_ranks():
         Layout(4, tp=2).coords(True)
     with pytest.raises(InvalidArgumentError, match="tp=True"):
         Layout(4, tp=2).rank_of(tp=True)
+
+
+@pytest.mark.parametrize(
+    ("call", "text"),
+    [
+        (lambda: Layout(8, order=None), "order=None (NoneType)"),
+        (lambda: Layout(8, order=5), "order=5 (int)"),
+        (lambda: Layout(8, order=b"tp-dp"), "order=b'tp-dp' (bytes)"),
+        (lambda: Layout(8, order=["tp", 2]), "order=['tp', 2] (list)"),
+        (lambda: L64.groups(None), "dims=None (NoneType)"),
+    ],
+)
+def test_an_order_that_is_not_text_is_invalid_argument(call, text):
+    # Layout(8, order=None) raised a raw TypeError ('NoneType' object is not iterable)
+    with pytest.raises(InvalidArgumentError) as err:
+        call()
+    assert str(err.value) == (
+        f"layout: {text}, expected a string of tokens of "
+        f"{'-'.join(TOKENS) if text.startswith('order') else '-'.join(L64.order)} such as "
+        f"'tp-dp', or a sequence of them"
+    )

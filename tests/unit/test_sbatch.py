@@ -247,3 +247,50 @@ def test_values_with_spaces_are_quoted_and_double_quotes_refused():
     assert "#SBATCH --partition=p1" in text.splitlines()
     with pytest.raises(InvalidArgumentError, match=r"--job-name is 'a\"b', expected text without"):
         validate(BatchOptions(command=["hostname"], job_name='a"b'))
+
+
+@pytest.mark.parametrize("name", ["", "  "])
+def test_an_empty_job_name_is_refused(capsys, name):
+    # --job-name '' wrote "#SBATCH --job-name="
+    assert main(["sbatch", "--job-name", name, "--", "true"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        f"hpccomm: sbatch: --job-name is {name!r}, expected a name (not empty or blank; "
+        f"'#SBATCH --job-name=' names no job)\n"
+    )
+
+
+@pytest.mark.parametrize("array", ["0-15", "1,3,5", "0-15:4", "0-15%4", "1-7:2,10%2", "7"])
+def test_slurm_arrays_are_written(array, capsys):
+    assert main(["sbatch", "--array", array, "--", "true"]) == 0
+    assert f"#SBATCH --array={array}" in capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("array", "why"),
+    [
+        ("", "item '' is neither an index nor a LO-HI[:STEP] range"),
+        ("x", "item 'x' is neither an index nor a LO-HI[:STEP] range"),
+        ("1,,2", "item '' is neither"),
+        ("5:2", "item '5:2' is neither"),
+        ("0-1\u0663", "item '0-1\u0663' is neither"),  # another script's digit
+        ("15-0", "range '15-0' ends below its start"),
+        ("0-15:0", "range '0-15:0' has step 0, expected 1 or more"),
+        ("0-15%0", "%0 lets no task run"),
+        ("0-15%", "% is not a count of tasks"),
+        ("0-15%4%2", "%4%2 is not a count of tasks"),
+    ],
+)
+def test_an_array_that_is_not_slurm_syntax_is_refused(capsys, array, why):
+    # --array was written into the script unchecked
+    assert main(["sbatch", "--array", array, "--", "true"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(f"hpccomm: sbatch: --array {array!r} is not a Slurm array: ")
+    assert why in captured.err
+    assert captured.err.endswith(
+        "; expected index lists and LO-HI[:STEP] ranges, then an optional %MAX, e.g. 0-15, "
+        "1,3,5, 0-15:4, 0-15%4\n"
+    )
+    assert len(captured.err.splitlines()) == 1
