@@ -308,6 +308,7 @@ def test_free_refuses_while_a_point_to_point_work_runs(comm):
         r"\(<Work recv #1 on .*\); wait\(\) for them first",
     ):
         c.free()
+    c.barrier()  # (no message is sent before every rank has tried free(): it would complete)
     c.send(np.full(4, float(c.rank)), dst, tag=9)
     assert w.wait() == src and (buf == src).all()
     c.free()
