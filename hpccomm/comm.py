@@ -1001,21 +1001,12 @@ class Communicator:
         """
         if self._freed:
             return
-        ex = self._dispatcher.executor
-        if ex is not None and ex.pending:
-            running = ex.oldest() or "a queued call"
+        busy = self._running()  # this group's and its subgroups', before anything is freed
+        if busy:
             raise InvalidArgumentError(
-                f"{where('free', self.rank, self.size)}: {ex.pending} operation(s) on "
-                f"{self.name} still running ({running}); wait() for them first"
-            )
-        p2p = self._dispatcher.running_p2p()
-        if p2p:
-            raise InvalidArgumentError(
-                f"{where('free', self.rank, self.size)}: {len(p2p)} point-to-point "
-                f"operation(s) on {self.name} still running ({', '.join(p2p[:3])}"
-                f"{', ...' if len(p2p) > 3 else ''}); wait() for them first (a Work dropped "
-                f"unfinished does not hold up free(): hpccomm keeps its arrays alive until MPI "
-                f"is done with them)"
+                f"{where('free', self.rank, self.size)}: {'; '.join(busy)}; wait() for them "
+                f"first (nothing was freed; a Work dropped unfinished does not hold up free(): "
+                f"hpccomm keeps its arrays alive until MPI is done with them)"
             )
         for child in reversed(self._children):
             child.free()
@@ -1028,6 +1019,25 @@ class Communicator:
             if shm is not None:
                 shm.free()
             self._backend.free()
+
+    def _running(self) -> list[str]:
+        """What still runs on this group and the groups made from it (free() refuses)."""
+        busy = []
+        ex = self._dispatcher.executor
+        if ex is not None and ex.pending:
+            running = ex.oldest() or "a queued call"
+            busy.append(f"{ex.pending} operation(s) on {self.name} still running ({running})")
+        p2p = self._dispatcher.running_p2p()
+        if p2p:
+            more = ", ..." if len(p2p) > 3 else ""
+            busy.append(
+                f"{len(p2p)} point-to-point operation(s) on {self.name} still running "
+                f"({', '.join(p2p[:3])}{more})"
+            )
+        for child in self._children:
+            if not child.freed:
+                busy += child._running()
+        return busy
 
     def __enter__(self) -> Communicator:
         return self

@@ -148,8 +148,24 @@ def crc(fp: dict[str, Any]) -> int:
 def crc_base(fp: dict[str, Any]) -> int:
     """The CRC-32 of a fingerprint's fields but its sequence number (and call site): the
     same for every run of one cached call."""
-    items = sorted((k, v) for k, v in fp.items() if k not in ("site", "seq"))
+    items = sorted((k, _canonical(v)) for k, v in fp.items() if k not in ("site", "seq"))
     return zlib.crc32(repr(items).encode())
+
+
+def _canonical(value: Any) -> Any:
+    """``value`` in a form whose repr is the same in every process for equal values: sets
+    (whose order follows string hashing, randomized per process) and dicts (insertion
+    order) become sorted lists, recursively."""
+    if isinstance(value, (set, frozenset)):
+        return ("set", sorted(repr(_canonical(v)) for v in value))
+    if isinstance(value, dict):
+        return (
+            "dict",
+            sorted((repr(_canonical(k)), repr(_canonical(v))) for k, v in value.items()),
+        )
+    if isinstance(value, (list, tuple)):
+        return type(value)(_canonical(v) for v in value)
+    return value
 
 
 def with_seq(base: int, seq: int) -> int:
@@ -181,6 +197,15 @@ def disagreement(fps: Sequence[dict[str, Any]]) -> str:
             name = "the call" if field == "op" else field
             said = bits[0] if len(bits) == 1 else f"{', '.join(bits[:-1])} but {bits[-1]}"
             parts.append(f"{name} is {said}")
+    if not parts:  # a field the list above does not name: say which, in the same form
+        keys = sorted({k for fp in fps for k in fp} - {"site", "refused", *fields})
+        for key in keys:
+            values = {}
+            for r, fp in enumerate(fps):
+                values.setdefault(repr(_canonical(fp.get(key))), []).append(r)
+            if len(values) > 1:
+                bits = [f"{v} on {_ranks(rs)}" for v, rs in values.items()]
+                parts.append(f"{key} is {', '.join(bits[:-1])} but {bits[-1]}")
     sites = [(r, fp["site"]) for r, fp in enumerate(fps) if "site" in fp]
     if sites:
         parts.append("called at " + "; ".join(f"rank {r}: {s}" for r, s in sites))

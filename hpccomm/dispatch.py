@@ -297,6 +297,8 @@ class Dispatcher:
         # group and a worker thread that may still hold earlier calls.
         if async_op or self._slow or _listeners:
             return self.run(call, seq, data, out, async_op, stream, key)
+        if ORPHANS and spec.p2p:
+            reap()
         if call.out_shape is not None and out is None:
             out = allocate(call.out_shape, call.dtype(), call.device, stream)
         mode = call.mode

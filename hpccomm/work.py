@@ -307,11 +307,11 @@ class Work:
         # and an unsynchronized read of its buffers is the bug being reported.
         if self._done:
             return
-        pending = self._pending
-        # (the worker holds a queued call's arrays; nothing is posted for a probed receive
-        # that matched no message)
-        if not isinstance(pending, (Future, Done)) and getattr(pending, "posted", True):
-            ORPHANS.append((pending, self._where()))
+        try:
+            for part in _posted(self._pending):
+                ORPHANS.append((part, self._where()))
+        except Exception:  # (interpreter teardown: the module's globals are gone)
+            pass
         closed = self._closed
         if closed is not None and closed():
             return
@@ -368,10 +368,31 @@ def _p2p_left(call: Call, pending: Any) -> str:
             f"read the data (hpccomm keeps it alive), so do not modify it before a wait() "
             f"completes; if {peer} never receives it, end the job"
         )
+    parts = getattr(pending, "parts", None)
+    if name == "sendrecv" and parts is not None and not getattr(parts[0], "posted", True):
+        src = "any rank" if call.src is None else f"rank {call.src}"
+        return (
+            f"; no message from {src} with {tag} arrived, and nothing of the receive stays "
+            f"posted (a later receive may take that message); the send to {peer} stays "
+            f"posted: MPI may still read the array (hpccomm keeps it alive)"
+        )
     return (
         "; its sends and receives stay posted: MPI may still read and write the arrays "
         "(hpccomm keeps them alive), so do not touch them before a wait() completes"
     )
+
+
+def _posted(pending: Any) -> list[Any]:
+    """The parts of an unfinished operation that MPI may still use the arrays of (kept in
+    ORPHANS when its Work is dropped): not a call queued on the worker (the worker holds
+    its arrays), nor a probed receive that matched no message (nothing is posted: driven
+    on, it would take a later receive's message); a sendrecv's or batch's parts one by one."""
+    if isinstance(pending, (Future, Done)):
+        return []
+    parts = getattr(pending, "parts", None)
+    if parts is not None:
+        return [q for p in parts for q in _posted(p)]
+    return [pending] if getattr(pending, "posted", True) else []
 
 
 def reap() -> None:
@@ -379,7 +400,10 @@ def reap() -> None:
     the order dropped. Safe against drops on other threads (a garbage collection): deque
     appends and pops are atomic."""
     for _ in range(len(ORPHANS)):
-        pending, name = ORPHANS.popleft()
+        try:
+            pending, name = ORPHANS.popleft()
+        except IndexError:  # another thread took the last one meanwhile
+            break
         try:
             done = pending.test()
         except Exception:  # failed: MPI has let go of its buffers

@@ -282,11 +282,14 @@ class WorkerStreams:
 
         if stream.ptr != cupy.cuda.runtime.streamPerThread:
             return stream, None
-        device = cupy.cuda.Device().id
+        device = getattr(stream, "device_id", None)
+        if not isinstance(device, int) or device < 0:
+            device = cupy.cuda.Device().id
         with self._lock:
             side = self._side.get(device)
             if side is None:
-                side = self._side[device] = cupy.cuda.Stream(non_blocking=True)
+                with cupy.cuda.Device(device):
+                    side = self._side[device] = cupy.cuda.Stream(non_blocking=True)
         side.wait_event(stream.record())  # recorded here, on the caller's own stream
         return side, side
 

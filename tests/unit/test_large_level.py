@@ -71,3 +71,72 @@ def test_init_starts_mpi_with_the_raised_limit():
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [str(SM_EAGER_LIMIT), "large", str(SM_EAGER_LIMIT - 1024)]
+
+
+def test_fingerprints_of_equal_sets_and_dicts_agree_across_processes():
+    # split(expect={...}) is compared at the default level now: a set's order follows the
+    # per-process string hash, so equal sets gave different CRCs on two ranks (a false
+    # MismatchError that read "the ranks' calls differ: the ranks' calls differ")
+    import subprocess
+    import sys
+
+    code = (
+        "from hpccomm.debug import crc\n"
+        "print(crc({'op': 'split', 'seq': 1, 'expect': {'tp', 'dp', 'pp', 'cp', 'ep', 'sp'}}))"
+    )
+    crcs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+        ).stdout
+        for seed in range(8)
+    }
+    assert len(crcs) == 1, crcs
+    from hpccomm.debug import crc, disagreement
+
+    a = {"op": "split", "seq": 1, "expect": {"x": 1, "y": 2}}
+    b = {"op": "split", "seq": 1, "expect": {"y": 2, "x": 1}}
+    assert crc(a) == crc(b)
+    other = {"op": "split", "seq": 1, "extra": 3}
+    assert disagreement([{"op": "split", "seq": 1, "extra": 2}, other]) == (
+        "extra is 2 on rank 0 but 3 on rank 1"
+    )
+
+
+def test_reap_from_two_threads_at_once():
+    # Each thread read len(ORPHANS) and then popped: two could both read 1 and one popped
+    # an empty deque (IndexError inside a user's call)
+    import sys
+    import threading
+
+    from hpccomm import work
+
+    class NotDone:
+        def test(self):
+            return False
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    work.ORPHANS.append((NotDone(), "x"))
+    errors = []
+
+    def loop():
+        try:
+            for _ in range(200000):
+                work.reap()
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=loop) for _ in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+        work.ORPHANS.clear()
+    assert errors == []
