@@ -214,21 +214,26 @@ def disagreement(fps: Sequence[dict[str, Any]]) -> str:
 
 # -- point-to-point headers ----------------------------------------------------------------
 
-HEADER_WORDS = 16  # int64: magic, seq, dtype code, element count, ndim, shape (<= 11 dims)
-_MAGIC = 0x6870636368656B31  # "hpcchek1"
+# int64: magic, seq, dtype code, element count, ndim, shape (<= 10 dims shown), and last
+# the tag of the data message on the data communicator
+HEADER_WORDS = 16
+_MAGIC = 0x6870636368656B32  # "hpcchek2"
 
 
-def encode_header(seq: int, dtype_code: int, count: int, shape: Sequence[int]) -> list[int]:
+def encode_header(
+    seq: int, dtype_code: int, count: int, shape: Sequence[int], data_tag: int = 0
+) -> list[int]:
     """The header a checked send puts before its data."""
-    dims = list(shape)[: HEADER_WORDS - 5]
+    dims = list(shape)[: HEADER_WORDS - 6]
     words = [_MAGIC, seq, dtype_code, count, len(shape), *dims]
-    return words + [0] * (HEADER_WORDS - len(words))
+    return words + [0] * (HEADER_WORDS - 1 - len(words)) + [data_tag]
 
 
-def decode_header(words: Any) -> tuple[int, int, int, tuple[int, ...]] | None:
-    """(seq, dtype code, count, shape) of a header, or None when it is not one (the sender
-    does not run with debug checks)."""
+def decode_header(words: Any) -> tuple[int, int, int, tuple[int, ...], int] | None:
+    """(seq, dtype code, count, shape, data tag) of a header, or None when it is not one
+    (the sender does not run with debug checks)."""
     if int(words[0]) != _MAGIC:
         return None
-    ndim = int(words[4])
-    return int(words[1]), int(words[2]), int(words[3]), tuple(int(w) for w in words[5 : 5 + ndim])
+    ndim = min(int(words[4]), HEADER_WORDS - 6)
+    shape = tuple(int(w) for w in words[5 : 5 + ndim])
+    return int(words[1]), int(words[2]), int(words[3]), shape, int(words[-1])

@@ -474,7 +474,7 @@ class Dispatcher:
             elif mode == "requests":
                 headers = checking and not call.spec.objects
                 if headers and call.backend is self.backend:  # host arrays: checked headers
-                    pending = self.backend.start_checked(call, seq, data, out)
+                    pending = self.backend.start_checked(call, seq, data, out, not async_op)
                 else:
                     body = call.body if async_op else (call.blocking_body or call.body)
                     pending = body(call, data, out, stream)

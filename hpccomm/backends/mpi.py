@@ -25,7 +25,7 @@ from ..debug import HEADER_WORDS, decode_header, encode_header
 from ..dtypes import ARITHMETIC_UFUNCS, SUPPORTED_DTYPES
 from ..errors import BackendError, HpccommError, InvalidArgumentError, MismatchError, PeerError
 from ..ops import Call, P2POp
-from ..work import wait_bounded
+from ..work import ORPHANS, wait_bounded
 
 __all__ = ["MPIBackend", "Requests", "probe_integer_ops", "reduces_on_host"]
 
@@ -453,13 +453,32 @@ _CODES = {dt: i for i, dt in enumerate(SUPPORTED_DTYPES)}  # dtype <-> number in
 _DTYPES = list(SUPPORTED_DTYPES)
 
 
+# tags of checked data messages: MPI guarantees tags up to 32767 everywhere; Open MPI's is
+# 2**31 - 1. Unique per sender among its last 32,768 checked sends.
+_DATA_TAGS = 32768
+# checked sends up to this size send the caller's array itself (within any eager limit:
+# they complete without the receiver); larger ones a copy (see MPIBackend._send_checked)
+_EAGER_COPY = 4096
+
+
 class _CheckedRecv:
     """A receive under the debug check: the sender's header (op sequence, dtype, shape) comes
     first; the data is received only into a buffer that matches it, else into a scratch
     buffer of the sender's description (so the message is consumed) and the receive fails
-    with a MismatchError naming the sender."""
+    with a MismatchError naming the sender.
+
+    The data travels on a communicator of its own with the tag the header names (unique
+    per sender): with data and header on one communicator and tag, a second receive
+    posted for the same source and tag took the first message's data for its header
+    (two irecvs outstanding, or a blocking receive retried after a timeout: the data of a
+    large message was then written into the 128-byte header buffer and the process
+    crashed). ``blocking``: a receive whose header has not arrived when its wait times
+    out cancels its header receive, so nothing stays posted."""
 
     __slots__ = (
+        "data",
+        "blocking",
+        "cancelled",
         "mpi",
         "call",
         "buf",
@@ -475,9 +494,10 @@ class _CheckedRecv:
         "result",
     )
 
-    def __init__(self, mpi: MPI.Intracomm, call: Call, buf: np.ndarray, src: int, tag: int,
-                 what: str) -> None:  # fmt: skip
+    def __init__(self, mpi: MPI.Intracomm, data: MPI.Intracomm, call: Call, buf: np.ndarray,
+                 src: int, tag: int, what: str, blocking: bool = False) -> None:  # fmt: skip
         self.mpi, self.call, self.buf, self.what = mpi, call, buf, what
+        self.data, self.blocking, self.cancelled = data, blocking, False
         self.tag = tag
         self.header = np.zeros(HEADER_WORDS, np.int64)
         self.hstatus = MPI.Status()
@@ -498,9 +518,9 @@ class _CheckedRecv:
                 f"{self.what} got a message from rank {src} without hpccomm's debug header: "
                 f"the sender does not run with debug checks (set the same level everywhere)"
             )
-            self.dreq = self.mpi.Irecv([buf, _mpi_types[buf.dtype]], src, self.hstatus.Get_tag())
+            self.dreq = MPI.REQUEST_NULL  # that message was the data: nothing more to take
             return
-        seq, code, count, shape = head
+        seq, code, count, shape, data_tag = head
         dtype = _DTYPES[code] if 0 <= code < len(_DTYPES) else None
         if dtype != buf.dtype or count != buf.size:
             sent = f"{dtype.name if dtype is not None else code} {shape}"
@@ -511,9 +531,30 @@ class _CheckedRecv:
             )
             scratch = np.empty(count, dtype if dtype is not None else np.uint8)
             buf = scratch
-        self.dreq = self.mpi.Irecv([buf, _mpi_types[buf.dtype]], src, self.hstatus.Get_tag())
+        self.dreq = self.data.Irecv([buf, _mpi_types[buf.dtype]], src, data_tag)
+
+    @property
+    def posted(self) -> bool:
+        """Whether MPI may still write this receive's buffers (header or data posted)."""
+        return not self.cancelled and not (self.dreq is not None and self.dreq == MPI.REQUEST_NULL)
+
+    def cancel(self) -> bool:
+        """Withdraw the header receive if no header has matched it; True when withdrawn
+        (nothing of this receive stays posted). A header that arrived meanwhile is taken
+        (its data receive posted) and False returned."""
+        if self.dreq is not None:
+            return False
+        self.hreq.Cancel()
+        self.hreq.Wait(self.hstatus)
+        if self.hstatus.Is_cancelled():
+            self.cancelled = True
+            return True
+        self._start_data()
+        return False
 
     def test(self) -> bool:
+        if self.cancelled:
+            return True
         if self.dreq is None:
             if not self.hreq.Test(self.hstatus):
                 return False
@@ -522,7 +563,10 @@ class _CheckedRecv:
 
     def wait(self, timeout: float | None) -> bool:
         if timeout is not None:
-            return wait_bounded(self.test, timeout)
+            done = wait_bounded(self.test, timeout)
+            if not done and self.blocking:
+                self.cancel()
+            return done
         if self.dreq is None:
             self.hreq.Wait(self.hstatus)
             self._start_data()
@@ -684,6 +728,10 @@ class MPIBackend:
         # send matched a recv_object, whose pkl5 took it for a header and waited in MPI for
         # parts that never come, past any timeout; a send_object matched an array recv.
         self.checks = self.mpi.Dup()
+        # the data of checked point-to-point messages, each with a tag of its own that its
+        # header names (see _CheckedRecv)
+        self.data = self.mpi.Dup()
+        self._data_tag = 0
         # the check's buffers, made once (a group's calls never check concurrently)
         self._mine = np.zeros(2, np.int64)
         self._most = np.zeros(2, np.int64)
@@ -794,18 +842,25 @@ class MPIBackend:
 
     # -- point-to-point under the debug check (a header before every message) -----------
 
-    def start_checked(self, call: Call, seq: int, data: Any, out: Any) -> Any:
+    def start_checked(
+        self, call: Call, seq: int, data: Any, out: Any, blocking: bool = False
+    ) -> Any:
         """Start a point-to-point call with headers (debug check): each send is preceded by
         a header with this rank's sequence number, dtype and shape, which each receive
-        compares with its buffer before taking the data."""
+        compares with its buffer before taking the data (see _CheckedRecv). ``blocking``:
+        a receive that times out withdraws its header receive."""
         spec = call.spec
         if spec is O.SEND:
             return self._send_checked(call, seq, data, call.peer, call.tag)
         if spec is O.RECV:
-            return _CheckedRecv(self.mpi, call, data, *_source_tag(call), "the receive")
+            return _CheckedRecv(
+                self.mpi, self.data, call, data, *_source_tag(call), "the receive", blocking
+            )
         if spec is O.SENDRECV:
             src = _ANY_SOURCE if call.src is None else call.src
-            recv = _CheckedRecv(self.mpi, call, out, src, call.tag, "the receive")
+            recv = _CheckedRecv(
+                self.mpi, self.data, call, out, src, call.tag, "the receive", blocking
+            )
             return _All([recv, self._send_checked(call, seq, data, call.peer, call.tag)], out)
         parts = []
         for i, p in enumerate(data):  # batch_isend_irecv
@@ -813,16 +868,29 @@ class MPIBackend:
             if p.op == "send":
                 parts.append(self._send_checked(call, seq, b.array, p.peer, p.tag))
             else:
-                parts.append(_CheckedRecv(self.mpi, call, b.array, p.peer, p.tag, f"ops[{i}]"))
+                parts.append(
+                    _CheckedRecv(self.mpi, self.data, call, b.array, p.peer, p.tag, f"ops[{i}]")
+                )
         return _All(parts, None)
 
     def _send_checked(self, call: Call, seq: int, x: np.ndarray, dst: int, tag: int) -> Any:
-        header = np.array(encode_header(seq, _CODES[x.dtype], x.size, x.shape), np.int64)
-        reqs = [
-            self.mpi.Isend([header, MPI.INT64_T], dst, tag),
-            self.mpi.Isend([x, _mpi_types[x.dtype]], dst, tag),
-        ]
-        return Requests(call, reqs, None, keep=(header, x))
+        """The header, then the data on the data communicator. Above the eager limit the
+        data goes from a copy and the send completes with its header: the receiver posts
+        the data's receive only once it has read the header (in its own test or wait),
+        so a sender waiting for the data to be taken could wait for a receiver that is
+        itself waiting in a send to it (two ranks that irecv and then send), or in a
+        collective. The copy is kept (work.ORPHANS) until MPI has sent it."""
+        self._data_tag = data_tag = (self._data_tag + 1) % _DATA_TAGS
+        words = encode_header(seq, _CODES[x.dtype], x.size, x.shape, data_tag)
+        header = np.array(words, np.int64)
+        head = self.mpi.Isend([header, MPI.INT64_T], dst, tag)
+        if x.nbytes <= _EAGER_COPY:
+            data = self.data.Isend([x, _mpi_types[x.dtype]], dst, data_tag)
+            return Requests(call, [head, data], None, keep=(header, x))
+        copy = np.array(x, copy=True)
+        sent = _Sent(self.data.Isend([copy, _mpi_types[copy.dtype]], dst, data_tag), copy)
+        ORPHANS.append((sent, f"{call.where(seq)}: its data to rank {dst} (debug check)"))
+        return Requests(call, [head], None, keep=(header,))
 
     # -- small exchanges for the debug checks -------------------------------------------
 
@@ -860,7 +928,7 @@ class MPIBackend:
         stayed inside MPI until exit."""
         if self.mpi == MPI.COMM_NULL:  # freed: mpi4py's duplicate went with it (revoking
             return  # that stale handle crashed in MPI)
-        for comm in (self.mpi, self.checks, self._objects_comm):
+        for comm in (self.mpi, self.checks, self.data, self._objects_comm):
             try:
                 comm.Revoke()
             except Exception:  # pragma: no cover - an MPI without ULFM's calls
@@ -1114,6 +1182,6 @@ class MPIBackend:
         """Free the communicator (idempotent; nothing once MPI is finalized)."""
         self.close()
         if not MPI.Is_finalized():
-            for comm in (self.checks, self.mpi):
+            for comm in (self.checks, self.data, self.mpi):
                 if comm != MPI.COMM_NULL:
                     comm.Free()

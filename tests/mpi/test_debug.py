@@ -276,3 +276,66 @@ def test_an_in_place_async_gather_under_the_check(checked, op):
     if op == "all_gather" or r == 0:
         assert (out == np.repeat(np.arange(1.0, n + 1), 2)).all()
     out[:] = 0  # writable again
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("n", [5, 1_000_003])  # within and above the eager limit
+def test_two_receives_outstanding_from_one_sender_and_tag(checked, n):
+    # Header and data shared the communicator and tag: the second irecv's header receive,
+    # posted already, took the first message's data for its header (a MismatchError
+    # "without hpccomm's debug header", or Open MPI writing a large message into the
+    # 128-byte header buffer)
+    c = checked
+    if c.rank == 0:
+        c.send(np.full(n, 1.0), 1, tag=4)
+        c.send(np.full(n, 2.0), 1, tag=4)
+        c.send(np.full(n, 3.0), 1, tag=4)
+    elif c.rank == 1:
+        a, b, d = np.zeros(n), np.zeros(n), np.zeros(n)
+        wa, wb = c.irecv(a, 0, tag=4), c.irecv(b, 0, tag=4)
+        assert wb.wait() == 0 and wa.wait() == 0  # waited in the other order
+        c.recv(d, 0, tag=4)
+        assert (a == 1.0).all() and (b == 2.0).all() and (d == 3.0).all()
+    c.barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("n", [16, 1_000_003])
+def test_a_checked_receive_retried_after_its_timeout(checked, n):
+    # The timed-out receive's header receive stayed posted; the retry's took the first
+    # message's data as its header: a MismatchError and the old array written later, or
+    # (above the eager limit) a segfault
+    from hpccomm import CommTimeoutError
+
+    c = checked
+    if c.rank == 1:
+        c.timeout = 0.3
+        a, b, d = np.zeros(n), np.zeros(n), np.zeros(n)
+        with pytest.raises(CommTimeoutError, match=r"recv #\d+ .*Nothing stays posted"):
+            c.recv(a, 0, tag=3)
+        c.barrier()  # the peer sends now
+        c.timeout = 60
+        assert c.recv(b, 0, tag=3) == 0 and c.recv(d, 0, tag=3) == 0
+        assert (b == 1.0).all() and (d == 2.0).all() and (a == 0.0).all()
+    else:
+        c.barrier()
+        if c.rank == 0:
+            c.send(np.full(n, 1.0), 1, tag=3)
+            c.send(np.full(n, 2.0), 1, tag=3)
+    c.barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_two_ranks_that_irecv_then_send_large_messages(checked):
+    # The receiver posts a checked message's data receive once it has read the header (in
+    # its own wait); a blocking send waiting for its data to be taken waited for a peer that
+    # was itself in such a send: above the eager limit both waited until their timeout
+    c = checked
+    if c.rank > 1:
+        return
+    other = 1 - c.rank
+    n = 1_000_003
+    got = np.zeros(n)
+    w = c.irecv(got, other, tag=6)
+    c.send(np.full(n, float(c.rank)), other, tag=6)
+    assert w.wait() == other and (got == other).all()
