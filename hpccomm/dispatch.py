@@ -828,14 +828,12 @@ class Dispatcher:
         return exc
 
     def running_p2p(self) -> list[str]:
-        """The point-to-point operations handed out (Works) that are still running."""
+        """The point-to-point operations handed out (Works) not yet seen complete (wait(),
+        is_completed()). MPI is not asked: a thread of the caller's (torch's point-to-point
+        driver) may be waiting on the same request, and MPI forbids two threads on one."""
         running = []
         for work in list(self._p2p):
-            try:
-                done = work.is_completed()
-            except HpccommError:
-                done = True  # failed: MPI has let go of its arrays
-            if done:
+            if work.finished:
                 self._p2p.discard(work)
             else:
                 running.append(repr(work))

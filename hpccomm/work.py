@@ -287,6 +287,12 @@ class Work:
         thread) and is still running; point-to-point requests complete when tested."""
         return isinstance(self._pending, Future)
 
+    @property
+    def finished(self) -> bool:
+        """Whether the operation has been seen complete (by wait(), is_completed() or a
+        done-callback). Never asks MPI: another thread may be waiting on the request."""
+        return self._done
+
     def disown(self) -> None:
         """Stop reporting this handle when it is dropped unfinished (the dispatch's own
         handle of a bounded call that timed out: the caller got the CommTimeoutError)."""
