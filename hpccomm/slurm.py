@@ -34,13 +34,14 @@ SUBMIT_TIMEOUT = 60.0
 # cray_shasta for Cray PALS, none for launchers that bring their own (torchrun).
 MPI_PLUGINS = ("pmix", "pmix_v4", "pmix_v5", "pmi2", "cray_shasta", "none")
 
+# ASCII digits only, the whole text (re.fullmatch: "$" also matched before a final newline)
 _TIME_FORMS = (
-    re.compile(r"^(?P<m>\d+)$"),
-    re.compile(r"^(?P<m>\d+):(?P<s>\d+)$"),
-    re.compile(r"^(?P<h>\d+):(?P<m>\d+):(?P<s>\d+)$"),
-    re.compile(r"^(?P<d>\d+)-(?P<h>\d+)$"),
-    re.compile(r"^(?P<d>\d+)-(?P<h>\d+):(?P<m>\d+)$"),
-    re.compile(r"^(?P<d>\d+)-(?P<h>\d+):(?P<m>\d+):(?P<s>\d+)$"),
+    re.compile(r"(?P<m>[0-9]+)"),
+    re.compile(r"(?P<m>[0-9]+):(?P<s>[0-9]+)"),
+    re.compile(r"(?P<h>[0-9]+):(?P<m>[0-9]+):(?P<s>[0-9]+)"),
+    re.compile(r"(?P<d>[0-9]+)-(?P<h>[0-9]+)"),
+    re.compile(r"(?P<d>[0-9]+)-(?P<h>[0-9]+):(?P<m>[0-9]+)"),
+    re.compile(r"(?P<d>[0-9]+)-(?P<h>[0-9]+):(?P<m>[0-9]+):(?P<s>[0-9]+)"),
 )
 
 
@@ -53,7 +54,7 @@ def parse_time(text: str) -> int | None:
     if text.upper() in ("UNLIMITED", "INFINITE"):
         return None
     for form in _TIME_FORMS:
-        m = form.match(text)
+        m = form.fullmatch(text)
         if m:
             g = {k: int(v) for k, v in m.groupdict().items() if v is not None}
             if g.get("s", 0) >= 60 or (

@@ -28,7 +28,9 @@ def test_parse_time(text, seconds):
     assert parse_time(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["1h", "1:99", "1:2:3:4", "-5", "", "1-", "12:61:00"])
+@pytest.mark.parametrize(
+    "text", ["1h", "1:99", "1:2:3:4", "-5", "", "1-", "12:61:00", "\u0663\u0660", "30\n", "1:00\n"]
+)  # (other scripts' digits and a final newline were taken: the newline broke the script)
 def test_parse_time_rejects(text):
     with pytest.raises(ValueError, match=r"sbatch: --time .* is not a Slurm time"):
         parse_time(text)
