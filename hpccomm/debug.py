@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import sys
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .errors import InvalidArgumentError
@@ -177,6 +177,23 @@ def _ranks(ranks: Sequence[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(str(r) for r in ranks)
 
 
+def by_rank(pairs: Iterable[tuple[int, str]]) -> list[str]:
+    """Each text with the ranks that hold it, in order of first appearance: ``(rank,
+    text)`` pairs to ``["'check' on rank 0", "'large' on ranks 1,2"]``."""
+    ranks: dict[str, list[int]] = {}
+    for r, text in pairs:
+        ranks.setdefault(text, []).append(r)
+    return [f"{text} on {_ranks(rs)}" for text, rs in ranks.items()]
+
+
+def _differs(name: str, pairs: Iterable[tuple[int, str]]) -> str | None:
+    """``"<name> is A on rank 0 but B on rank 1"`` where the ranks' values differ."""
+    bits = by_rank(pairs)
+    if len(bits) < 2:
+        return None
+    return f"{name} is {', '.join(bits[:-1])} but {bits[-1]}"
+
+
 def disagreement(fps: Sequence[dict[str, Any]]) -> str:
     """What the fingerprints (one per rank) disagree on, in words: refusals first, then the
     op, the sequence number, then every other field, each naming which ranks hold which
@@ -186,26 +203,21 @@ def disagreement(fps: Sequence[dict[str, Any]]) -> str:
     fields = ["op", "seq", "dtype", "device", "shape", "row shape", "src", "dst", "reduce op"]
     fields += ["sizes", "elements per rank", "ranks", "expect"]
     for field in fields:
-        values: dict[Any, list[int]] = {}
-        for r, fp in enumerate(fps):
-            if "refused" in fp and field not in ("op", "seq"):
-                continue
-            if field in fp:
-                values.setdefault(repr(fp[field]), []).append(r)
-        if len(values) > 1:
-            bits = [f"{v} on {_ranks(rs)}" for v, rs in values.items()]
-            name = "the call" if field == "op" else field
-            said = bits[0] if len(bits) == 1 else f"{', '.join(bits[:-1])} but {bits[-1]}"
-            parts.append(f"{name} is {said}")
+        said = _differs(
+            "the call" if field == "op" else field,
+            (
+                (r, repr(fp[field]))
+                for r, fp in enumerate(fps)
+                if field in fp and ("refused" not in fp or field in ("op", "seq"))
+            ),
+        )
+        if said is not None:
+            parts.append(said)
     if not parts:  # a field the list above does not name: say which, in the same form
-        keys = sorted({k for fp in fps for k in fp} - {"site", "refused", *fields})
-        for key in keys:
-            values = {}
-            for r, fp in enumerate(fps):
-                values.setdefault(repr(_canonical(fp.get(key))), []).append(r)
-            if len(values) > 1:
-                bits = [f"{v} on {_ranks(rs)}" for v, rs in values.items()]
-                parts.append(f"{key} is {', '.join(bits[:-1])} but {bits[-1]}")
+        for key in sorted({k for fp in fps for k in fp} - {"site", "refused", *fields}):
+            said = _differs(key, ((r, repr(_canonical(fp.get(key)))) for r, fp in enumerate(fps)))
+            if said is not None:
+                parts.append(said)
     sites = [(r, fp["site"]) for r, fp in enumerate(fps) if "site" in fp]
     if sites:
         parts.append("called at " + "; ".join(f"rank {r}: {s}" for r, s in sites))

@@ -193,24 +193,19 @@ class Dispatcher:
         stream: Any = None,
     ) -> Any:
         """Run one operation; returns its result, or a Work when ``async_op``."""
-        if _HELD and spec.arrays and self.debug in CHECKING:
-            # an array an async call not waited for holds (read-only): refused here, before
-            # validation (which would call it read-only), and the others told, whether this
-            # call is async or not, on one rank or on all
+        held = _HELD and spec.arrays and self.debug in CHECKING
+        if held or stream is not None:
+            # refused here, before validation, and the others told: an array an async call
+            # not waited for holds (read-only; validation would call it read-only), whether
+            # this call is async or not, on one rank or on all; a stream= that is no stream
             g = self.group
             nxt = (g.p2p_seq if spec.p2p else g.seq) + 1
+            here = where(spec.name, g.rank, g.size, group=g.name, seq=nxt)
             try:
-                ReadOnlyWhileRunning.refuse_held(
-                    data, out, where(spec.name, g.rank, g.size, group=g.name, seq=nxt)
-                )
-            except InvalidArgumentError as exc:
-                self.refused(spec, exc)
-                raise
-        if stream is not None:
-            g = self.group
-            try:
-                nxt = (g.p2p_seq if spec.p2p else g.seq) + 1
-                check_stream(stream, where(spec.name, g.rank, g.size, group=g.name, seq=nxt))
+                if held:
+                    ReadOnlyWhileRunning.refuse_held(data, out, here)
+                if stream is not None:
+                    check_stream(stream, here)
             except InvalidArgumentError as exc:
                 self.refused(spec, exc)
                 raise

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from . import flight, memory, profiler
 from .comm import Communicator, NodeInfo
 from .cuda_aware import DeviceConfig, decide
-from .debug import EAGER_ENV, level_from
+from .debug import EAGER_ENV, by_rank, level_from
 from .discovery import LaunchInfo, discover
 from .errors import GpuBindingError, HpccommError, InvalidArgumentError, LaunchMismatchError
 from .gpuselect import choose_on_node, format_uuid, sharing_allowed
@@ -527,10 +527,11 @@ def init(
     # not checking. One allgather, every rank raising alike.
     levels = MPI.COMM_WORLD.allgather(level)
     if any(lv != levels[0] for lv in levels):
+        held = ", ".join(by_rank(enumerate(map(repr, levels))))
         raise InvalidArgumentError(
             f"init (rank {MPI.COMM_WORLD.Get_rank()} of {MPI.COMM_WORLD.Get_size()}): the "
-            f"debug level differs across ranks ({_by_rank(levels)}); set the same "
-            f"init(debug=...) or HPCCOMM_DEBUG on every rank"
+            f"debug level differs across ranks ({held}); set the same init(debug=...) or "
+            f"HPCCOMM_DEBUG on every rank"
         )
     info = _bind_gpu(info, gpu)
     device = _device_config(info, device_backend, cuda_aware_mpi)
@@ -558,17 +559,6 @@ def init(
     if nccl:
         _world.enable_nccl()
     return _world
-
-
-def _by_rank(values: list[Any]) -> str:
-    """``'check' on rank 0, 'large' on ranks 1-3``: each value with the ranks holding it."""
-    ranks: dict[Any, list[int]] = {}
-    for r, v in enumerate(values):
-        ranks.setdefault(v, []).append(r)
-    return ", ".join(
-        f"{v!r} on rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))}"
-        for v, rs in ranks.items()
-    )
 
 
 def _reuse_memory(value: bool | None) -> bool:
