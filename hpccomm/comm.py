@@ -26,7 +26,7 @@ from .cuda_aware import CPU_ONLY, DeviceConfig
 from .debug import level_from
 from .dispatch import Dispatcher
 from .dtypes import ReduceOp, dtype_info
-from .errors import ClosedError, HpccommError, InvalidArgumentError, MismatchError, where
+from .errors import ClosedError, HpccommError, InvalidArgumentError, MismatchError
 from .layout import Layout
 from .notices import NoticeBoard
 from .ops import (
@@ -231,7 +231,7 @@ class Communicator:
 
     @timeout.setter
     def timeout(self, value: float | None) -> None:
-        self._dispatcher.timeout = check_timeout(value, where("timeout", self.rank, self.size))
+        self._dispatcher.timeout = check_timeout(value, self._here("timeout"))
 
     @property
     def debug(self) -> str:
@@ -243,7 +243,7 @@ class Communicator:
 
     @debug.setter
     def debug(self, value: str) -> None:
-        self._dispatcher.set_debug(level_from(value, where("debug", self.rank, self.size)))
+        self._dispatcher.set_debug(level_from(value, self._here("debug")))
 
     @property
     def local_rank(self) -> int:
@@ -291,17 +291,19 @@ class Communicator:
             HpccommError: no GPU is bound on this rank, or CuPy/NCCL are missing.
         """
         self._check_open("enable_nccl")
-        self._devices.enable_nccl(where("enable_nccl", self.rank, self.size))
+        self._devices.enable_nccl(self._here("enable_nccl"))
 
     def __repr__(self) -> str:
         state = " freed" if self._freed else ""
         return f"<hpccomm.Communicator {self.name} rank {self.rank} of {self.size}{state}>"
 
+    def _here(self, opname: str) -> str:
+        """The prefix of this group's messages (:meth:`Group.here`)."""
+        return self._group.here(opname)
+
     def _check_open(self, opname: str) -> None:
         if self._freed:
-            raise ClosedError(
-                f"{where(opname, self.rank, self.size)}: communicator {self.name} already freed"
-            )
+            raise ClosedError(f"{self._here(opname)}: communicator {self.name} already freed")
 
     # -- collectives -------------------------------------------------------------------
 
@@ -525,11 +527,11 @@ class Communicator:
         self._check_open("monitored_barrier")
         bound = check_timeout(
             timeout if timeout is not None else (self.timeout or 60.0),
-            where("monitored_barrier", self.rank, self.size),
+            self._here("monitored_barrier"),
         )
         notices = self._notices
         if notices is None:  # pragma: no cover - init always makes the board
-            raise HpccommError(f"{where('monitored_barrier', self.rank, self.size)}: no init()")
+            raise HpccommError(f"{self._here('monitored_barrier')}: no init()")
         self._group.seq += 1
         seq = self._group.seq
         w = f"monitored_barrier #{seq} on {self.name} (rank {self.rank} of {self.size})"
@@ -683,7 +685,7 @@ class Communicator:
         both ranks' ``x`` hold 1.0 everywhere.
         """
         self._check_open("empty")
-        here = where("empty", self.rank, self.size)
+        here = self._here("empty")
         dt = np.dtype(dtype)
         dtype_info(dt, here, "dtype")
         dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
@@ -785,7 +787,7 @@ class Communicator:
         Example (4 ranks, ``color = rank % 2``): ranks 0, 2 form one group, 1, 3 another.
         """
         self._check_open("split")
-        w = where("split", self.rank, self.size)
+        w = self._here("split")
         if color is not None:
             value = as_int(color)
             if value is None or not 0 <= value <= C_INT_MAX:
@@ -818,7 +820,7 @@ class Communicator:
         bad = [r for r, v in zip(ranks, values, strict=True) if v is None or not 0 <= v < self.size]
         if bad or len(set(values)) != len(values) or not values:
             raise InvalidArgumentError(
-                f"{where(what, self.rank, self.size)}: ranks {list(ranks)} must be distinct "
+                f"{self._here(what)}: ranks {list(ranks)} must be distinct "
                 f"ranks in 0..{self.size - 1}, at least one" + (f"; bad: {bad}" if bad else "")
             )
         return values  # type: ignore[return-value]
@@ -848,14 +850,13 @@ class Communicator:
         ranks = self._check_ranks("create_group", ranks)
         if self.rank not in ranks:
             raise InvalidArgumentError(
-                f"{where('create_group', self.rank, self.size)}: this rank is not in ranks "
+                f"{self._here('create_group')}: this rank is not in ranks "
                 f"{ranks}; only members call create_group (new_group is the call for all ranks)"
             )
         tag_value = as_int(tag)
         if tag_value is None or not 0 <= tag_value <= C_INT_MAX:
             raise InvalidArgumentError(
-                f"{where('create_group', self.rank, self.size)}: tag is {tag!r}, expected an "
-                f"integer >= 0"
+                f"{self._here('create_group')}: tag is {tag!r}, expected an integer >= 0"
             )
 
         def job() -> tuple[Any, list[Any]]:
@@ -878,9 +879,7 @@ class Communicator:
             gid=f"{self._dispatcher.gid}/create{ranks}:{tag_value}:{count}",
         )
         if child is None:  # pragma: no cover - MPI gives every member its group
-            raise HpccommError(
-                f"{where('create_group', self.rank, self.size)}: MPI returned no group"
-            )
+            raise HpccommError(f"{self._here('create_group')}: MPI returned no group")
         return child
 
     def dup(self, *, device_backend: str | None = None) -> Communicator:
@@ -895,15 +894,13 @@ class Communicator:
         if device_backend is not None:
             if device_backend not in ("nccl", "mpi"):
                 raise InvalidArgumentError(
-                    f"{where('dup', self.rank, self.size)}: device_backend is "
+                    f"{self._here('dup')}: device_backend is "
                     f"{device_backend!r}, expected 'nccl' or 'mpi'"
                 )
             device = device._replace(mode=device_backend, auto=False)
         child = self._adopt(self._make("dup", self._backend.dup), f"{self.name}/dup", device)
         if child is None:  # pragma: no cover - a dup always includes this rank
-            raise HpccommError(
-                f"{where('dup', self.rank, self.size)}: MPI returned no communicator"
-            )
+            raise HpccommError(f"{self._here('dup')}: MPI returned no communicator")
         return child
 
     def translate(self, ranks: Sequence[int], other: Communicator) -> list[int | None]:
@@ -917,14 +914,11 @@ class Communicator:
         r = as_int(given)  # NumPy integers too
         if r is None or not 0 <= r < self.size:
             raise InvalidArgumentError(
-                f"{where('world_rank', self.rank, self.size)}: group rank {given!r} is not in "
-                f"0..{self.size - 1}"
+                f"{self._here('world_rank')}: group rank {given!r} is not in 0..{self.size - 1}"
             )
         value = self.translate([r], self._world)[0]
         if value is None:  # pragma: no cover - every rank of a group is a world rank
-            raise HpccommError(
-                f"{where('world_rank', self.rank, self.size)}: rank {r} not in world"
-            )
+            raise HpccommError(f"{self._here('world_rank')}: rank {r} not in world")
         return value
 
     def group_rank(self, world_rank: int) -> int | None:
@@ -968,7 +962,7 @@ class Communicator:
                 made = self._make("node", self._backend.node)
             self._node = self._adopt(made, f"{self.name}/node")
         if self._node is None:  # pragma: no cover - every rank is on its node
-            raise HpccommError(f"{where('node', self.rank, self.size)}: MPI returned no group")
+            raise HpccommError(f"{self._here('node')}: MPI returned no group")
         return self._node
 
     def leaders(self) -> Communicator | NotMember:
@@ -1004,7 +998,7 @@ class Communicator:
         busy = self._running()  # this group's and its subgroups', before anything is freed
         if busy:
             raise InvalidArgumentError(
-                f"{where('free', self.rank, self.size)}: {'; '.join(busy)}; wait() for them "
+                f"{self._here('free')}: {'; '.join(busy)}; wait() for them "
                 f"first (nothing was freed; a Work dropped unfinished does not hold up free(): "
                 f"hpccomm keeps its arrays alive until MPI is done with them)"
             )

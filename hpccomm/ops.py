@@ -59,6 +59,12 @@ class Group:
         self.p2p_seq = 0
         self.world_ranks: list[int] = []  # the members' world ranks (set with the group)
 
+    def here(self, op: str) -> str:
+        """The prefix of messages about ``op`` on this group before it runs: ``"op (rank r
+        of n)"`` on the world, ``"op on world/tp (rank r of n)"`` elsewhere (the rank is the
+        group's)."""
+        return where(op, self.rank, self.size, group=None if self.name == "world" else self.name)
+
     def __repr__(self) -> str:
         return f"<Group {self.name} rank {self.rank} of {self.size}>"
 
@@ -214,8 +220,9 @@ class Call:
         return new
 
     def __str__(self) -> str:
-        """The ``"op (rank r of n)"`` prefix of validation messages."""
-        return where(self.spec.name, self.group.rank, self.group.size)
+        """The ``"op (rank r of n)"`` prefix of validation messages; on a group other than
+        the world ``"op on world/tp (rank r of n)"`` (the rank is the group's)."""
+        return self.group.here(self.spec.name)
 
     def where(self, seq: int | None) -> str:
         """The ``"op #seq on group (rank r of n)"`` prefix of messages about a running call."""

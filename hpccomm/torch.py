@@ -958,7 +958,9 @@ def _naming(method: Callable[..., Any], op: str, inputs: int) -> Callable[..., A
 
 # How a refusal's message starts where it does not name the torch operation and group: this
 # module's own refusals, and those of hpccomm's checks (its operation's name, no group)
-_UNNAMED = re.compile(r"hpccomm torch backend: |[a-z_]+ \(rank \d+ of \d+\): ")
+# a refusal before MPI: "op (rank r of n): " on the world, "op on GROUP (rank r of n): "
+# elsewhere (Group.here); a running call's "op #seq on GROUP" is left as it is
+_UNNAMED = re.compile(r"hpccomm torch backend: |[a-z_]+( on .+?)? \(rank \d+ of \d+\): ")
 
 
 def _renamed(exc: BaseException, op: str, comm: Communicator) -> HpccommError | None:

@@ -3,6 +3,7 @@ each test here failed before its fix. Arrays are large enough (hundreds of eleme
 that overflow) that SIMD paths and freed temporaries show."""
 
 import gc
+import re
 
 import ml_dtypes
 import numpy as np
@@ -16,7 +17,9 @@ FLOATS = [np.float32, np.float64, np.complex64, np.complex128, np.float16, ml_dt
 
 
 def where(comm, op):
-    return rf"{op} \(rank {comm.rank} of {comm.size}\)"
+    """The prefix of validation errors: the group too, where it is not the world."""
+    on = "" if comm.name == "world" else f" on {re.escape(comm.name)}"
+    return rf"{op}{on} \(rank {comm.rank} of {comm.size}\)"
 
 
 def wide(a):

@@ -7,11 +7,14 @@ import re
 import numpy as np
 import pytest
 
+import hpccomm
 from hpccomm import DtypeError, InvalidArgumentError, P2POp, ReduceOp
 
 
 def where(comm, op):
-    return rf"{op} \(rank {comm.rank} of {comm.size}\)"
+    """The prefix of validation errors: the group too, where it is not the world."""
+    on = "" if comm.name == "world" else f" on {re.escape(comm.name)}"
+    return rf"{op}{on} \(rank {comm.rank} of {comm.size}\)"
 
 
 def where_run(comm, op):
@@ -368,3 +371,21 @@ def test_point_to_point_after_a_refusal_on_every_rank(comm):
     x = np.ones(2)
     comm.all_reduce(x)
     assert (x == comm.size).all()
+
+
+def test_validation_errors_name_the_group(comm):
+    # refusals before MPI named the op and the rank but not the group (a subgroup's rank 0
+    # looked like the world's); the world's own messages stay "op (rank r of n)"
+    world = hpccomm.init()
+    with pytest.raises(DtypeError, match=rf"^all_reduce \(rank {world.rank} of {world.size}\): op"):
+        world.all_reduce(np.ones(3), op="bogus")
+    sub = comm.split(0)
+    try:
+        with pytest.raises(
+            DtypeError, match=rf"^all_reduce on {re.escape(sub.name)} \(rank {sub.rank} of "
+        ):
+            sub.all_reduce(np.ones(3), op="bogus")
+        with pytest.raises(InvalidArgumentError, match=rf"^split on {re.escape(sub.name)} \("):
+            sub.split(-1)
+    finally:
+        sub.free()

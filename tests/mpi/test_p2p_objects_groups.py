@@ -1,5 +1,6 @@
 """Point-to-point, batched p2p, Python objects (a >16 MiB one included), groups, launch."""
 
+import re
 import time
 
 import numpy as np
@@ -304,7 +305,8 @@ def test_free_refuses_while_a_point_to_point_work_runs(comm):
     w = c.irecv(buf, src, tag=9)
     with pytest.raises(
         InvalidArgumentError,
-        match=r"free \(rank \d+ of \d+\): 1 point-to-point operation\(s\) on .* still running "
+        match=rf"free on {re.escape(c.name)} \(rank \d+ of \d+\): 1 point-to-point operation\(s\) "
+        r"on .* still running "
         r"\(<Work recv #1 on .*\); wait\(\) for them first",
     ):
         c.free()
