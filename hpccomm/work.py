@@ -401,11 +401,16 @@ def _posted(pending: Any) -> list[Any]:
     return [pending] if getattr(pending, "posted", True) else []
 
 
+REAP_BATCH = 16  # dropped operations tested per reap(): they go round, oldest first
+
+
 def reap() -> None:
-    """Let go of the dropped operations MPI has finished (ORPHANS): each is tested once, in
-    the order dropped. Safe against drops on other threads (a garbage collection): deque
-    appends and pops are atomic."""
-    for _ in range(len(ORPHANS)):
+    """Let go of the dropped operations MPI has finished (ORPHANS): up to REAP_BATCH of
+    them are tested, oldest first, the unfinished going to the back, so a call's cost stays
+    bounded however many dropped sends never match (each was tested on every call) and
+    every one is tested again within len(ORPHANS) / REAP_BATCH calls. Safe against drops on
+    other threads (a garbage collection): deque appends and pops are atomic."""
+    for _ in range(min(len(ORPHANS), REAP_BATCH)):
         try:
             pending, name = ORPHANS.popleft()
         except IndexError:  # another thread took the last one meanwhile

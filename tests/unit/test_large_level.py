@@ -140,3 +140,36 @@ def test_reap_from_two_threads_at_once():
         sys.setswitchinterval(old)
         work.ORPHANS.clear()
     assert errors == []
+
+
+def test_reap_tests_a_bounded_number_of_dropped_operations():
+    # every dropped operation was tested on every point-to-point call: 10,000 dropped sends
+    # that never match made each call test 10,000 requests; now at most REAP_BATCH, in turn
+    from hpccomm import work
+
+    class Pending:
+        def __init__(self, done):
+            self.done, self.tests = done, 0
+
+        def test(self):
+            self.tests += 1
+            return self.done
+
+    saved = list(work.ORPHANS)
+    work.ORPHANS.clear()
+    try:
+        stuck = [Pending(False) for _ in range(1000)]
+        last = Pending(True)  # finished, behind all of them
+        work.ORPHANS.extend((p, "send") for p in stuck + [last])
+        work.reap()
+        assert sum(p.tests for p in stuck) == work.REAP_BATCH
+        rounds = 1
+        while any(p is last for p, _ in work.ORPHANS):
+            work.reap()
+            rounds += 1
+        assert rounds == -(-(len(stuck) + 1) // work.REAP_BATCH)  # reached in its turn
+        assert last.tests == 1 and len(work.ORPHANS) == len(stuck)
+        assert all(p.tests in (1, 2) for p in stuck)
+    finally:
+        work.ORPHANS.clear()
+        work.ORPHANS.extend(saved)
