@@ -172,13 +172,18 @@ class Communicator:
         devices.attach(self._dispatcher)  # NCCL creation: a bounded step of the group
         self._notices = notices
         self._dispatcher.notices = notices
-        self._dispatcher.gid = gid
         world_backend = backend if world is None else world._backend
         self._dispatcher.members = (
             list(range(backend.size))
             if world is None
             else [r for r in backend.translate(range(backend.size), world_backend) if r is not None]
         )
+        # the groups one split (or node/leaders step) makes share the parent's id and step
+        # number: the first member's world rank tells them apart (the flight recorder's
+        # analysis took a sibling group's members for the stuck group's and blamed a rank
+        # outside it)
+        first = self._dispatcher.members[0] if self._dispatcher.members else 0
+        self._dispatcher.gid = gid if world is None else f"{gid}@{first}"
         self._group.world_ranks = self._dispatcher.members
         self._created: dict[tuple, int] = {}  # create_group calls so far, per (ranks, tag)
         self._nodes = nodes

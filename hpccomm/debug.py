@@ -173,7 +173,8 @@ def with_seq(base: int, seq: int) -> int:
     return zlib.crc32(int(seq).to_bytes(8, "little", signed=True), base)
 
 
-def _ranks(ranks: Sequence[int]) -> str:
+def ranks_text(ranks: Sequence[int]) -> str:
+    """``"rank 1"``, ``"ranks 0,2"``."""
     return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(str(r) for r in ranks)
 
 
@@ -183,7 +184,7 @@ def by_rank(pairs: Iterable[tuple[int, str]]) -> list[str]:
     ranks: dict[str, list[int]] = {}
     for r, text in pairs:
         ranks.setdefault(text, []).append(r)
-    return [f"{text} on {_ranks(rs)}" for text, rs in ranks.items()]
+    return [f"{text} on {ranks_text(rs)}" for text, rs in ranks.items()]
 
 
 def _differs(name: str, pairs: Iterable[tuple[int, str]]) -> str | None:

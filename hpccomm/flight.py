@@ -22,6 +22,7 @@ import os
 import re
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -142,10 +143,36 @@ class FlightRecorder:
 
     def note_error(self, exc: BaseException) -> None:
         """An hpccomm error reached the caller: write the trace."""
+        self.try_dump(f"{type(exc).__name__}: {exc}")
+
+    def try_dump(self, reason: str) -> None:
+        """:meth:`dump`, saying on stderr why it failed instead of raising (never hide the
+        real error, or end the signal watcher, behind a failed dump)."""
         try:
-            self.dump(f"{type(exc).__name__}: {exc}")
-        except OSError:  # never hide the real error behind a failed dump
-            pass
+            self.dump(reason)
+        except OSError as exc:
+            sys.stderr.write(
+                f"hpccomm (rank {self.rank} of {self.size}): the flight recorder could not "
+                f"write its trace ({_short(reason)}) to {self.directory}: "
+                f"{exc.strerror or exc}\n"
+            )
+            sys.stderr.flush()
+
+
+def check_directory(directory: str | os.PathLike[str]) -> None:
+    """init: the trace directory can be made and written (else InvalidArgumentError); found
+    at the first dump, the error hid the dump's cause and ended the signal watcher."""
+    path = Path(directory)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise InvalidArgumentError(
+            f"init: the trace directory {str(directory)!r} ({ENV} or trace_dir=) cannot be "
+            f"written: {exc.strerror or exc}"
+        ) from None
 
 
 def dump(reason: str = "requested") -> Path | None:
@@ -185,10 +212,10 @@ def _watch_signals(rec: FlightRecorder) -> None:
             data = os.read(read_fd, 64)
             for signum in data:
                 if signum == signal.SIGUSR1:
-                    rec.dump("SIGUSR1")
+                    rec.try_dump("SIGUSR1")
                 elif signum == signal.SIGTERM:
                     try:
-                        rec.dump("SIGTERM")
+                        rec.try_dump("SIGTERM")
                         # The launcher signalled every rank at once; the first rank to exit
                         # makes mpiexec kill the others at once, maybe before their dumps
                         # are written (seen under load): give them a moment.
@@ -350,6 +377,9 @@ def _desc(e: dict[str, Any]) -> str:
     return what
 
 
+# the start of a dump's reason when an exception nobody caught ends the rank (runtime)
+UNCAUGHT = "not caught:"
+
 # a dump's reason that is an hpccomm error about a call ("CommTimeoutError: split #2 on ...")
 _CALL_ERROR = re.compile(r"\w+Error: \w+ #\d+ on ")
 
@@ -388,6 +418,7 @@ def analyze(
             elif e["op"] not in _P2P:
                 last.setdefault(r, {})[gid] = e
     stuck = sorted(waits.items(), key=lambda kv: (-len(kv[1]), kv[0][1]))
+    told: set[int] = set()  # ranks without a file named already
     for (gid, seq), by_rank in stuck[:3]:
         sample = next(iter(by_rank.values()))
         members = groups.get(gid, {}).get("members") or sorted(by_rank)
@@ -404,6 +435,7 @@ def analyze(
         for r in [m for m in members if m not in by_rank]:
             if r not in docs:
                 lines.append(f"rank {r} never did and left no trace file (killed hard?)")
+                told.add(r)
                 continue
             mine = last.get(r, {}).get(gid)
             text = f"rank {r} never did" + (
@@ -416,6 +448,8 @@ def analyze(
                 text += f", and it waits in {_desc(elsewhere[-1])}"
             elif r in failed:
                 text += f", and its call {_desc(failed[r][-1])} failed: {_short(failed[r][-1]['error'])}"
+            elif docs[r].get("reason", "").startswith(UNCAUGHT):
+                text += f", and it ended with an exception nobody caught: {_short(docs[r]['reason'].removeprefix(UNCAUGHT).strip())}"
             elif _CALL_ERROR.match(docs[r].get("reason", "")):  # a call's error, no record
                 # (split, dup, new_group, monitored_barrier, create_group)
                 text += f", and it reported {_short(docs[r]['reason'])}"
@@ -434,6 +468,7 @@ def analyze(
             )
         elif not p2p:
             lines.append("no rank waits in a collective call")
+    missing = [r for r in missing if r not in told]
     if missing:
         lines.append(f"{_ranks(missing)} left no trace file (killed hard, or not tracing)")
     reasons = sorted({_short(doc["reason"]) for doc in docs.values()})

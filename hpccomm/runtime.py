@@ -16,9 +16,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import flight, memory, profiler
+from .backends.shm import settings as shm_settings
 from .comm import Communicator, NodeInfo
 from .cuda_aware import DeviceConfig, decide
-from .debug import EAGER_ENV, by_rank, level_from
+from .debug import EAGER_ENV, by_rank, level_from, ranks_text
 from .discovery import LaunchInfo, discover
 from .errors import GpuBindingError, HpccommError, InvalidArgumentError, LaunchMismatchError
 from .gpuselect import choose_on_node, format_uuid, sharing_allowed
@@ -472,12 +473,18 @@ def init(
         InvalidArgumentError: a bad timeout, or arguments that differ from the first init.
         HpccommError: MPI was already finalized in this process.
     """
-    global _world, _init_args
-    timeout_s = check_timeout(timeout, "init")
-    level = level_from(debug, "init")
-    init_bound = check_timeout(init_timeout, "init (init_timeout)")
+    global _world, _init_args, _init_failed
+    # Bad settings are told to every rank once MPI is up, not raised here: a rank leaving
+    # before MPI_Init left the others waiting in it (Open MPI's launcher then hung or
+    # crashed), one leaving after it let them wait in their first collective.
+    problems: list[InvalidArgumentError] = []
+    timeout_s = _checked(problems, check_timeout, timeout, "init")
+    level = _checked(problems, level_from, debug, "init") or "large"
+    init_bound = _checked(problems, check_timeout, init_timeout, "init (init_timeout)")
     if init_bound is None and timeout_s is not None:
         init_bound = max(timeout_s, 60.0)
+    if _world is not None and not _world.freed and problems:
+        raise problems[0]
     args: dict[str, object] = {
         "timeout": timeout_s,
         "gpu": gpu,
@@ -504,8 +511,12 @@ def init(
     for note in info.warnings:
         warnings.warn(f"hpccomm: {note}", RuntimeWarning, stacklevel=2)
     tune_open_mpi()
-    if _reuse_memory(reuse_memory):
+    if _checked(problems, _reuse_memory, reuse_memory) is not False:
         memory.keep_freed_memory()
+    _checked(problems, shm_settings)  # HPCCOMM_SHM* (read once per process)
+    trace = trace_dir if trace_dir is not None else os.environ.get(flight.ENV)
+    if trace:
+        _checked(problems, flight.check_directory, trace)
     if init_bound is not None and "mpi4py.MPI" not in sys.modules:
         _start_mpi_bounded(info, init_bound)
     from mpi4py import MPI
@@ -520,7 +531,20 @@ def init(
 
     if not MPI.Is_initialized():  # pragma: no cover - mpi4py initializes on import
         MPI.Init_thread()
+    _register_exit()  # an error on one rank only in the rest of init ends the job at exit
     info, node, nodes = verify_launch(info, MPI.COMM_WORLD)
+    # Every rank's bad settings, raised alike on every rank (then it is safe to exit).
+    said = MPI.COMM_WORLD.allgather(_unprefixed(str(problems[0])) if problems else "")
+    if any(said):  # (every rank raises)
+        here = f"init (rank {MPI.COMM_WORLD.Get_rank()} of {MPI.COMM_WORLD.Get_size()})"
+        if all(t == said[0] for t in said):
+            raise InvalidArgumentError(f"{here}: {said[0]}")
+        by_text: dict[str, list[int]] = {}
+        for r, t in enumerate(said):
+            if t:
+                by_text.setdefault(t, []).append(r)
+        refused = "; ".join(f"on {ranks_text(rs)}: {t}" for t, rs in by_text.items())
+        raise InvalidArgumentError(f"{here}: refused {refused}")
     # The debug level is the job's: with headers on one rank only, a receive took the
     # sender's header for data (a confusing size error, then the next receive silently got
     # the previous payload), and a checking rank's collective waited for a peer that was
@@ -534,6 +558,9 @@ def init(
             f"HPCCOMM_DEBUG on every rank"
         )
     info = _bind_gpu(info, gpu)
+    # up to here every check raised on every rank alike; an error from here on is this
+    # rank's own, and its peers may wait for it in init's next steps or their first call
+    _init_failed = True
     device = _device_config(info, device_backend, cuda_aware_mpi)
     backend = MPIBackend(MPI.COMM_WORLD.Dup())
     notices = NoticeBoard(MPI.COMM_WORLD.Dup(), MPI.ANY_SOURCE)
@@ -551,14 +578,31 @@ def init(
         debug=level,
     )
     _init_args = args
-    _register_exit()
-    trace = trace_dir if trace_dir is not None else os.environ.get(flight.ENV)
+    _init_failed = False
     if trace:
         flight.start(trace, _world.rank, _world.size)
     profiler.start_from_env(_world)  # HPCCOMM_PROFILE=DIR: profile until exit
     if nccl:
         _world.enable_nccl()
     return _world
+
+
+def _unprefixed(text: str) -> str:
+    """A setting's message without its own ``init: `` or ``hpccomm: `` start (init's prefix
+    with the rank replaces it)."""
+    for start in ("init: ", "hpccomm: "):
+        text = text.removeprefix(start)
+    return text
+
+
+def _checked(problems: list[InvalidArgumentError], check: Callable[..., Any], *args: Any) -> Any:
+    """``check(*args)``; an InvalidArgumentError goes to ``problems`` (None returned), to be
+    raised on every rank once MPI is up."""
+    try:
+        return check(*args)
+    except InvalidArgumentError as exc:
+        problems.append(exc)
+        return None
 
 
 def _reuse_memory(value: bool | None) -> bool:
@@ -603,6 +647,9 @@ def _register_exit() -> None:
 
 
 _uncaught: str | None = None  # the exception nobody caught, if one ends this rank
+_uncaught_text = ""  # and its message, for the flight recorder's dump
+UNCAUGHT = flight.UNCAUGHT
+_init_failed = False  # init raised on this rank alone, with MPI up (see _abort_failed_init)
 
 
 def _install_excepthook() -> None:
@@ -614,8 +661,9 @@ def _install_excepthook() -> None:
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-        global _uncaught
+        global _uncaught, _uncaught_text
         _uncaught = kind.__name__  # a KeyboardInterrupt too: it may have reached one rank
+        _uncaught_text = f"{kind.__name__}: {value}" if str(value) else kind.__name__
         previous(kind, value, tb)
 
     sys.excepthook = hook
@@ -624,6 +672,8 @@ def _install_excepthook() -> None:
 def _at_exit() -> None:
     world = _world
     if world is None:
+        if _init_failed:
+            _abort_failed_init()
         return
     from mpi4py import MPI
 
@@ -646,9 +696,29 @@ def _at_exit() -> None:
     why = (
         f"exiting while {'; '.join(stuck)} never completed" if stuck else f"{_uncaught} not caught"
     )
+    if _uncaught is not None and flight.recorder is not None:
+        # the rank with the root cause left no dump: the analysis took it for killed hard
+        flight.recorder.try_dump(f"{UNCAUGHT} {_uncaught_text}")
     sys.stderr.write(
         f"hpccomm (rank {world.rank} of {world.size}): {why}; aborting the job instead of "
         f"finalizing MPI (its other ranks would wait for this one forever)\n"
+    )
+    sys.stderr.flush()
+    MPI.COMM_WORLD.Abort(1)
+
+
+def _abort_failed_init() -> None:
+    """init raised on this rank after MPI was up and its checks had passed on every rank (an
+    error its peers did not share): they may wait for this rank in init's next steps or in
+    their first call, so end the job instead of finalizing MPI."""
+    from mpi4py import MPI
+
+    if MPI.Is_finalized() or MPI.COMM_WORLD.Get_size() == 1:
+        return
+    sys.stderr.write(
+        f"hpccomm (rank {MPI.COMM_WORLD.Get_rank()} of {MPI.COMM_WORLD.Get_size()}): init "
+        f"failed on this rank ({_uncaught or 'its error was caught'}); aborting the job "
+        f"instead of finalizing MPI (its other ranks would wait for this one forever)\n"
     )
     sys.stderr.flush()
     MPI.COMM_WORLD.Abort(1)

@@ -794,3 +794,52 @@ def test_an_uncaught_interrupt_on_one_rank_ends_the_job(launch):
     assert (1, "returned") not in job.reports
     assert job.rc != 0
     assert "hpccomm (rank 0 of 2): KeyboardInterrupt not caught; aborting the job" in job.stderr
+
+
+def test_a_bad_setting_on_one_rank_is_refused_on_every_rank(launch):
+    # A bad HPCCOMM_DEBUG on one rank raised before MPI_Init (the others waited in it: Open
+    # MPI's launcher hung or crashed in 6 of 14 runs); a bad HPCCOMM_SHM_CHUNK raised after
+    # it (the others waited in their first all_reduce for ever). Now every rank raises once
+    # MPI is up, naming the rank and the setting.
+    job = launch(
+        2,
+        """
+        class Me:
+            rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+        if Me.rank == 1:
+            os.environ["HPCCOMM_SHM_CHUNK"] = "5"
+            os.environ["HPCCOMM_DEBUG"] = "bogus"
+        outcome(Me, "init", lambda: hpccomm.init())
+        """,
+        bound=60,
+    )
+    for rank in range(2):
+        got = job.of(rank, "init")
+        assert got["cls"] == "InvalidArgumentError", got
+        assert got["msg"].startswith(
+            f"init (rank {rank} of 2): refused on rank 1: debug is 'bogus', expected one of"
+        ), got
+    assert job.rc == 0, job.stderr[-2000:]
+
+
+def test_init_failing_on_one_rank_after_its_checks_ends_the_job(launch):
+    # An error in init on one rank after MPI was up and the checks had passed everywhere:
+    # that rank finalized MPI while its peer, out of init, waited in all_reduce for ever.
+    # Now its exit aborts the job, saying why.
+    job = launch(
+        2,
+        """
+        from hpccomm import runtime
+        if int(os.environ["OMPI_COMM_WORLD_RANK"]) == 1:
+            def broken(*args, **kwargs):
+                raise RuntimeError("injected")
+            runtime.NoticeBoard = broken
+        c = hpccomm.init()
+        c.all_reduce(np.ones(4))
+        """,
+        bound=60,
+    )
+    assert job.rc not in (0, None), job.stderr[-2000:]
+    assert "hpccomm (rank 1 of 2): init failed on this rank (RuntimeError); aborting the job" in (
+        job.stderr
+    ), job.stderr[-2000:]

@@ -47,6 +47,57 @@ def test_a_rank_skips_a_collective(launch, tmp_path, capsys):
     assert "rank 2 never did: it completed no call on that group" in verdict
 
 
+def test_sibling_groups_of_one_split_are_told_apart(launch, tmp_path, capsys):
+    # The groups one split makes shared one id in the dumps, so the analysis took the last
+    # sibling's members for the stuck group's: it blamed rank 2 (in the other group) and
+    # never named rank 1, the rank that skipped the call.
+    trace = tmp_path / "trace"
+    job = launch(
+        3,
+        f"""
+        c = hpccomm.init(timeout=3, trace_dir={str(trace)!r})
+        g = c.split(0 if c.rank < 2 else 1)
+        for _ in range(2):
+            g.all_reduce(np.ones(4))
+        if c.rank != 1:  # rank 1 skips its group's third call
+            outcome(c, "call", lambda: g.all_reduce(np.ones(4)))
+        if c.rank == 0:
+            time.sleep(3)  # (its stuck call aborts the job at exit: the others dump first)
+        else:
+            time.sleep(1)
+            hpccomm.dump()
+        """,
+    )
+    assert job.of(0, "call")["cls"] == "CommTimeoutError"
+    verdict = analyze(trace, capsys)
+    assert verdict.startswith(
+        "world/split(0) #3: rank 0 entered all_reduce #3 on world/split(0) (4,) float64 and "
+        "wait. rank 1 never did: its last completed call there was all_reduce #2 on "
+        "world/split(0)"
+    ), verdict
+    assert "rank 2" not in verdict.split(". (dumps")[0], verdict
+
+
+def test_a_rank_ended_by_an_uncaught_exception_leaves_its_trace(launch, tmp_path, capsys):
+    # The rank holding the root cause left no dump (its exit aborted the job without one):
+    # the analysis said "rank 1 never did and left no trace file (killed hard?)"
+    trace = tmp_path / "trace"
+    launch(
+        2,
+        f"""
+        c = hpccomm.init(trace_dir={str(trace)!r})
+        for step in range(4):
+            if c.rank == 1 and step == 2:
+                raise ValueError(f"bad batch at step {{step}}")
+            c.all_reduce(np.ones(1000, np.float32))
+        """,
+    )
+    verdict = analyze(trace, capsys)
+    assert "rank 1 never did: its last completed call there was all_reduce #2 on world" in verdict
+    assert "it ended with an exception nobody caught: ValueError: bad batch at step 2" in verdict
+    assert "left no trace file" not in verdict, verdict
+
+
 def test_sigusr1_and_sigterm_while_stuck_in_mpi(mpiexec, mpi_env, venv_bin, tmp_path, capsys):
     # No timeout: every rank is stuck inside a blocking MPI call (rank 0 in a barrier, the
     # others in an all_reduce); the signals still get the traces written.

@@ -204,3 +204,29 @@ def test_a_dump_records_its_job(tmp_path, monkeypatch):
     path = FlightRecorder(tmp_path, 0, 1).dump("requested")
     assert json.loads(path.read_text())["job"] == "PMIX_NAMESPACE=prterun-x-1@1"
     assert load_trace(tmp_path).job == "PMIX_NAMESPACE=prterun-x-1@1"
+
+
+def test_an_unwritable_trace_directory_is_refused_at_init_and_said_at_a_dump(tmp_path, capsys):
+    # A trace directory under a regular file was found only at the first dump: the signal
+    # watcher thread died of the NotADirectoryError, and SIGTERM was then ignored
+    from hpccomm import flight
+    from hpccomm.errors import InvalidArgumentError
+
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    with pytest.raises(InvalidArgumentError, match=r"init: the trace directory .*afile/trace"):
+        flight.check_directory(blocker / "trace")
+    flight.check_directory(tmp_path / "new" / "trace")  # made, writable
+    rec = FlightRecorder(blocker / "trace", 1, 2)
+    rec.try_dump("SIGUSR1")  # says why, raises nothing
+    err = capsys.readouterr().err
+    assert "hpccomm (rank 1 of 2): the flight recorder could not write its trace (SIGUSR1)" in err
+
+
+def test_a_rank_without_a_file_is_named_once():
+    # it was named twice: "never did and left no trace file (killed hard?)", then again
+    # "left no trace file (killed hard, or not tracing)"
+    docs = {0: doc(0, 2, [entry("all_reduce", "world", 3, "started")])}
+    verdict = analyze(docs, 2)
+    assert "rank 1 never did and left no trace file (killed hard?)" in verdict
+    assert verdict.count("left no trace file") == 1, verdict
