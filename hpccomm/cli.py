@@ -196,7 +196,16 @@ def _cmd_profile_report(args: argparse.Namespace) -> int:
             f"profile report: --top {args.top}, expected the number of rows to show (>= 1)"
         )
     doc = profiler.load(args.dir)
-    print(json.dumps(doc, indent=1) if args.json else profiler.format_summary(doc, top=args.top))
+    try:
+        text = (
+            json.dumps(doc, indent=1) if args.json else profiler.format_summary(doc, top=args.top)
+        )
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise HpccommError(
+            f"profile report: {args.dir}/profile.json is damaged or incomplete "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
+    print(text)
     if args.timeline:
         profiler.timeline(args.dir, args.timeline)
     return 0

@@ -126,6 +126,7 @@ class Profiler:
         self._sync_stop: list[tuple[float, float]] = []
         self._leftovers: list[Any] = []  # requests of a stop that gave up, kept alive
         self._rank = self._world_rank = 0  # in comm and in the world (set by start)
+        self._open: dict[int, Record] = {}  # calls started and not ended (by id)
 
     @property
     def running(self) -> bool:
@@ -134,8 +135,12 @@ class Profiler:
     # -- the listener ---------------------------------------------------------------------
 
     def __call__(self, event: str, rec: Record) -> None:
+        if event == "start":
+            self._open[id(rec)] = rec
+            return
         if event != "end":
             return
+        self._open.pop(id(rec), None)
         call = rec.call
         e = self._by_call.get(call)  # the dispatch reuses a Call for every repeat
         if e is None:
@@ -258,6 +263,12 @@ class Profiler:
                 )
             ],
             "dropped": self._dropped,
+            # calls still running at stop (a peer never came; the job ends on an error):
+            # [group index, op, seq, t_start]; the tables count only completed calls
+            "unfinished": [
+                [self._entry(r.call, r.gid)[1], r.call.spec.name, r.seq, r.t_start]
+                for r in list(self._open.values())
+            ],
             "clock": {
                 "start": self._sync_start[self._rank] if self._sync_start else None,
                 "stop": self._sync_stop[self._rank] if self._sync_stop else None,
@@ -435,6 +446,7 @@ def analyze(raws: Iterable[dict[str, Any]]) -> dict[str, Any]:
     # per (group name, op): sums over every rank
     table: dict[tuple[str, str], dict[str, Any]] = {}
     per_rank: dict[int, dict[str, Any]] = {}
+    unfinished: list[dict[str, Any]] = []
     for r in ranks:
         comm_t = 0.0
         for gi, op, calls, nbytes, t, bus, errors in r["stats"]:
@@ -464,6 +476,9 @@ def analyze(raws: Iterable[dict[str, Any]]) -> dict[str, Any]:
         per_rank[r["rank"]] = {"rank": r["rank"], "host": r["host"], "wall_s": walls[r["rank"]],
                                "comm_s": comm_t, "waited_s": 0.0, "last": 0,
                                "dropped": r["dropped"]}  # fmt: skip
+        for gi, op, seq, t0 in r.get("unfinished", ()):
+            unfinished.append({"rank": r["rank"], "group": r["groups"][gi]["name"], "op": op,
+                               "seq": seq, "running_s": r["t_stop"] - t0})  # fmt: skip
     rows = []
     for row in table.values():
         k = len(row["ranks"])
@@ -567,6 +582,7 @@ def analyze(raws: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "events_kept": sum(len(r["events"]) for r in ranks),
         "events_dropped": sum(r["dropped"] for r in ranks),
         "alone": sorted({r["alone"] for r in ranks if r.get("alone")}),
+        "unfinished": sorted(unfinished, key=lambda u: (u["rank"], u["seq"])),
     }
 
 
@@ -706,13 +722,33 @@ def load(directory: str | os.PathLike[str]) -> dict[str, Any]:
         raise InvalidArgumentError(f"profile report: {d} is not a directory")
     path = d / "profile.json"
     if path.exists():
-        return _read_json(path)
-    raws = [_read_json(p) for p in sorted(d.glob("rank*.json"))]
+        doc = _read_json(path)
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+            raise HpccommError(f"profile report: {path} is not a profile.json of {SCHEMA}")
+        return doc
+    paths = sorted(d.glob("rank*.json"))
+    raws = [_read_json(p) for p in paths]
     if not raws:
         raise InvalidArgumentError(
             f"profile report: {d} holds neither profile.json nor rank<N>.json files"
         )
-    return analyze(raws)
+    for p, raw in zip(paths, raws, strict=True):
+        if not isinstance(raw, dict) or not _RAW_KEYS <= raw.keys():
+            hint = (
+                " (a flight recorder dump?)" if isinstance(raw, dict) and "entries" in raw else ""
+            )
+            raise HpccommError(f"profile report: {p} is not a profiler's rank file{hint}")
+    try:
+        return analyze(raws)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise HpccommError(
+            f"profile report: the rank files in {d} are damaged ({type(exc).__name__}: {exc})"
+        ) from None
+
+
+# what every rank file holds (_raw): checked before the analysis reads them
+_RAW_KEYS = frozenset({"rank", "host", "t_start", "t_stop", "groups", "stats", "events",
+                       "dropped", "clock"})  # fmt: skip
 
 
 # -- the text summary -------------------------------------------------------------------------
@@ -758,6 +794,13 @@ def format_summary(doc: dict[str, Any], top: int = 20) -> str:
             f"note: {doc['events_dropped']} calls past {EVENT_LIMIT} per rank are counted in the "
             f"tables but not in the trace or the skew"
         )
+    for u in doc.get("unfinished", [])[:5]:
+        lines.append(
+            f"not completed: rank {u['rank']}'s {u['op']} #{u['seq']} on {u['group']}, "
+            f"running {_secs(u['running_s'])} at the stop (not in the tables below)"
+        )
+    if len(doc.get("unfinished", [])) > 5:
+        lines.append(f"not completed: {len(doc['unfinished']) - 5} more calls")
     lines += ["", f"top (group, op) by time per rank (of {len(doc['table'])}):"]
     head = f"{'group':<18} {'op':<16} {'calls':>8} {'bytes/rank':>11} {'time/rank':>10} {'mean/call':>10} {'busbw':>11} {'wall':>6}"
     lines.append(head)
@@ -768,7 +811,11 @@ def format_summary(doc: dict[str, Any], top: int = 20) -> str:
             f"{_bytes(row['bytes_per_rank']):>11} {_secs(row['time_per_rank_s']):>10} "
             f"{_secs(row['mean_us'] / 1e6):>10} "
             f"{('-' if not bw else f'{bw:.3g} GB/s'):>11} {100 * row['share']:>5.1f}%"
-            + (f"  ({row['errors']} failed)" if row["errors"] else "")
+            + (
+                f"  ({row['errors']} failed, over its {row['ranks']} ranks)"
+                if row["errors"]
+                else ""
+            )
         )
     lines += ["", "stragglers (the rank that entered a collective last; the others waited):"]
     any_late = False

@@ -339,3 +339,38 @@ def test_report_draws_the_timeline(tmp_path, capsys):
     with Image.open(png) as img:
         assert img.format == "PNG"
     capsys.readouterr()
+
+
+def test_calls_not_completed_at_the_stop_are_reported():
+    # a call that never completed (a peer that never came) was left out: the report said
+    # "errors: 0" and 0.1% of wall in communication for a rank stuck 3 s in an all_reduce
+    raws = [_raw(r, 0.0, late_rank=0, n=2) for r in range(2)]
+    raws[0]["unfinished"] = [[0, "all_reduce", 6, 98.0]]  # 3 s before its stop at 101.0
+    doc = profiler.analyze(raws)
+    assert doc["unfinished"] == [
+        {"rank": 0, "group": "world", "op": "all_reduce", "seq": 6, "running_s": 3.0}
+    ]
+    text = profiler.format_summary(doc)
+    assert "not completed: rank 0's all_reduce #6 on world, running 3.00 s at the stop" in text
+
+
+@pytest.mark.parametrize(
+    "name, content, said",
+    [
+        ("profile.json", "[1, 2]", "is not a profile.json of hpccomm.profile/1"),
+        ("profile.json", '{"schema": "hpccomm.profile/1"}', "is damaged or incomplete (KeyError"),
+        (
+            "rank00000.json",
+            '{"rank": 0, "entries": []}',
+            "is not a profiler's rank file (a flight recorder dump?)",
+        ),  # fmt: skip
+        ("rank00000.json", '{"rank": 0}', "is not a profiler's rank file"),
+    ],
+)
+def test_report_refuses_what_is_no_profile_in_one_line(tmp_path, capsys, name, content, said):
+    # these were tracebacks (TypeError, KeyError 'wall_s', KeyError 'clock')
+    (tmp_path / name).write_text(content)
+    assert main(["profile", "report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hpccomm: profile report: ") and said in err, err
+    assert err.count("\n") == 1, err
