@@ -1035,17 +1035,41 @@ for _method, (_op, _inputs) in {
     )
 
 
+_creations: Communicator | None = None  # where torch's groups are made (see _group_comm)
+
+
+def _group_comm(world: Communicator, ranks: list[int], timeout: float | None) -> Communicator:
+    """A new torch group's communicator: a duplicate for every rank of the world, else one
+    its members make alone (MPI_Comm_create_group). Made from a communicator of the
+    backend's own whose timeout is the new group's (init_process_group's, new_group's): on
+    hpccomm's world, which has no timeout, ranks that passed different lists to new_group
+    waited in the creation for ever, past both torch timeouts."""
+    global _creations
+    if _creations is None or _creations.freed:
+        _creations = world.dup()  # (the default group's creation: every rank calls it)
+    _creations.timeout = timeout
+    try:
+        if not ranks or ranks == list(range(world.size)):
+            comm = _creations.dup()
+        else:
+            comm = _creations.create_group(ranks)
+    except CommTimeoutError as exc:
+        listed = ranks or list(range(world.size))
+        raise CommTimeoutError(
+            f"torch new_group({listed}) on world rank {world.rank}: {exc}; every rank of "
+            f"the new group calls it with the same ranks (lists that differ across ranks, "
+            f"or a rank that skips it, leave the others waiting)"
+        ) from exc
+    comm.timeout = timeout
+    return comm
+
+
 def _creator(opts: Any, backend_options: Any = None) -> HpccommProcessGroup:
     """torch's backend creator (extended API): the default group runs on a duplicate of
     hpccomm's world; a subgroup on its members only (torch calls this on members only)."""
     world = hpccomm_init()
     timeout = opts.timeout.total_seconds() if opts.timeout else None
-    ranks = list(opts.global_ranks_in_group or [])
-    if not ranks or ranks == list(range(world.size)):
-        comm = world.dup()
-    else:
-        comm = world.create_group(ranks)
-    comm.timeout = timeout
+    comm = _group_comm(world, list(opts.global_ranks_in_group or []), timeout or None)
     return HpccommProcessGroup(comm, timeout, str(opts.group_id))
 
 
@@ -1063,12 +1087,8 @@ class _ServedMPI:
         if members and world.rank not in members:
             return None
         timeout = _torch_timeout()
-        if not members or members == list(range(world.size)):
-            comm = world.dup()
-        else:
-            comm = world.create_group(members)
-        if timeout is not None:
-            comm.timeout = timeout.total_seconds() or None
+        seconds = world.timeout if timeout is None else timeout.total_seconds() or None
+        comm = _group_comm(world, members, seconds)
         group = HpccommProcessGroup(comm, comm.timeout)
         group.backend_name = "mpi"
         return group

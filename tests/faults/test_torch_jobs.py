@@ -111,6 +111,36 @@ def test_a_missing_rank_times_out_naming_the_group(launch):
     assert 2.5 < d["s"] < 10
 
 
+@pytest.mark.parametrize("served", [False, True])
+def test_new_group_with_lists_that_differ_times_out_naming_it(launch, served):
+    # rank 0 made new_group([0]) alone, rank 1 waited for it in new_group([0, 1]) for ever:
+    # the creation ran on hpccomm's world, which has no timeout, past new_group's timeout
+    job = launch(
+        2,
+        f"""
+        import datetime, torch, torch.distributed as dist
+        import hpccomm.torch as ht
+        if {served}:
+            dist.init_process_group("mpi", timeout=datetime.timedelta(seconds=30))
+        else:
+            ht.init_process_group(timeout=30)
+        r = dist.get_rank()
+        ranks = [0] if r == 0 else [0, 1]
+        outcome(hpccomm.init(), "new_group", lambda: dist.new_group(
+            ranks, timeout=datetime.timedelta(seconds=3)))
+        time.sleep(6)
+        """,
+        python=("-m", "hpccomm.torch") if served else (),
+        bound=90,
+    )
+    assert job.of(0, "new_group")["cls"] is None
+    d = job.of(1, "new_group")
+    assert d["cls"] == "CommTimeoutError", d
+    assert d["msg"].startswith("torch new_group([0, 1]) on world rank 1: dup #"), d
+    assert "every rank of the new group calls it with the same ranks" in d["msg"], d
+    assert 2.5 < d["s"] < 10, d
+
+
 def test_ddp_backward_with_a_peer_that_never_joins_raises_at_the_timeout(launch):
     # DDP waits on Futures only, never with a deadline: the backend's watchdog fails the
     # Future at the group's timeout, so backward raises instead of blocking forever
