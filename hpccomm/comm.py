@@ -1010,6 +1010,8 @@ class Communicator:
         for child in reversed(self._children):
             child.free()
         self._children.clear()
+        if self._notices is not None:  # its last call, for this rank's departure notice
+            self._notices.freed_seqs[self._dispatcher.gid] = self._group.seq
         shm = self._shm()
         stuck = self._dispatcher.close()
         self._devices.close()

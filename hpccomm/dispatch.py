@@ -424,7 +424,7 @@ class Dispatcher:
         notices = self.notices
         watch = on_failure = None
         if notices is not None and not call.spec.p2p:
-            watch = notices.watch(self.gid, seq, partial(call.where, seq))
+            watch = notices.watch(self.gid, seq, partial(call.where, seq), self.members)
             on_failure = partial(self.report, call)
         pending: Any = None
         checking = self.debug in CHECKING
@@ -882,7 +882,11 @@ class Dispatcher:
         else:
             notices = self.notices
             seq = group.seq
-            watch = None if notices is None else notices.watch(self.gid, seq, lambda: name)
+            watch = (
+                None
+                if notices is None
+                else notices.watch(self.gid, seq, lambda: name, self.members)
+            )
             done = (
                 fut.wait(self._timeout)
                 if watch is None

@@ -17,12 +17,15 @@ from typing import Any
 
 from .errors import CommTimeoutError, PeerError
 
-__all__ = ["NoticeBoard", "NOTICE_TAG", "POLL_INTERVAL", "FAILED", "REFUSED", "ENTERED"]
+__all__ = ["NoticeBoard", "NOTICE_TAG", "POLL_INTERVAL", "FAILED", "REFUSED", "ENTERED",
+           "DEPARTURES"]  # fmt: skip
 
 NOTICE_TAG = 7
 FAILED, REFUSED, ENTERED = "failed", "refused", "entered"  # what a notice says (see post)
 MONITOR_TAG = 8  # monitored_barrier's arrivals and releases
 POLL_INTERVAL = 0.02  # seconds between looks for notices while a rank waits
+DEPARTURES = "<departures>"  # the group id of a departure notice (see depart)
+DEPART_WAIT = 1.0  # seconds a leaving rank waits for its departure notices to go out
 
 
 class NoticeBoard:
@@ -38,6 +41,9 @@ class NoticeBoard:
         self._sent: list[Any] = []
         self._monitor: dict[int, list[tuple]] = {}  # monitor messages that came early
         self._last = 0.0
+        # world rank -> (its last call number per group id, why it left): see depart
+        self.departed: dict[int, tuple[dict[str, int], str]] = {}
+        self.freed_seqs: dict[str, int] = {}  # group id -> its last call number, at free()
 
     def post(
         self,
@@ -70,11 +76,40 @@ class NoticeBoard:
             if msg is None:
                 return
             gid, *rest = msg.recv()
+            if gid == DEPARTURES:
+                world_rank, seqs, reason = rest
+                self.departed[world_rank] = (seqs, reason)
+                continue
             self.received.setdefault(gid, []).append(tuple(rest))
 
-    def check(self, gid: str, seq: int, where: str) -> None:
-        """Raise PeerError if a member reported failing call ``seq`` of group ``gid``."""
+    def depart(self, seqs: dict[str, int], reason: str) -> None:
+        """This rank leaves the job (at exit, its program done): tell every other rank,
+        with the number of the last collective it reached on each of its groups (``seqs``,
+        by group id), so that a rank waiting (bounded) in a later call of one of them hears
+        at once that this rank will not join it, instead of waiting out its timeout (torch's
+        default: 30 min). Waits up to DEPART_WAIT seconds for the notices to go out."""
+        msg = (DEPARTURES, self.world_rank, seqs, reason)
+        for w in range(self.comm.Get_size()):
+            if w != self.world_rank:
+                self._sent.append(self.comm.isend(msg, dest=w, tag=NOTICE_TAG))
+        deadline = time.monotonic() + DEPART_WAIT
+        while self._sent and time.monotonic() < deadline:
+            self._sent = [r for r in self._sent if not r.Test()]
+            time.sleep(0.001)
+
+    def check(self, gid: str, seq: int, where: str, members: Sequence[int] = ()) -> None:
+        """Raise PeerError if a member reported failing call ``seq`` of group ``gid``, or a
+        member (world ranks ``members``) left the job before reaching it."""
         self.poll()
+        for w in members:
+            gone = self.departed.get(w)
+            if gone is not None and gone[0].get(gid, 0) < seq:
+                err = PeerError(
+                    f"{where}: world rank {w} has left the job ({gone[1]}) after call "
+                    f"#{gone[0].get(gid, 0)} of this group: it will not join this one"
+                )
+                err.told = True
+                raise err
         for nseq, op, group_rank, world_rank, reason, kind in self.received.get(gid, ()):
             if nseq == seq and kind != ENTERED:
                 err = PeerError(
@@ -109,11 +144,14 @@ class NoticeBoard:
         if kept:
             kept[:] = [n for n in kept if n[0] != seq]
 
-    def watch(self, gid: str, seq: int, where: Callable[[], str]) -> Callable[[], None]:
-        """A callable for bounded waits: raises PeerError once a notice for this call came."""
+    def watch(
+        self, gid: str, seq: int, where: Callable[[], str], members: Sequence[int] = ()
+    ) -> Callable[[], None]:
+        """A callable for bounded waits: raises PeerError once a notice for this call came
+        (or a departure of one of ``members`` before it)."""
 
         def check() -> None:
-            self.check(gid, seq, where())
+            self.check(gid, seq, where(), members)
 
         return check
 

@@ -692,6 +692,8 @@ def _at_exit() -> None:
         return
     stuck = _stuck_calls(world)
     if not stuck and (_uncaught is None or world.size == 1):
+        if world.size > 1:
+            _depart(world)
         return
     why = (
         f"exiting while {'; '.join(stuck)} never completed" if stuck else f"{_uncaught} not caught"
@@ -705,6 +707,34 @@ def _at_exit() -> None:
     )
     sys.stderr.flush()
     MPI.COMM_WORLD.Abort(1)
+
+
+# Departure notices go from every leaving rank to every other: size^2 small messages at
+# exit, and across nodes a connection to every rank; above this size they are not sent
+# (a waiting peer then learns of the departure at its timeout, as before).
+DEPART_MAX_RANKS = 64
+
+
+def _depart(world: Communicator) -> None:
+    """A normal exit: tell the other ranks this one is gone (NoticeBoard.depart), with the
+    last call number it reached on every group it has or had, so that a peer waiting for it
+    in a later call (one rank ran fewer steps than the others) hears it at once, where
+    it waited out its timeout (torch's default: 30 min); MPI_Finalize here then waits for
+    them as before."""
+    notices = world._notices
+    if notices is None or world.size > DEPART_MAX_RANKS:
+        return
+    seqs = dict(notices.freed_seqs)
+    stack = [world]
+    while stack:
+        c = stack.pop()
+        if not c.freed:
+            seqs[c._dispatcher.gid] = c._group.seq
+        stack.extend(c._children)
+    try:
+        notices.depart(seqs, "its program ended: a normal exit or sys.exit")
+    except Exception:  # noqa: BLE001 - leaving anyway: the peers' timeouts still bound them
+        pass
 
 
 def _abort_failed_init() -> None:

@@ -131,7 +131,9 @@ def as_numpy(t: torch.Tensor, what: str = "tensor", copied: bool = False) -> np.
         if not t.is_contiguous():
             raise TensorRefused(
                 f"hpccomm torch backend: {what} is not contiguous (shape {tuple(t.shape)}, "
-                f"stride {t.stride()}); pass t.contiguous()"
+                f"stride {t.stride()}); pass a contiguous tensor, and where the operation "
+                f"writes into it (all_reduce, broadcast, recv, an output) copy the result back: "
+                f"c = t.contiguous(); <the call on c>; t.copy_(c)"
             )
     if t.dtype is torch.bfloat16:
         return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)

@@ -359,14 +359,14 @@ def _p2p_left(call: Call, pending: Any) -> str:
     tag = "any tag" if call.tag is None else f"tag {call.tag}"
     if name in ("recv", "recv_object") and not getattr(pending, "posted", True):
         return (
-            f"; no message from {peer} with {tag} arrived. Nothing stays posted: a later "
-            f"receive may take that message"
+            f"; no message from {peer} with {tag} arrived{_other_tag(call)}. Nothing stays "
+            f"posted: a later receive may take that message"
         )
     if name == "recv":
         return (
-            f"; no matching message from {peer} ({tag}) has completed. The receive stays "
-            f"posted: MPI may still write the array (hpccomm keeps it alive), so do not "
-            f"read or reuse it before a wait() completes"
+            f"; no matching message from {peer} ({tag}) has completed{_other_tag(call)}. The "
+            f"receive stays posted: MPI may still write the array (hpccomm keeps it alive), "
+            f"so do not read or reuse it before a wait() completes"
         )
     if name in ("send", "send_object"):
         return (
@@ -386,6 +386,28 @@ def _p2p_left(call: Call, pending: Any) -> str:
         "; its sends and receives stay posted: MPI may still read and write the arrays "
         "(hpccomm keeps them alive), so do not touch them before a wait() completes"
     )
+
+
+def _other_tag(call: Call) -> str:
+    """For a receive with a tag that timed out: a message from its source with another tag
+    waiting in MPI (the sender's tag differs), named; else ""."""
+    mpi = getattr(call.backend, "mpi", None)
+    if call.tag is None or call.spec.name != "recv" or mpi is None:
+        return ""
+    try:
+        from mpi4py import MPI
+
+        status = MPI.Status()
+        source = MPI.ANY_SOURCE if call.peer is None else call.peer
+        if mpi.Iprobe(source=source, tag=MPI.ANY_TAG, status=status):
+            if status.Get_tag() != call.tag:
+                return (
+                    f"; a message from rank {status.Get_source()} with tag {status.Get_tag()} "
+                    f"is waiting (do the tags differ?)"
+                )
+    except Exception:  # noqa: BLE001 - only a hint: the timeout is the error
+        pass
+    return ""
 
 
 def _posted(pending: Any) -> list[Any]:

@@ -843,3 +843,33 @@ def test_init_failing_on_one_rank_after_its_checks_ends_the_job(launch):
     assert "hpccomm (rank 1 of 2): init failed on this rank (RuntimeError); aborting the job" in (
         job.stderr
     ), job.stderr[-2000:]
+
+
+def test_a_rank_whose_program_ends_early_is_named_at_once(launch):
+    # One rank ran fewer steps and ended normally: its peer waited in its next collective
+    # until the timeout (torch's default: 30 min), told only "some rank has not joined it".
+    # The leaving rank's departure notice names it at once.
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=30)
+        sub = c.dup()
+        for _ in range(3):
+            c.all_reduce(np.ones(4))
+        sub.barrier()
+        if c.rank == 0:
+            outcome(c, "extra", lambda: c.all_reduce(np.ones(4)))
+            outcome(c, "sub", lambda: sub.barrier())
+        """,
+        bound=60,
+    )
+    got = job.of(0, "extra")
+    assert got["cls"] == "PeerError", got
+    assert got["msg"].startswith(
+        "all_reduce #5 on world (rank 0 of 2): world rank 1 has left the job (its program "
+        "ended: a normal exit or sys.exit) after call #4 of this group: it will not join this one"
+    ), got
+    assert got["s"] < 10, got
+    assert job.of(0, "sub")["msg"].startswith(
+        "barrier #2 on world/dup (rank 0 of 2): world rank 1 has left"
+    )

@@ -141,6 +141,33 @@ def test_new_group_with_lists_that_differ_times_out_naming_it(launch, served):
     assert 2.5 < d["s"] < 10, d
 
 
+@pytest.mark.parametrize("how", ["return", "sys.exit(3)"])
+def test_a_rank_that_leaves_early_is_named_at_once(launch, how):
+    # rank 1 ran one step fewer and left: rank 0 waited in all_reduce for torch's default
+    # timeout (30 min), where gloo said "Connection closed by peer" within 2 s
+    job = launch(
+        2,
+        f"""
+        import torch, torch.distributed as dist
+        import hpccomm.torch as ht
+        ht.init_process_group()  # torch's default timeout
+        dist.all_reduce(torch.ones(4))
+        if dist.get_rank() == 1:
+            {how if how != "return" else "pass"}
+        else:
+            outcome(hpccomm.init(), "all_reduce", lambda: dist.all_reduce(torch.ones(4)))
+        """,
+        bound=90,
+    )
+    d = job.of(0, "all_reduce")
+    assert d["cls"] == "PeerError", d
+    assert d["msg"].startswith(
+        "all_reduce #2 on torch:0 (default_pg) (rank 0 of 2): world rank 1 has left the job "
+        "(its program ended: a normal exit or sys.exit) after call #1 of this group"
+    ), d
+    assert d["s"] < 10, d
+
+
 def test_ddp_backward_with_a_peer_that_never_joins_raises_at_the_timeout(launch):
     # DDP waits on Futures only, never with a deadline: the backend's watchdog fails the
     # Future at the group's timeout, so backward raises instead of blocking forever

@@ -361,6 +361,39 @@ def test_a_receive_that_timed_out_says_nothing_stays_posted(comm, op):
     c.free()
 
 
+@pytest.mark.parametrize("posted", [False, True])
+def test_a_receive_that_timed_out_names_a_message_waiting_with_another_tag(comm, posted):
+    # A sender's tag that differs from the receiver's: the timeout said only that no
+    # message came, though MPI held one from that rank with another tag
+    from hpccomm import CommTimeoutError
+
+    c = comm.dup()
+    c.timeout = 0.3
+    sent = c.isend(np.ones(2), c.rank, tag=5)
+    with pytest.raises(
+        CommTimeoutError,
+        match=rf"recv #\d+ on .*not complete after 0.3 s; .*; a message from rank {c.rank} "
+        r"with tag 5 is waiting \(do the tags differ\?\)",
+    ):
+        if posted:
+            c.irecv(np.empty(2), c.rank, tag=77).wait()
+        else:
+            c.recv(np.empty(2), c.rank, tag=77)
+    got = np.zeros(2)
+    c.recv(got, c.rank, tag=5)
+    sent.wait()
+    assert (got == 1).all()
+    if posted:  # the posted receive stays: complete it, so free() may go on
+        c.send(np.zeros(2), c.rank, tag=77)
+        import gc
+
+        gc.collect()
+        from hpccomm import work as work_mod
+
+        work_mod.reap()
+    c.free()
+
+
 def _refuse_to_load(why):
     raise ValueError(why)
 
