@@ -844,12 +844,16 @@ class Communicator:
             return NotMember(f"new_group({ranks})", self.rank, self.size, self.name)
         return child
 
-    def create_group(self, ranks: Sequence[int], *, tag: int = 0) -> Communicator:
+    def create_group(
+        self, ranks: Sequence[int], *, tag: int = 0, timeout: float | None = None
+    ) -> Communicator:
         """A group of ``ranks`` (in that order), made by those ranks alone
         (``MPI_Comm_create_group``): the other ranks of this communicator do not call it.
 
         Every member must call this with the same list; concurrent creations of overlapping
-        groups need different ``tag`` values. This rank must be in ``ranks``.
+        groups need different ``tag`` values. This rank must be in ``ranks``. ``timeout``:
+        seconds the creation may take (default: this communicator's timeout), after which
+        CommTimeoutError (a member that never calls it, or passed another list).
         """
         self._check_open("create_group")
         ranks = self._check_ranks("create_group", ranks)
@@ -875,6 +879,7 @@ class Communicator:
                 job,
                 late="not complete after {t} s; some rank of the list has not called "
                 "create_group (MPI cannot cancel it: abort the job)",
+                timeout=check_timeout(timeout, self._here("create_group")),
             )
         count = self._created.get((tuple(ranks), tag_value), 0)
         self._created[(tuple(ranks), tag_value)] = count + 1
@@ -965,7 +970,10 @@ class Communicator:
                 self._node_backend = None
             else:
                 made = self._make("node", self._backend.node)
-            self._node = self._adopt(made, f"{self.name}/node")
+            # (its id names it: made at init or on a first call, it is no step of the
+            # group's sequence on every rank alike)
+            gid = f"{self._dispatcher.gid}/node"
+            self._node = self._adopt(made, f"{self.name}/node", gid=gid)
         if self._node is None:  # pragma: no cover - every rank is on its node
             raise HpccommError(f"{self._here('node')}: MPI returned no group")
         return self._node

@@ -752,17 +752,20 @@ class Dispatcher:
         *args: Any,
         late: str = "the debug check did not complete after {t} s; some rank of the group "
         "has not reached this call",
+        timeout: Any = None,
     ) -> Any:
         """Run a small exchange inline, or on the worker with the timeout (not a step of the
         group's sequence: it belongs to the call it checks, or concerns some ranks only);
-        ``late`` says what a timeout means."""
+        ``late`` says what a timeout means; ``timeout``: a bound of its own (seconds)
+        instead of the group's."""
+        bound = self._timeout if timeout is None else timeout
         ex = self.executor
-        if self._timeout is None and (ex is None or not ex.pending):
+        if bound is None and (ex is None or not ex.pending):
             return fn(*args)
         fut = self.worker().submit(what, fn, *args)
         self._slow = True
-        if self._timeout is not None and not fut.wait(self._timeout):
-            raise CommTimeoutError(f"{what}: {late.format(t=f'{self._timeout:g}')}")
+        if bound is not None and not fut.wait(bound):
+            raise CommTimeoutError(f"{what}: {late.format(t=f'{bound:g}')}")
         fut.wait(None)
         return fut.outcome()
 

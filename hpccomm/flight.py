@@ -23,6 +23,7 @@ import re
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -165,9 +166,10 @@ def check_directory(directory: str | os.PathLike[str]) -> None:
     path = Path(directory)
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".probe-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
+        # (a name of its own: ranks of several nodes may share the directory and a pid)
+        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
     except OSError as exc:
         raise InvalidArgumentError(
             f"init: the trace directory {str(directory)!r} ({ENV} or trace_dir=) cannot be "

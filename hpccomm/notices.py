@@ -103,10 +103,12 @@ class NoticeBoard:
         self.poll()
         for w in members:
             gone = self.departed.get(w)
-            if gone is not None and gone[0].get(gid, 0) < seq:
+            # (a group the leaving rank does not list is not judged: a member lists every
+            # group it had, so its id there differs, and its last call is unknown)
+            if gone is not None and gid in gone[0] and gone[0][gid] < seq:
                 err = PeerError(
                     f"{where}: world rank {w} has left the job ({gone[1]}) after call "
-                    f"#{gone[0].get(gid, 0)} of this group: it will not join this one"
+                    f"#{gone[0][gid]} of this group: it will not join this one"
                 )
                 err.told = True
                 raise err

@@ -198,6 +198,7 @@ class Profiler:
         self._rank, self._world_rank = self.comm.rank, self.comm.world_rank()
         self._mpi = self.comm.mpi.Dup()  # the profiler's own messages: never recorded
         self._sync_start = _clock_offsets(self._mpi)
+        self._open.clear()  # (calls of an earlier session)
         self._t_start = time.perf_counter()
         self._running = True
         record.add_listener(self)
@@ -245,6 +246,13 @@ class Profiler:
     def _raw(self) -> dict[str, Any]:
         """What this rank sends to rank 0: its groups, stats, events and clock estimates
         (the estimates are rank 0's, sent along by every rank for simplicity)."""
+        # calls still running at stop (a peer never came; the job ends on an error):
+        # [group index, op, seq, t_start]; the tables count only completed calls. First:
+        # their group may be one no completed call named yet
+        unfinished = [
+            [self._entry(r.call, r.gid)[1], r.call.spec.name, r.seq, r.t_start]
+            for r in list(self._open.values())
+        ]
         return {
             "rank": self._world_rank,  # known since start: comm may be freed by now
             "host": socket.gethostname(),
@@ -263,12 +271,7 @@ class Profiler:
                 )
             ],
             "dropped": self._dropped,
-            # calls still running at stop (a peer never came; the job ends on an error):
-            # [group index, op, seq, t_start]; the tables count only completed calls
-            "unfinished": [
-                [self._entry(r.call, r.gid)[1], r.call.spec.name, r.seq, r.t_start]
-                for r in list(self._open.values())
-            ],
+            "unfinished": unfinished,
             "clock": {
                 "start": self._sync_start[self._rank] if self._sync_start else None,
                 "stop": self._sync_stop[self._rank] if self._sync_stop else None,

@@ -394,7 +394,7 @@ def _device_config(
     """Pick the device-collective backend and decide the MPI device path (no CUDA calls
     beyond what binding made)."""
     if device_backend not in ("auto", "nccl", "mpi"):
-        raise HpccommError(
+        raise InvalidArgumentError(
             f"init: device_backend is {device_backend!r}, expected 'auto', 'nccl' or 'mpi'"
         )
     path = decide(cuda_aware_mpi)
@@ -477,7 +477,7 @@ def init(
     # Bad settings are told to every rank once MPI is up, not raised here: a rank leaving
     # before MPI_Init left the others waiting in it (Open MPI's launcher then hung or
     # crashed), one leaving after it let them wait in their first collective.
-    problems: list[InvalidArgumentError] = []
+    problems: list[HpccommError] = []
     timeout_s = _checked(problems, check_timeout, timeout, "init")
     level = _checked(problems, level_from, debug, "init") or "large"
     init_bound = _checked(problems, check_timeout, init_timeout, "init (init_timeout)")
@@ -511,7 +511,7 @@ def init(
     for note in info.warnings:
         warnings.warn(f"hpccomm: {note}", RuntimeWarning, stacklevel=2)
     tune_open_mpi()
-    if _checked(problems, _reuse_memory, reuse_memory) is not False:
+    if _checked(problems, _reuse_memory, reuse_memory):  # (None: refused, below)
         memory.keep_freed_memory()
     _checked(problems, shm_settings)  # HPCCOMM_SHM* (read once per process)
     trace = trace_dir if trace_dir is not None else os.environ.get(flight.ENV)
@@ -533,6 +533,8 @@ def init(
         MPI.Init_thread()
     _register_exit()  # an error on one rank only in the rest of init ends the job at exit
     info, node, nodes = verify_launch(info, MPI.COMM_WORLD)
+    info = _bind_gpu(info, gpu)  # (collective: raises on every rank alike)
+    device = _checked(problems, _device_config, info, device_backend, cuda_aware_mpi)
     # Every rank's bad settings, raised alike on every rank (then it is safe to exit).
     said = MPI.COMM_WORLD.allgather(_unprefixed(str(problems[0])) if problems else "")
     if any(said):  # (every rank raises)
@@ -557,11 +559,9 @@ def init(
             f"debug level differs across ranks ({held}); set the same init(debug=...) or "
             f"HPCCOMM_DEBUG on every rank"
         )
-    info = _bind_gpu(info, gpu)
     # up to here every check raised on every rank alike; an error from here on is this
     # rank's own, and its peers may wait for it in init's next steps or their first call
     _init_failed = True
-    device = _device_config(info, device_backend, cuda_aware_mpi)
     backend = MPIBackend(MPI.COMM_WORLD.Dup())
     notices = NoticeBoard(MPI.COMM_WORLD.Dup(), MPI.ANY_SOURCE)
     _world = Communicator(
@@ -595,12 +595,12 @@ def _unprefixed(text: str) -> str:
     return text
 
 
-def _checked(problems: list[InvalidArgumentError], check: Callable[..., Any], *args: Any) -> Any:
-    """``check(*args)``; an InvalidArgumentError goes to ``problems`` (None returned), to be
+def _checked(problems: list[HpccommError], check: Callable[..., Any], *args: Any) -> Any:
+    """``check(*args)``; its HpccommError goes to ``problems`` (None returned), to be
     raised on every rank once MPI is up."""
     try:
         return check(*args)
-    except InvalidArgumentError as exc:
+    except HpccommError as exc:
         problems.append(exc)
         return None
 
@@ -670,10 +670,11 @@ def _install_excepthook() -> None:
 
 
 def _at_exit() -> None:
+    if _init_failed:  # (also on a second init after free(): _world is the freed one)
+        _abort_failed_init()
+        return
     world = _world
     if world is None:
-        if _init_failed:
-            _abort_failed_init()
         return
     from mpi4py import MPI
 

@@ -1047,14 +1047,18 @@ def _group_comm(world: Communicator, ranks: list[int], timeout: float | None) ->
     hpccomm's world, which has no timeout, ranks that passed different lists to new_group
     waited in the creation for ever, past both torch timeouts."""
     global _creations
-    if _creations is None or _creations.freed:
-        _creations = world.dup()  # (the default group's creation: every rank calls it)
-    _creations.timeout = timeout
+    every = not ranks or ranks == list(range(world.size))
+    if every and (_creations is None or _creations.freed):
+        _creations = world.dup()  # (every rank calls this creation)
     try:
-        if not ranks or ranks == list(range(world.size)):
+        if _creations is None or _creations.freed:  # members only (the default group is
+            # another backend's): made from the world, bounded by its own timeout
+            comm = world.create_group(ranks, timeout=timeout)
+        elif every:
+            _creations.timeout = timeout
             comm = _creations.dup()
         else:
-            comm = _creations.create_group(ranks)
+            comm = _creations.create_group(ranks, timeout=timeout)
     except CommTimeoutError as exc:
         listed = ranks or list(range(world.size))
         raise CommTimeoutError(

@@ -576,7 +576,10 @@ def test_init_settings(launch):
     for i, text in enumerate(("nan", "0", "-1", "'5'", "inf", "True")):
         bad = job.of(0, f"bad{i}")
         assert bad["cls"] == "InvalidArgumentError", bad
-        assert f"init: timeout is {text}, expected finite seconds > 0 or None" in bad["msg"]
+        assert (
+            f"init (rank 0 of 1): timeout is {text}, expected finite seconds > 0 or None"
+            in (bad["msg"])
+        )
     again = job.of(0, "again")
     assert again["cls"] == "InvalidArgumentError"
     assert "timeout=10.0 (first init: 5.0)" in again["msg"]
@@ -873,3 +876,23 @@ def test_a_rank_whose_program_ends_early_is_named_at_once(launch):
     assert job.of(0, "sub")["msg"].startswith(
         "barrier #2 on world/dup (rank 0 of 2): world rank 1 has left"
     )
+
+
+def test_init_refused_alike_on_every_rank_and_caught_ends_normally(launch):
+    # a bad device_backend= is refused on every rank; caught, the ranks ended normally
+    # until init's abort-on-exit also took such refusals for one rank's own failure
+    job = launch(
+        2,
+        """
+        class Me:
+            rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+        outcome(Me, "init", lambda: hpccomm.init(device_backend="bogus"))
+        """,
+        bound=60,
+    )
+    for rank in range(2):
+        got = job.of(rank, "init")
+        assert got["msg"] == (
+            f"init (rank {rank} of 2): device_backend is 'bogus', expected 'auto', 'nccl' or 'mpi'"
+        ), got
+    assert job.rc == 0 and "aborting" not in job.stderr, job.stderr[-2000:]

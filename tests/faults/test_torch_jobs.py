@@ -168,6 +168,34 @@ def test_a_rank_that_leaves_early_is_named_at_once(launch, how):
     assert d["s"] < 10, d
 
 
+def test_a_subgroup_made_by_its_members_when_the_default_group_is_gloo(launch):
+    # the backend's groups were made from a duplicate of the world, made on the first
+    # creation: with the default group on gloo that first creation ran on the subgroup's
+    # members only, which then waited for the others in the world's dup for ever
+    job = launch(
+        2,
+        """
+        import datetime, torch, torch.distributed as dist
+        import hpccomm.torch
+        w = hpccomm.init()
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        port = w.broadcast_object(29517 + os.getpid() % 1000 if w.rank == 0 else None, src=0)
+        os.environ["MASTER_PORT"] = str(port)
+        dist.init_process_group("gloo", rank=w.rank, world_size=w.size,
+                                timeout=datetime.timedelta(seconds=20))
+        g = dist.new_group([0], backend="hpccomm", timeout=datetime.timedelta(seconds=10))
+        if w.rank == 0:
+            t = torch.ones(3)
+            outcome(w, "sub", lambda: (dist.all_reduce(t, group=g), t.tolist())[1])
+        dist.barrier()
+        dist.destroy_process_group()
+        """,
+        bound=90,
+    )
+    assert job.of(0, "sub")["value"] == "[1.0, 1.0, 1.0]", job.of(0, "sub")
+    assert job.rc == 0, job.stderr[-2000:]
+
+
 def test_ddp_backward_with_a_peer_that_never_joins_raises_at_the_timeout(launch):
     # DDP waits on Futures only, never with a deadline: the backend's watchdog fails the
     # Future at the group's timeout, so backward raises instead of blocking forever

@@ -142,3 +142,28 @@ def test_a_second_session_starts_afresh(comm):
         comm.barrier()
     doc = _on_rank0(comm, p.doc)
     assert [(r["op"], r["calls_per_rank"]) for r in doc["table"]] == [("barrier", 1)]
+
+
+def test_a_call_running_at_the_stop_is_reported_once(comm):
+    # a receive still running at the stop, on a group no completed call of the session
+    # named: the stop raised IndexError (the group was added after the list was copied);
+    # and a second session reported the first one's call again
+    c = comm.dup()
+    prof = hpccomm.profiler.Profiler(c)
+    buf = np.zeros(2)
+    prof.start()
+    work = c.recv(buf, src=c.rank, tag=1, async_op=True)  # from itself: sent after the stop
+    doc = prof.stop()
+    c.send(np.ones(2), dst=c.rank, tag=1)
+    work.wait()
+    if c.rank == 0:
+        assert [(u["rank"], u["group"], u["op"], u["seq"]) for u in doc["unfinished"]] == [
+            (c.world_rank(r), c.name, "recv", 1) for r in range(c.size)
+        ], doc["unfinished"]
+    prof2 = hpccomm.profiler.Profiler(c)
+    prof2.start()
+    c.barrier()
+    doc2 = prof2.stop()
+    if c.rank == 0:
+        assert doc2["unfinished"] == []
+    c.free()

@@ -55,5 +55,6 @@ def test_a_departed_rank_fails_only_the_calls_it_never_reached():
                        r"rank 1 has left the job \(its program ended: a normal exit or sys.exit\) after "
                        r"call #7 of this group: it will not join this one"):  # fmt: skip
         staying.check("world", 8, "all_reduce #8 on world (rank 0 of 2)", [0, 1])
-    with pytest.raises(PeerError, match=r"after call #0 of this group"):  # a group it never had
-        staying.check("world/5@0", 1, "barrier #1 on world/dup (rank 0 of 2)", [0, 1])
+    # a group the leaving rank does not list (its id differs there, e.g. a node group made
+    # at a different point): not judged; it was failed as "after call #0"
+    staying.check("world/5@0", 1, "barrier #1 on world/dup (rank 0 of 2)", [0, 1])
