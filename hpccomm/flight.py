@@ -388,6 +388,30 @@ _CALL_ERROR = re.compile(r"\w+Error: \w+ #\d+ on ")
 _P2P = ("send", "recv", "sendrecv", "batch_isend_irecv", "send_object", "recv_object")
 
 
+def _p2p_cycle(
+    p2p: list[tuple[int, dict[str, Any]]], groups: dict[str, dict[str, Any]]
+) -> list[int] | None:
+    """World ranks that wait for one another in a ring of blocking point-to-point calls
+    (each rank's latest: a receive from the next rank, or a send the next rank does not
+    take), in ring order; None when there is no such ring."""
+    waits_on: dict[int, int] = {}
+    for r, e in p2p:  # (in entry order: the latest call of a rank wins)
+        peer = e.get("peer")
+        if peer is None or e.get("async"):
+            continue
+        members = groups.get(e.get("gid") or e["group"], {}).get("members")
+        waits_on[r] = members[peer] if members and 0 <= peer < len(members) else peer
+    for start in sorted(waits_on):
+        ring = [start]
+        at = waits_on[start]
+        while at in waits_on and at not in ring:
+            ring.append(at)
+            at = waits_on[at]
+        if at == start and len(ring) > 1:
+            return ring
+    return None
+
+
 def analyze(
     docs: dict[int, dict[str, Any]], size: int | None, *, left_out: Sequence[str] = ()
 ) -> str:
@@ -463,6 +487,13 @@ def analyze(
         for r, e in p2p[:3]:
             peer = "" if e.get("peer") is None else f" (peer rank {e['peer']})"
             lines.append(f"rank {r} waits in {_desc(e)}{peer}")
+        ring = _p2p_cycle(p2p, groups)
+        if ring:
+            lines.append(
+                f"world ranks {' -> '.join(map(str, ring + ring[:1]))} each wait for the next "
+                f"in a blocking point-to-point call: a deadlock (none can complete before "
+                f"another does: post one side's call first, or use sendrecv or isend/irecv)"
+            )
         if failed:
             lines.extend(
                 f"rank {r}: {_desc(es[-1])} failed: {_short(es[-1]['error'])}"

@@ -230,3 +230,26 @@ def test_a_rank_without_a_file_is_named_once():
     verdict = analyze(docs, 2)
     assert "rank 1 never did and left no trace file (killed hard?)" in verdict
     assert verdict.count("left no trace file") == 1, verdict
+
+
+def test_ranks_waiting_for_each_other_in_point_to_point_calls_are_called_a_deadlock():
+    # both ranks receive first: the verdict listed each rank's receive but did not say that
+    # they wait for each other
+    def recv(peer, seq, gid="world", is_async=False):
+        e = entry("recv", "world" if gid == "world" else "world/split(0)", seq, "started",
+                  gid=gid)  # fmt: skip
+        e["peer"], e["async"] = peer, is_async
+        return e
+
+    docs = {0: doc(0, 2, [recv(1, 1)]), 1: doc(1, 2, [recv(0, 1)])}
+    verdict = analyze(docs, 2)
+    assert "world ranks 0 -> 1 -> 0 each wait for the next in a blocking point-to-point " in (
+        verdict
+    ), verdict
+    # on a subgroup its ranks are translated (world/3 holds world ranks 2 and 3)
+    docs = {r: doc(r, 4, [recv(1 - (r - 2), 1, gid="world/3")]) for r in (2, 3)}
+    docs.update({r: doc(r, 4, []) for r in (0, 1)})
+    assert "world ranks 2 -> 3 -> 2 each wait" in analyze(docs, 4)
+    # an async receive does not block: no deadlock said
+    docs = {0: doc(0, 2, [recv(1, 1, is_async=True)]), 1: doc(1, 2, [recv(0, 1)])}
+    assert "deadlock" not in analyze(docs, 2)
