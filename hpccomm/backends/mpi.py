@@ -702,6 +702,20 @@ _TRUNCATED_UNCHECKED = (
 )
 
 
+def _buffer_of(call: Call) -> str:
+    """A truncated receive's own side, for its error: ``" (this rank's buffer: 512
+    float32 for rank 0's message, tag 3)"``; "" where the call has none to name."""
+    if not call.spec.p2p or call.spec.name not in ("recv", "sendrecv"):
+        return ""
+    try:
+        src = call.peer if call.spec.name == "recv" else call.src
+        who = "any rank's" if src is None else f"rank {src}'s"
+        tag = "any tag" if call.tag is None else f"tag {call.tag}"
+        return f" (this rank's buffer: {call.count:,} {call.dtype()} for {who} message, {tag})"
+    except Exception:  # noqa: BLE001 - only detail for the message
+        return ""
+
+
 class MPIBackend:
     """Runs calls on an mpi4py intracommunicator (which it owns: :meth:`free` frees it)."""
 
@@ -837,7 +851,9 @@ class MPIBackend:
             return PeerError(f"{where}: {self.failed_ranks()}; MPI reports {exc}")
         if isinstance(exc, MPI.Exception) and exc.Get_error_class() == MPI.ERR_TRUNCATE:
             more = _TRUNCATED_P2P if call.spec.p2p else _TRUNCATED_UNCHECKED
-            return BackendError(f"{where}: {self.name} failed: {exc}; {_TRUNCATED}{more}")
+            return BackendError(
+                f"{where}: {self.name} failed: {exc}; {_TRUNCATED}{_buffer_of(call)}{more}"
+            )
         return BackendError(f"{where}: {self.name} failed: {exc}")
 
     # -- point-to-point under the debug check (a header before every message) -----------

@@ -394,6 +394,25 @@ def test_a_receive_that_timed_out_names_a_message_waiting_with_another_tag(comm,
     c.free()
 
 
+def test_a_truncated_posted_receive_names_its_buffer(comm):
+    # MPI_ERR_TRUNCATE on a posted receive (torch's recv is one) named neither side's size
+    from hpccomm import BackendError
+
+    if comm.debug in ("check", "detail"):
+        pytest.skip("the debug check compares the sizes before the data moves")
+    c = comm.dup()
+    sent = c.isend(np.ones(8), c.rank, tag=4)
+    work = c.irecv(np.empty(4), c.rank, tag=4)
+    with pytest.raises(
+        BackendError,
+        match=rf"MPI_ERR_TRUNCATE.*longer than this rank's buffer.* \(this rank's buffer: 4 "
+        rf"float64 for rank {c.rank}'s message, tag 4\)",
+    ):
+        work.wait()
+    sent.wait()
+    c.free()
+
+
 def _refuse_to_load(why):
     raise ValueError(why)
 
