@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .errors import GpuBindingError
+from .errors import GpuBindingError, InvalidArgumentError
+from .switches import switch
 
 __all__ = [
     "parse_visible_devices",
@@ -55,9 +56,16 @@ def format_uuid(raw: object) -> str:
     return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
-def sharing_allowed(environ: Mapping[str, str]) -> bool:
-    """True when the job explicitly lets several ranks share one GPU."""
-    return environ.get(ALLOW_SHARING_ENV, "").lower() in {"1", "true", "yes", "on"}
+def sharing_allowed(environ: Mapping[str, str], strict: bool = False) -> bool:
+    """True when the job explicitly lets several ranks share one GPU (an on/off switch,
+    :mod:`hpccomm.switches`). A value that is neither counts as off; ``strict`` refuses it
+    instead (init, where every rank hears of it)."""
+    try:
+        return switch(environ, ALLOW_SHARING_ENV, default=False, where="init")
+    except InvalidArgumentError:
+        if strict:
+            raise
+        return False
 
 
 def choose_gpu(

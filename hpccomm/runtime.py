@@ -514,6 +514,8 @@ def init(
     if _checked(problems, _reuse_memory, reuse_memory):  # (None: refused, below)
         memory.keep_freed_memory()
     _checked(problems, shm_settings)  # HPCCOMM_SHM* (read once per process)
+    _checked(problems, _abort_on_exception, True)
+    _checked(problems, sharing_allowed, os.environ, True)
     trace = trace_dir if trace_dir is not None else os.environ.get(flight.ENV)
     if trace:
         _checked(problems, flight.check_directory, trace)
@@ -587,6 +589,20 @@ def init(
     return _world
 
 
+ABORT_ENV = "HPCCOMM_ABORT_ON_EXCEPTION"
+
+
+def _abort_on_exception(strict: bool = False) -> bool:
+    """``HPCCOMM_ABORT_ON_EXCEPTION`` (an on/off switch, default on; ``strict``: a value
+    that is neither is refused, else it counts as on)."""
+    try:
+        return switch(os.environ, ABORT_ENV, default=True, where="init")
+    except InvalidArgumentError:
+        if strict:
+            raise
+        return True
+
+
 def _unprefixed(text: str) -> str:
     """A setting's message without its own ``init: `` or ``hpccomm: `` start (init's prefix
     with the rank replaces it)."""
@@ -641,7 +657,7 @@ def _register_exit() -> None:
     global _exit_registered
     if not _exit_registered:
         atexit.register(_at_exit)
-        if os.environ.get("HPCCOMM_ABORT_ON_EXCEPTION", "1") != "0":
+        if _abort_on_exception():
             _install_excepthook()
         _exit_registered = True
 

@@ -529,3 +529,29 @@ def test_a_step_tasks_list_that_contradicts_the_step_is_refused():
     env = {**SRUN_STEP, "SLURM_STEP_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "0"}
     with pytest.raises(ValueError, match=r"lists 7 tasks on 4 nodes, but the step has 4 tasks"):
         d(env)
+
+
+def test_on_off_settings_are_spelt_alike():
+    # HPCCOMM_ALLOW_GPU_SHARING took " 1" as off and ignored a typo silently;
+    # HPCCOMM_ABORT_ON_EXCEPTION took only "0" as off ("off", "false" still aborted)
+    import pytest
+
+    from hpccomm import runtime
+    from hpccomm.errors import InvalidArgumentError
+    from hpccomm.gpuselect import sharing_allowed
+
+    assert sharing_allowed({"HPCCOMM_ALLOW_GPU_SHARING": " On "})
+    assert not sharing_allowed({"HPCCOMM_ALLOW_GPU_SHARING": "no"})
+    assert not sharing_allowed({"HPCCOMM_ALLOW_GPU_SHARING": "yse"})  # (discovery: off)
+    with pytest.raises(InvalidArgumentError, match="HPCCOMM_ALLOW_GPU_SHARING is 'yse'"):
+        sharing_allowed({"HPCCOMM_ALLOW_GPU_SHARING": "yse"}, strict=True)
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setenv("HPCCOMM_ABORT_ON_EXCEPTION", "off")
+        assert runtime._abort_on_exception() is False
+        mp.setenv("HPCCOMM_ABORT_ON_EXCEPTION", "nope")
+        assert runtime._abort_on_exception() is True
+        with pytest.raises(InvalidArgumentError, match="HPCCOMM_ABORT_ON_EXCEPTION is 'nope'"):
+            runtime._abort_on_exception(strict=True)
+    finally:
+        mp.undo()
