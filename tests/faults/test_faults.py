@@ -619,6 +619,7 @@ def test_shared_memory_path_with_a_rank_that_never_calls(launch):
             outcome(c, "call", lambda: g.all_reduce(x))
         else:
             outcome(c, "free", lambda: g.free())
+            time.sleep(5)  # alive: its exit would tell rank 0 at once that it left
         """,
         env={"HPCCOMM_SHM_THRESHOLD": "1K"},
     )

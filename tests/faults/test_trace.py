@@ -66,6 +66,7 @@ def test_sibling_groups_of_one_split_are_told_apart(launch, tmp_path, capsys):
         else:
             time.sleep(1)
             hpccomm.dump()
+            time.sleep(8)  # alive: its exit would tell rank 0 at once that it left
         """,
     )
     assert job.of(0, "call")["cls"] == "CommTimeoutError"
