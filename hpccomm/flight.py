@@ -388,27 +388,58 @@ _CALL_ERROR = re.compile(r"\w+Error: \w+ #\d+ on ")
 _P2P = ("send", "recv", "sendrecv", "batch_isend_irecv", "send_object", "recv_object")
 
 
+def _p2p_waits(
+    p2p: list[tuple[int, dict[str, Any]]], groups: dict[str, dict[str, Any]]
+) -> dict[int, tuple[str, int, dict[str, Any]]]:
+    """Each rank's latest blocking send or recv with a named peer: world rank -> (op, the
+    peer's world rank, entry)."""
+    waits: dict[int, tuple[str, int, dict[str, Any]]] = {}
+    for r, e in p2p:  # (in entry order: the latest call of a rank wins)
+        peer = e.get("peer")
+        if peer is None or e.get("async") or e["op"] not in ("send", "recv"):
+            continue
+        members = groups.get(e.get("gid") or e["group"], {}).get("members")
+        world = members[peer] if members and 0 <= peer < len(members) else peer
+        waits[r] = (e["op"], world, e)
+    return waits
+
+
 def _p2p_cycle(
     p2p: list[tuple[int, dict[str, Any]]], groups: dict[str, dict[str, Any]]
 ) -> list[int] | None:
-    """World ranks that wait for one another in a ring of blocking point-to-point calls
-    (each rank's latest: a receive from the next rank, or a send the next rank does not
-    take), in ring order; None when there is no such ring."""
-    waits_on: dict[int, int] = {}
-    for r, e in p2p:  # (in entry order: the latest call of a rank wins)
-        peer = e.get("peer")
-        if peer is None or e.get("async"):
-            continue
-        members = groups.get(e.get("gid") or e["group"], {}).get("members")
-        waits_on[r] = members[peer] if members and 0 <= peer < len(members) else peer
-    for start in sorted(waits_on):
+    """World ranks that wait for one another in a ring of blocking calls of one kind (each
+    receiving from the next, or each sending to the next: no send of the ring can be taken
+    by a receive of it), in ring order; None when there is no such ring. A send facing a
+    receive is no deadlock (see _p2p_facing)."""
+    waits = _p2p_waits(p2p, groups)
+    for start in sorted(waits):
+        kind = waits[start][0]
         ring = [start]
-        at = waits_on[start]
-        while at in waits_on and at not in ring:
+        at = waits[start][1]
+        while at in waits and at not in ring and waits[at][0] == kind:
             ring.append(at)
-            at = waits_on[at]
+            at = waits[at][1]
         if at == start and len(ring) > 1:
             return ring
+    return None
+
+
+def _p2p_facing(
+    p2p: list[tuple[int, dict[str, Any]]], groups: dict[str, dict[str, Any]]
+) -> str | None:
+    """A blocking send and a blocking receive that wait on each other yet do not match
+    (their tags, or sizes above the eager limit, differ), described; else None."""
+    waits = _p2p_waits(p2p, groups)
+    for r in sorted(waits):
+        op, peer, e = waits[r]
+        other = waits.get(peer)
+        if op == "send" and other is not None and other[0] == "recv" and other[1] == r:
+            f = other[2]
+            return (
+                f"rank {r}'s send to rank {peer} (tag {e.get('tag')}, {e.get('count')} "
+                f"elements) and rank {peer}'s receive from rank {r} (tag {f.get('tag')}, "
+                f"{f.get('count')} elements) wait on each other: their tags or sizes differ"
+            )
     return None
 
 
@@ -488,12 +519,15 @@ def analyze(
             peer = "" if e.get("peer") is None else f" (peer rank {e['peer']})"
             lines.append(f"rank {r} waits in {_desc(e)}{peer}")
         ring = _p2p_cycle(p2p, groups)
+        facing = _p2p_facing(p2p, groups)
         if ring:
             lines.append(
                 f"world ranks {' -> '.join(map(str, ring + ring[:1]))} each wait for the next "
                 f"in a blocking point-to-point call: a deadlock (none can complete before "
                 f"another does: post one side's call first, or use sendrecv or isend/irecv)"
             )
+        elif facing:
+            lines.append(facing)
         if failed:
             lines.extend(
                 f"rank {r}: {_desc(es[-1])} failed: {_short(es[-1]['error'])}"

@@ -282,6 +282,8 @@ class Profiler:
         """[group index, op, calls, bytes, seconds, bus bytes, failed] per (group, op)."""
         out: dict[tuple[int, str], list[Any]] = {}
         for _i, gi, op, nbytes, mult, calls, secs, failed in self._entry_list:
+            if not calls:  # (an entry made for a call still running at the stop)
+                continue
             row = out.setdefault((gi, op), [gi, op, 0, 0, 0.0, 0.0, 0])
             row[2] += calls
             row[3] += calls * nbytes

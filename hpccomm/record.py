@@ -65,6 +65,7 @@ class Record:
             "group": c.group.name,
             "seq": self.seq,
             "peer": c.peer,
+            "tag": c.tag,
             "dtype": None if c.info is None else c.info.name,
             "shape": c.shape,
             "count": c.count,

@@ -535,20 +535,12 @@ def init(
         MPI.Init_thread()
     _register_exit()  # an error on one rank only in the rest of init ends the job at exit
     info, node, nodes = verify_launch(info, MPI.COMM_WORLD)
+    # Every rank's bad settings, raised alike on every rank (then it is safe to exit):
+    # before binding a GPU (a mistyped HPCCOMM_ALLOW_GPU_SHARING is named, not taken for off)
+    _refuse_alike(problems, MPI.COMM_WORLD)
     info = _bind_gpu(info, gpu)  # (collective: raises on every rank alike)
     device = _checked(problems, _device_config, info, device_backend, cuda_aware_mpi)
-    # Every rank's bad settings, raised alike on every rank (then it is safe to exit).
-    said = MPI.COMM_WORLD.allgather(_unprefixed(str(problems[0])) if problems else "")
-    if any(said):  # (every rank raises)
-        here = f"init (rank {MPI.COMM_WORLD.Get_rank()} of {MPI.COMM_WORLD.Get_size()})"
-        if all(t == said[0] for t in said):
-            raise InvalidArgumentError(f"{here}: {said[0]}")
-        by_text: dict[str, list[int]] = {}
-        for r, t in enumerate(said):
-            if t:
-                by_text.setdefault(t, []).append(r)
-        refused = "; ".join(f"on {ranks_text(rs)}: {t}" for t, rs in by_text.items())
-        raise InvalidArgumentError(f"{here}: refused {refused}")
+    _refuse_alike(problems, MPI.COMM_WORLD)
     # The debug level is the job's: with headers on one rank only, a receive took the
     # sender's header for data (a confusing size error, then the next receive silently got
     # the previous payload), and a checking rank's collective waited for a peer that was
@@ -601,6 +593,23 @@ def _abort_on_exception(strict: bool = False) -> bool:
         if strict:
             raise
         return True
+
+
+def _refuse_alike(problems: list[HpccommError], comm: Any) -> None:
+    """Collective over ``comm`` (COMM_WORLD): when any rank has a problem, every rank
+    raises InvalidArgumentError naming the ranks and their problems (one allgather)."""
+    said = comm.allgather(_unprefixed(str(problems[0])) if problems else "")
+    if not any(said):
+        return
+    here = f"init (rank {comm.Get_rank()} of {comm.Get_size()})"
+    if all(t == said[0] for t in said):
+        raise InvalidArgumentError(f"{here}: {said[0]}")
+    by_text: dict[str, list[int]] = {}
+    for r, t in enumerate(said):
+        if t:
+            by_text.setdefault(t, []).append(r)
+    refused = "; ".join(f"on {ranks_text(rs)}: {t}" for t, rs in by_text.items())
+    raise InvalidArgumentError(f"{here}: refused {refused}")
 
 
 def _unprefixed(text: str) -> str:
@@ -748,6 +757,11 @@ def _depart(world: Communicator) -> None:
         if not c.freed:
             seqs[c._dispatcher.gid] = c._group.seq
         stack.extend(c._children)
+    node = world._node_backend  # the world's node group, made at init, if never adopted
+    if node is not None:  # (no step of the world made it: listed with no call, as node()
+        # would name it) so that a peer waiting in its first call hears of this departure
+        first = node.translate([0], world._backend)[0]
+        seqs.setdefault(f"{world._dispatcher.gid}/node@{first}", 0)
     try:
         notices.depart(seqs, "its program ended: a normal exit or sys.exit")
     except Exception:  # noqa: BLE001 - leaving anyway: the peers' timeouts still bound them

@@ -1038,6 +1038,7 @@ for _method, (_op, _inputs) in {
 
 
 _creations: Communicator | None = None  # where torch's groups are made (see _group_comm)
+_CREATIONS_TAG = 0x68706363  # create_group's tag for it ("hpcc"): apart from a user's
 
 
 def _group_comm(world: Communicator, ranks: list[int], timeout: float | None) -> Communicator:
@@ -1048,17 +1049,19 @@ def _group_comm(world: Communicator, ranks: list[int], timeout: float | None) ->
     waited in the creation for ever, past both torch timeouts."""
     global _creations
     every = not ranks or ranks == list(range(world.size))
-    if every and (_creations is None or _creations.freed):
-        _creations = world.dup()  # (every rank calls this creation)
     try:
+        if every and (_creations is None or _creations.freed):
+            # every rank of the world: made by them alone (MPI_Comm_create_group), bounded
+            # (a world dup is not: ranks whose lists differ waited in it for ever)
+            _creations = world.create_group(
+                list(range(world.size)), tag=_CREATIONS_TAG, timeout=timeout
+            )
         if _creations is None or _creations.freed:  # members only (the default group is
             # another backend's): made from the world, bounded by its own timeout
             comm = world.create_group(ranks, timeout=timeout)
-        elif every:
-            _creations.timeout = timeout
-            comm = _creations.dup()
         else:
-            comm = _creations.create_group(ranks, timeout=timeout)
+            _creations.timeout = timeout
+            comm = _creations.dup() if every else _creations.create_group(ranks)
     except CommTimeoutError as exc:
         listed = ranks or list(range(world.size))
         raise CommTimeoutError(

@@ -864,6 +864,8 @@ def test_a_rank_whose_program_ends_early_is_named_at_once(launch):
         if c.rank == 0:
             outcome(c, "extra", lambda: c.all_reduce(np.ones(4)))
             outcome(c, "sub", lambda: sub.barrier())
+            # the world's node group, made at init, that rank 1 never used
+            outcome(c, "node", lambda: c.node().all_reduce(np.ones(4)))
         """,
         bound=60,
     )
@@ -877,6 +879,13 @@ def test_a_rank_whose_program_ends_early_is_named_at_once(launch):
     assert job.of(0, "sub")["msg"].startswith(
         "barrier #2 on world/dup (rank 0 of 2): world rank 1 has left"
     )
+    node = job.of(0, "node")
+    assert (
+        node["msg"].startswith(
+            "all_reduce #1 on world/node (rank 0 of 2): world rank 1 has left the job"
+        )
+        and node["s"] < 10
+    ), node
 
 
 def test_init_refused_alike_on_every_rank_and_caught_ends_normally(launch):

@@ -196,6 +196,34 @@ def test_a_subgroup_made_by_its_members_when_the_default_group_is_gloo(launch):
     assert job.rc == 0, job.stderr[-2000:]
 
 
+def test_new_group_lists_that_differ_with_the_default_group_on_gloo_time_out(launch):
+    # the first group over every rank was a world dup with no bound: rank 0 (list [0, 1])
+    # waited in it for ever while rank 1 (list [1]) made its group alone
+    job = launch(
+        2,
+        """
+        import datetime, torch, torch.distributed as dist
+        import hpccomm.torch
+        w = hpccomm.init()
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        port = w.broadcast_object(29517 + os.getpid() % 1000 if w.rank == 0 else None, src=0)
+        os.environ["MASTER_PORT"] = str(port)
+        dist.init_process_group("gloo", rank=w.rank, world_size=w.size,
+                                timeout=datetime.timedelta(seconds=30))
+        ranks = [0, 1] if w.rank == 0 else [1]
+        outcome(w, "new_group", lambda: dist.new_group(
+            ranks, backend="hpccomm", timeout=datetime.timedelta(seconds=3)))
+        time.sleep(6)
+        """,
+        bound=90,
+    )
+    assert job.of(1, "new_group")["cls"] is None
+    d = job.of(0, "new_group")
+    assert d["cls"] == "CommTimeoutError", d
+    assert d["msg"].startswith("torch new_group([0, 1]) on world rank 0: create_group"), d
+    assert 2.5 < d["s"] < 10, d
+
+
 def test_ddp_backward_with_a_peer_that_never_joins_raises_at_the_timeout(launch):
     # DDP waits on Futures only, never with a deadline: the backend's watchdog fails the
     # Future at the group's timeout, so backward raises instead of blocking forever

@@ -253,3 +253,20 @@ def test_ranks_waiting_for_each_other_in_point_to_point_calls_are_called_a_deadl
     # an async receive does not block: no deadlock said
     docs = {0: doc(0, 2, [recv(1, 1, is_async=True)]), 1: doc(1, 2, [recv(0, 1)])}
     assert "deadlock" not in analyze(docs, 2)
+    # a send facing a receive is no deadlock: they do not match (tags or sizes)
+    send = entry("send", "world", 1, "started")
+    send["peer"], send["tag"] = 1, 1
+    facing = recv(0, 1)
+    facing["tag"] = 2
+    verdict = analyze({0: doc(0, 2, [send]), 1: doc(1, 2, [facing])}, 2)
+    assert "deadlock" not in verdict, verdict
+    assert "rank 0's send to rank 1 (tag 1, 4 elements) and rank 1's receive from rank 0 " in (
+        verdict
+    ), verdict
+    # nor is a pair of sendrecv calls (each sends and receives)
+    pair = []
+    for r in range(2):
+        e = entry("sendrecv", "world", 1, "started")
+        e["peer"] = 1 - r
+        pair.append(e)
+    assert "deadlock" not in analyze({0: doc(0, 2, [pair[0]]), 1: doc(1, 2, [pair[1]])}, 2)
