@@ -200,7 +200,7 @@ def _cmd_profile_report(args: argparse.Namespace) -> int:
         text = (
             json.dumps(doc, indent=1) if args.json else profiler.format_summary(doc, top=args.top)
         )
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
+    except profiler.DAMAGED as exc:
         raise HpccommError(
             f"profile report: {args.dir}/profile.json is damaged or incomplete "
             f"({type(exc).__name__}: {exc})"

@@ -122,6 +122,14 @@ class NotMember:
         )
 
 
+def member_gid(base: str, members: Sequence[int]) -> str:
+    """A group's id from its creation's (``base``: the parent's id and the step, or a
+    name) and its first member's world rank: the groups one split (or node/leaders step)
+    makes share the base, and the flight recorder's analysis took a sibling group's members
+    for the stuck group's and blamed a rank outside it."""
+    return f"{base}@{members[0]}"
+
+
 class Communicator:
     """A group of ranks and the operations among them.
 
@@ -178,12 +186,8 @@ class Communicator:
             if world is None
             else [r for r in backend.translate(range(backend.size), world_backend) if r is not None]
         )
-        # the groups one split (or node/leaders step) makes share the parent's id and step
-        # number: the first member's world rank tells them apart (the flight recorder's
-        # analysis took a sibling group's members for the stuck group's and blamed a rank
-        # outside it)
-        first = self._dispatcher.members[0] if self._dispatcher.members else 0
-        self._dispatcher.gid = gid if world is None else f"{gid}@{first}"
+        members = self._dispatcher.members
+        self._dispatcher.gid = gid if world is None else member_gid(gid, members[:1] or [0])
         self._group.world_ranks = self._dispatcher.members
         self._created: dict[tuple, int] = {}  # create_group calls so far, per (ranks, tag)
         self._nodes = nodes
@@ -301,6 +305,12 @@ class Communicator:
     def __repr__(self) -> str:
         state = " freed" if self._freed else ""
         return f"<hpccomm.Communicator {self.name} rank {self.rank} of {self.size}{state}>"
+
+    def _node_gid(self) -> str:
+        """The id of :meth:`node`'s group before :func:`member_gid` (named, not numbered:
+        the world's is made at init or on a first call, no step of its sequence on every
+        rank alike)."""
+        return f"{self._dispatcher.gid}/node"
 
     def _here(self, opname: str) -> str:
         """The prefix of this group's messages (:meth:`Group.here`)."""
@@ -970,10 +980,7 @@ class Communicator:
                 self._node_backend = None
             else:
                 made = self._make("node", self._backend.node)
-            # (its id names it: made at init or on a first call, it is no step of the
-            # group's sequence on every rank alike)
-            gid = f"{self._dispatcher.gid}/node"
-            self._node = self._adopt(made, f"{self.name}/node", gid=gid)
+            self._node = self._adopt(made, f"{self.name}/node", gid=self._node_gid())
         if self._node is None:  # pragma: no cover - every rank is on its node
             raise HpccommError(f"{self._here('node')}: MPI returned no group")
         return self._node

@@ -178,13 +178,19 @@ def ranks_text(ranks: Sequence[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(str(r) for r in ranks)
 
 
-def by_rank(pairs: Iterable[tuple[int, str]]) -> list[str]:
-    """Each text with the ranks that hold it, in order of first appearance: ``(rank,
-    text)`` pairs to ``["'check' on rank 0", "'large' on ranks 1,2"]``."""
+def ranks_by_text(pairs: Iterable[tuple[int, str]]) -> dict[str, list[int]]:
+    """``(rank, text)`` pairs as each text with the ranks that hold it, in order of first
+    appearance."""
     ranks: dict[str, list[int]] = {}
     for r, text in pairs:
         ranks.setdefault(text, []).append(r)
-    return [f"{text} on {ranks_text(rs)}" for text, rs in ranks.items()]
+    return ranks
+
+
+def by_rank(pairs: Iterable[tuple[int, str]]) -> list[str]:
+    """Each text with the ranks that hold it, in order of first appearance: ``(rank,
+    text)`` pairs to ``["'check' on rank 0", "'large' on ranks 1,2"]``."""
+    return [f"{text} on {ranks_text(rs)}" for text, rs in ranks_by_text(pairs).items()]
 
 
 def _differs(name: str, pairs: Iterable[tuple[int, str]]) -> str | None:

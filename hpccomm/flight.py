@@ -404,14 +404,11 @@ def _p2p_waits(
     return waits
 
 
-def _p2p_cycle(
-    p2p: list[tuple[int, dict[str, Any]]], groups: dict[str, dict[str, Any]]
-) -> list[int] | None:
-    """World ranks that wait for one another in a ring of blocking calls of one kind (each
-    receiving from the next, or each sending to the next: no send of the ring can be taken
-    by a receive of it), in ring order; None when there is no such ring. A send facing a
-    receive is no deadlock (see _p2p_facing)."""
-    waits = _p2p_waits(p2p, groups)
+def _p2p_cycle(waits: dict[int, tuple[str, int, dict[str, Any]]]) -> list[int] | None:
+    """World ranks that wait for one another (``waits``: :func:`_p2p_waits`) in a ring of
+    blocking calls of one kind (each receiving from the next, or each sending to the next:
+    no send of the ring can be taken by a receive of it), in ring order; None when there is
+    no such ring. A send facing a receive is no deadlock (see _p2p_facing)."""
     for start in sorted(waits):
         kind = waits[start][0]
         ring = [start]
@@ -424,12 +421,10 @@ def _p2p_cycle(
     return None
 
 
-def _p2p_facing(
-    p2p: list[tuple[int, dict[str, Any]]], groups: dict[str, dict[str, Any]]
-) -> str | None:
-    """A blocking send and a blocking receive that wait on each other yet do not match
-    (their tags, or sizes above the eager limit, differ), described; else None."""
-    waits = _p2p_waits(p2p, groups)
+def _p2p_facing(waits: dict[int, tuple[str, int, dict[str, Any]]]) -> str | None:
+    """A blocking send and a blocking receive (``waits``: :func:`_p2p_waits`) that wait on
+    each other yet do not match (their tags, or sizes above the eager limit, differ),
+    described; else None."""
     for r in sorted(waits):
         op, peer, e = waits[r]
         other = waits.get(peer)
@@ -518,8 +513,9 @@ def analyze(
         for r, e in p2p[:3]:
             peer = "" if e.get("peer") is None else f" (peer rank {e['peer']})"
             lines.append(f"rank {r} waits in {_desc(e)}{peer}")
-        ring = _p2p_cycle(p2p, groups)
-        facing = _p2p_facing(p2p, groups)
+        blocked = _p2p_waits(p2p, groups)
+        ring = _p2p_cycle(blocked)
+        facing = None if ring else _p2p_facing(blocked)
         if ring:
             lines.append(
                 f"world ranks {' -> '.join(map(str, ring + ring[:1]))} each wait for the next "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .errors import GpuBindingError, InvalidArgumentError
+from .errors import GpuBindingError
 from .switches import switch
 
 __all__ = [
@@ -60,12 +60,7 @@ def sharing_allowed(environ: Mapping[str, str], strict: bool = False) -> bool:
     """True when the job explicitly lets several ranks share one GPU (an on/off switch,
     :mod:`hpccomm.switches`). A value that is neither counts as off; ``strict`` refuses it
     instead (init, where every rank hears of it)."""
-    try:
-        return switch(environ, ALLOW_SHARING_ENV, default=False, where="init")
-    except InvalidArgumentError:
-        if strict:
-            raise
-        return False
+    return switch(environ, ALLOW_SHARING_ENV, default=False, where="init", lenient=not strict)
 
 
 def choose_gpu(

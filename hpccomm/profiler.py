@@ -745,11 +745,14 @@ def load(directory: str | os.PathLike[str]) -> dict[str, Any]:
             raise HpccommError(f"profile report: {p} is not a profiler's rank file{hint}")
     try:
         return analyze(raws)
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
+    except DAMAGED as exc:
         raise HpccommError(
             f"profile report: the rank files in {d} are damaged ({type(exc).__name__}: {exc})"
         ) from None
 
+
+# what reading a damaged document raises (a key, an index or a type not as written)
+DAMAGED = (KeyError, TypeError, ValueError, IndexError)
 
 # what every rank file holds (_raw): checked before the analysis reads them
 _RAW_KEYS = frozenset({"rank", "host", "t_start", "t_stop", "groups", "stats", "events",

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from . import flight, memory, profiler
 from .backends.shm import settings as shm_settings
-from .comm import Communicator, NodeInfo
+from .comm import Communicator, NodeInfo, member_gid
 from .cuda_aware import DeviceConfig, decide
-from .debug import EAGER_ENV, by_rank, level_from, ranks_text
+from .debug import EAGER_ENV, by_rank, level_from, ranks_by_text, ranks_text
 from .discovery import LaunchInfo, discover
 from .errors import GpuBindingError, HpccommError, InvalidArgumentError, LaunchMismatchError
 from .gpuselect import choose_on_node, format_uuid, sharing_allowed
@@ -587,12 +587,7 @@ ABORT_ENV = "HPCCOMM_ABORT_ON_EXCEPTION"
 def _abort_on_exception(strict: bool = False) -> bool:
     """``HPCCOMM_ABORT_ON_EXCEPTION`` (an on/off switch, default on; ``strict``: a value
     that is neither is refused, else it counts as on)."""
-    try:
-        return switch(os.environ, ABORT_ENV, default=True, where="init")
-    except InvalidArgumentError:
-        if strict:
-            raise
-        return True
+    return switch(os.environ, ABORT_ENV, default=True, where="init", lenient=not strict)
 
 
 def _refuse_alike(problems: list[HpccommError], comm: Any) -> None:
@@ -604,10 +599,7 @@ def _refuse_alike(problems: list[HpccommError], comm: Any) -> None:
     here = f"init (rank {comm.Get_rank()} of {comm.Get_size()})"
     if all(t == said[0] for t in said):
         raise InvalidArgumentError(f"{here}: {said[0]}")
-    by_text: dict[str, list[int]] = {}
-    for r, t in enumerate(said):
-        if t:
-            by_text.setdefault(t, []).append(r)
+    by_text = ranks_by_text((r, t) for r, t in enumerate(said) if t)
     refused = "; ".join(f"on {ranks_text(rs)}: {t}" for t, rs in by_text.items())
     raise InvalidArgumentError(f"{here}: refused {refused}")
 
@@ -673,7 +665,6 @@ def _register_exit() -> None:
 
 _uncaught: str | None = None  # the exception nobody caught, if one ends this rank
 _uncaught_text = ""  # and its message, for the flight recorder's dump
-UNCAUGHT = flight.UNCAUGHT
 _init_failed = False  # init raised on this rank alone, with MPI up (see _abort_failed_init)
 
 
@@ -726,7 +717,7 @@ def _at_exit() -> None:
     )
     if _uncaught is not None and flight.recorder is not None:
         # the rank with the root cause left no dump: the analysis took it for killed hard
-        flight.recorder.try_dump(f"{UNCAUGHT} {_uncaught_text}")
+        flight.recorder.try_dump(f"{flight.UNCAUGHT} {_uncaught_text}")
     sys.stderr.write(
         f"hpccomm (rank {world.rank} of {world.size}): {why}; aborting the job instead of "
         f"finalizing MPI (its other ranks would wait for this one forever)\n"
@@ -760,8 +751,8 @@ def _depart(world: Communicator) -> None:
     node = world._node_backend  # the world's node group, made at init, if never adopted
     if node is not None:  # (no step of the world made it: listed with no call, as node()
         # would name it) so that a peer waiting in its first call hears of this departure
-        first = node.translate([0], world._backend)[0]
-        seqs.setdefault(f"{world._dispatcher.gid}/node@{first}", 0)
+        first = node.translate([0], world._backend)
+        seqs.setdefault(member_gid(world._node_gid(), first), 0)
     try:
         notices.depart(seqs, "its program ended: a normal exit or sys.exit")
     except Exception:  # noqa: BLE001 - leaving anyway: the peers' timeouts still bound them

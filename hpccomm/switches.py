@@ -14,13 +14,23 @@ FALSE = frozenset({"0", "false", "no", "off"})
 
 
 def switch(
-    env: Mapping[str, str], name: str, *, default: bool, where: str, meaning: str = ""
+    env: Mapping[str, str],
+    name: str,
+    *,
+    default: bool,
+    where: str,
+    meaning: str = "",
+    lenient: bool = False,
 ) -> bool:
     """The switch ``name`` in ``env``: ``default`` when unset or blank; raises
-    InvalidArgumentError naming ``where``, the variable and its value for anything else."""
+    InvalidArgumentError naming ``where``, the variable and its value for anything else
+    (``lenient``: ``default`` for it too, where init has refused it on every rank already
+    or will)."""
     value = env.get(name, "").strip().lower()
     if not value:
         return default
     if value in TRUE or value in FALSE:
         return value in TRUE
+    if lenient:
+        return default
     raise InvalidArgumentError(f"{where}: {name} is {value!r}, expected 1 or 0{meaning}")

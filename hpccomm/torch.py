@@ -1074,8 +1074,8 @@ def _group_comm(world: Communicator, ranks: list[int], timeout: float | None) ->
 
 
 def _creator(opts: Any, backend_options: Any = None) -> HpccommProcessGroup:
-    """torch's backend creator (extended API): the default group runs on a duplicate of
-    hpccomm's world; a subgroup on its members only (torch calls this on members only)."""
+    """torch's backend creator (extended API): the group's communicator is made by its
+    members (torch calls this on members only), bounded by its timeout (_group_comm)."""
     world = hpccomm_init()
     timeout = opts.timeout.total_seconds() if opts.timeout else None
     comm = _group_comm(world, list(opts.global_ranks_in_group or []), timeout or None)

@@ -4,6 +4,7 @@ job ends, naming it, instead of hanging)."""
 
 import importlib.util
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,20 @@ pytestmark = pytest.mark.skipif(
     reason="torch is not installed (pip install -e '.[torch]')",
 )
 JOBS = Path(__file__).resolve().parents[2] / "jobs"
+
+
+# a scenario's start: hpccomm's world, and torch's default group on gloo over it (its store
+# on a port rank 0 picks)
+GLOO_DEFAULT_GROUP = """
+import datetime, torch, torch.distributed as dist
+import hpccomm.torch
+w = hpccomm.init()
+os.environ["MASTER_ADDR"] = "127.0.0.1"
+port = w.broadcast_object(29517 + os.getpid() % 1000 if w.rank == 0 else None, src=0)
+os.environ["MASTER_PORT"] = str(port)
+dist.init_process_group("gloo", rank=w.rank, world_size=w.size,
+                        timeout=datetime.timedelta(seconds=30))
+"""
 
 
 def test_unchanged_mpi_backend_script_is_served(launch):
@@ -174,22 +189,17 @@ def test_a_subgroup_made_by_its_members_when_the_default_group_is_gloo(launch):
     # members only, which then waited for the others in the world's dup for ever
     job = launch(
         2,
-        """
-        import datetime, torch, torch.distributed as dist
-        import hpccomm.torch
-        w = hpccomm.init()
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        port = w.broadcast_object(29517 + os.getpid() % 1000 if w.rank == 0 else None, src=0)
-        os.environ["MASTER_PORT"] = str(port)
-        dist.init_process_group("gloo", rank=w.rank, world_size=w.size,
-                                timeout=datetime.timedelta(seconds=20))
-        g = dist.new_group([0], backend="hpccomm", timeout=datetime.timedelta(seconds=10))
-        if w.rank == 0:
-            t = torch.ones(3)
-            outcome(w, "sub", lambda: (dist.all_reduce(t, group=g), t.tolist())[1])
-        dist.barrier()
-        dist.destroy_process_group()
-        """,
+        GLOO_DEFAULT_GROUP
+        + textwrap.dedent(
+            """
+            g = dist.new_group([0], backend="hpccomm", timeout=datetime.timedelta(seconds=10))
+            if w.rank == 0:
+                t = torch.ones(3)
+                outcome(w, "sub", lambda: (dist.all_reduce(t, group=g), t.tolist())[1])
+            dist.barrier()
+            dist.destroy_process_group()
+            """
+        ),
         bound=90,
     )
     assert job.of(0, "sub")["value"] == "[1.0, 1.0, 1.0]", job.of(0, "sub")
@@ -201,20 +211,15 @@ def test_new_group_lists_that_differ_with_the_default_group_on_gloo_time_out(lau
     # waited in it for ever while rank 1 (list [1]) made its group alone
     job = launch(
         2,
-        """
-        import datetime, torch, torch.distributed as dist
-        import hpccomm.torch
-        w = hpccomm.init()
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        port = w.broadcast_object(29517 + os.getpid() % 1000 if w.rank == 0 else None, src=0)
-        os.environ["MASTER_PORT"] = str(port)
-        dist.init_process_group("gloo", rank=w.rank, world_size=w.size,
-                                timeout=datetime.timedelta(seconds=30))
-        ranks = [0, 1] if w.rank == 0 else [1]
-        outcome(w, "new_group", lambda: dist.new_group(
-            ranks, backend="hpccomm", timeout=datetime.timedelta(seconds=3)))
-        time.sleep(6)
-        """,
+        GLOO_DEFAULT_GROUP
+        + textwrap.dedent(
+            """
+            ranks = [0, 1] if w.rank == 0 else [1]
+            outcome(w, "new_group", lambda: dist.new_group(
+                ranks, backend="hpccomm", timeout=datetime.timedelta(seconds=3)))
+            time.sleep(6)
+            """
+        ),
         bound=90,
     )
     assert job.of(1, "new_group")["cls"] is None
