@@ -357,6 +357,7 @@ class _TorchWork(dist.Work):
         self.source: HWork | None = None  # recv from any source: the hpccomm receive
         self._profiled: threading.Event | None = None  # set when its profiler event ended
         self._driven = False  # a thread of its own waits for it (a point-to-point Future)
+        self._op: str | None = getattr(_calling, "op", None)  # the torch operation, errors name
         if work is None:
             self._complete(None)
         else:
@@ -376,6 +377,8 @@ class _TorchWork(dist.Work):
                     self._post()
                 except Exception as exc:  # a failed copy into torch's outputs
                     error = exc
+            if error is not None:
+                error = _in_torch_op(error, self._op)
             self._error = error
             self._finished.set()
         _watchdog.done(self)
@@ -385,6 +388,7 @@ class _TorchWork(dist.Work):
             self._base.set_result(self._result)
 
     def _fail(self, error: BaseException) -> None:
+        error = _in_torch_op(error, self._op)
         with self._lock:
             if self._finished.is_set():
                 return
@@ -407,7 +411,7 @@ class _TorchWork(dist.Work):
         seconds = timeout.total_seconds() if timeout else self._timeout
         if self._driven and self._work is not None:  # its thread waits on MPI, not this one
             if not self._finished.wait(seconds):
-                raise self._work._timed_out(seconds or 0.0)
+                raise _in_torch_op(self._work._timed_out(seconds or 0.0), self._op)
         elif self._work is not None:
             try:
                 self._work.wait(seconds)
@@ -417,7 +421,10 @@ class _TorchWork(dist.Work):
                     self._fail(exc)
                 # a shorter wait(timeout=) the caller chose: the operation goes on, and a
                 # later wait() may still complete it (as gloo's)
-                raise
+                renamed = _in_torch_op(exc, self._op)
+                if renamed is exc:
+                    raise
+                raise renamed from None
             except HpccommError:
                 pass  # delivered below, once the completion ran
             self._complete(self._work)
@@ -924,6 +931,29 @@ def _tensors(arg: Any) -> list[torch.Tensor]:
 
 
 _inside = threading.local()  # .call: a profiled backend method is running on this thread
+_calling = threading.local()  # .op: the torch operation whose backend method runs here
+
+
+# A running call's error: "all_gather #3 on GROUP (rank r of n): ..." (errors.where)
+_RUNNING = re.compile(r"([a-z_]+) (#\d+) on ")
+
+
+def _in_torch_op(exc: BaseException, op: str | None) -> BaseException:
+    """``exc``, an error of a running hpccomm call made for torch's ``op``, naming ``op``
+    where hpccomm's operation has another name: ``all_gather #3 (torch
+    all_gather_into_tensor) on torch:0 (default_pg) (rank 0 of 2): ...`` (the number stays
+    hpccomm's, the one flight recorder dumps show); ``exc`` itself otherwise."""
+    if op is None or not isinstance(exc, HpccommError) or getattr(exc, "named", False):
+        return exc
+    text = str(exc)
+    running = _RUNNING.match(text)
+    if running is None or running.group(1) == op:
+        return exc
+    hpccomm_op, seq = running.groups()
+    renamed = type(exc)(f"{hpccomm_op} {seq} (torch {op}) on {text[running.end() :]}")
+    renamed.__dict__.update(exc.__dict__)
+    renamed.named = True  # type: ignore[attr-defined]
+    return renamed.with_traceback(exc.__traceback__)
 
 
 def _naming(method: Callable[..., Any], op: str, inputs: int) -> Callable[..., Any]:
@@ -934,6 +964,8 @@ def _naming(method: Callable[..., Any], op: str, inputs: int) -> Callable[..., A
     def named(self: HpccommProcessGroup, *args: Any, **kwargs: Any) -> Any:
         dispatcher = self.comm._dispatcher
         before = dispatcher.group.seq
+        outer = getattr(_calling, "op", None)  # a method calling another: its own op inside
+        _calling.op = op
         try:
             # an event per call, as torch's backends record (one: not for an inner method)
             if torch.autograd._profiler_enabled() and not getattr(_inside, "call", False):
@@ -946,12 +978,16 @@ def _naming(method: Callable[..., Any], op: str, inputs: int) -> Callable[..., A
         except Exception as exc:  # refused here or by hpccomm's checks, before MPI
             if getattr(exc, "named", False):  # an inner method named it already
                 raise
-            renamed = _renamed(exc, op, self.comm)
+            refused = _renamed(exc, op, self.comm)
             # refused here before any call (e.g. on the root only): the others are told
-            _tell_peers(dispatcher, op, before, renamed or exc)
-            if renamed is None:
+            _tell_peers(dispatcher, op, before, refused or exc)
+            # else a running call's error (a blocking wait), or another error
+            renamed = refused or _in_torch_op(exc, op)
+            if renamed is exc:
                 raise
             raise renamed.with_traceback(exc.__traceback__) from None
+        finally:
+            _calling.op = outer
 
     named.__name__ = method.__name__
     named.__doc__ = method.__doc__

@@ -2,6 +2,8 @@
 dtypes CPU tensors have; async forms complete their Futures; errors reach wait() and the
 Future naming the op and the rank."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -256,6 +258,35 @@ def test_one_rank_missing_times_out_and_the_future_fails(tdist):
     x = torch.ones(2)
     tdist.all_reduce(x, group=g)
     assert x.tolist() == [float(n)] * 2
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_running_calls_error_names_the_torch_operation(tdist):
+    # all_gather_into_tensor runs hpccomm's all_gather: its timeout names both (the number
+    # is hpccomm's, as in flight recorder dumps), blocking, async and through the Future
+    import datetime
+
+    n, r = tdist.get_world_size(), tdist.get_rank()
+    g = tdist.new_group(list(range(n)), timeout=datetime.timedelta(seconds=1), group_desc="late")
+    t, out = torch.ones(3), torch.zeros(3 * n)
+    said = r"all_gather #(\d+) \(torch all_gather_into_tensor\) on torch:\d+ \(late\) \(rank 0 of"
+    if r == 0:
+        with pytest.raises(Exception, match=said + r".*not complete after 1 s") as blocking:
+            tdist.all_gather_into_tensor(out, t, group=g)
+        work = tdist.all_gather_into_tensor(out, t, group=g, async_op=True)
+        with pytest.raises(Exception, match=said) as waited:
+            work.wait()
+        with pytest.raises(RuntimeError, match=said):
+            work.get_future().wait()
+        first = re.match(said, str(blocking.value)).group(1)
+        assert re.match(said, str(waited.value)).group(1) == str(int(first) + 1)
+    tdist.barrier()
+    if r != 0:  # the late ranks join both calls; the group goes on
+        tdist.all_gather_into_tensor(out, t, group=g)
+        tdist.all_gather_into_tensor(out, t, group=g)
+    tdist.barrier()
+    tdist.all_gather_into_tensor(out, torch.full((3,), float(r)), group=g)
+    assert out.tolist() == [float(i) for i in range(n) for _ in range(3)]
 
 
 def test_timeout_is_hpccomm_timeout(tdist):
