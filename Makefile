@@ -19,10 +19,23 @@ FAULTS_TIMEOUT ?= 720
 # Each bounded run gets a TMPDIR of its own: prterun keeps its session files in
 # $TMPDIR/ompi.<pid> and leaves them when it is killed, and a later prterun given the same
 # pid in the same directory fails at start ("The PMIx server's listener thread failed to
-# start"; reproduced by placing such directories at the next pids).
-BOUND    := env TMPDIR=$$(mktemp -d /tmp/hpccomm-run.XXXXXX) timeout -k 10 $(MPI_TIMEOUT)
+# start"; reproduced by placing such directories at the next pids). The run removes it when
+# it ends, passed, failed, timed out or interrupted; while it runs, the directory's `owner`
+# file holds the pid of the shell that waits for it, so `make clean` leaves it alone.
+RUN_DIR  ?= /tmp/hpccomm-run
+# $(call bounded,SECONDS) COMMAND...: COMMAND in a fresh TMPDIR, killed after SECONDS
+# (timeout runs in its own process group, which a Ctrl-C does not reach: an interrupted run
+# passes the signal on as TERM and removes its directory once the command has ended)
+bounded   = sh -c 'd=$$(mktemp -d $(RUN_DIR).XXXXXX) || exit 1; echo $$$$ >"$$d/owner"; \
+            trap "rm -rf $$d" EXIT; TMPDIR=$$d timeout -k 10 $(1) "$$@" & p=$$!; \
+            trap "kill -TERM $$p 2>/dev/null" INT TERM; \
+            while :; do wait $$p; rc=$$?; kill -0 $$p 2>/dev/null || exit $$rc; done' bounded
+BOUND    := $(call bounded,$(MPI_TIMEOUT))
+# Run directories without an owner file come from an older Makefile, whose longest bound was
+# 1800 s: one older than this many minutes belongs to no running job.
+RUN_STALE_MIN ?= 31
 
-.PHONY: install test test-unit test-torch test-faults test-mpi test-slurm slurm-up slurm-down run info lint types check coverage format bench bench-large clean
+.PHONY: install test test-unit test-torch test-faults test-mpi test-slurm slurm-up slurm-down run info lint types check coverage format bench bench-large clean clean-runs
 
 # torch for the torch.distributed backend and its tests: 2.13.0 is the CPU build on this
 # project's machines' disk (elsewhere pip takes it from PyPI); `make install TORCH=` skips it.
@@ -60,7 +73,7 @@ test-unit:
 
 # Fault injection: each scenario starts its own MPI job (bounded inside the tests too).
 test-faults:
-	env TMPDIR=$$(mktemp -d /tmp/hpccomm-run.XXXXXX) timeout -k 10 $(FAULTS_TIMEOUT) $(BIN)/python -m pytest -q -p no:cacheprovider --color=no tests/faults
+	$(call bounded,$(FAULTS_TIMEOUT)) $(BIN)/python -m pytest -q -p no:cacheprovider --color=no tests/faults
 
 # Needs the local two-node cluster (make slurm-up); without it the tests skip and say why.
 test-slurm:
@@ -121,8 +134,23 @@ bench:
 # hpccomm on ordinary arrays and on symmetric buffers, and the memory's floor.
 bench-large:
 	@mkdir -p build
-	env TMPDIR=$$(mktemp -d /tmp/hpccomm-run.XXXXXX) timeout -k 10 1800 $(BIN)/python benchmarks/bench_large.py -n 2 \
+	$(call bounded,1800) $(BIN)/python benchmarks/bench_large.py -n 2 \
 	  --json build/bench-large.json
 
-clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache /tmp/hpccomm-run.*
+clean: clean-runs
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache
+
+# Run directories left by runs that have ended (a killed make, an older Makefile); a running
+# job's, this checkout's or another's, is kept: its owner is alive, or (no owner file) it is
+# younger than the longest bound.
+clean-runs:
+	@for d in $(RUN_DIR).*; do \
+	  [ -d "$$d" ] || continue; \
+	  if [ -f "$$d/owner" ]; then \
+	    pid=$$(cat "$$d/owner" 2>/dev/null); \
+	    if [ -n "$$pid" ] && { kill -0 "$$pid" 2>/dev/null || [ -d "/proc/$$pid" ]; }; then continue; fi; \
+	  elif [ -n "$$(find "$$d" -maxdepth 0 -mmin -$(RUN_STALE_MIN))" ]; then \
+	    continue; \
+	  fi; \
+	  rm -rf "$$d"; \
+	done

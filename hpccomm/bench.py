@@ -9,6 +9,10 @@ Sizes, counts and bandwidths follow NVIDIA's nccl-tests (``doc/PERFORMANCE.md`` 
 - ``size`` S is the bytes of the operation as nccl-tests counts them: the buffer of
   all_reduce, broadcast, reduce and send/recv; the gathered output of all_gather and gather;
   the full input of reduce_scatter, all_to_all and scatter (each rank's block is S/n).
+- ``count`` is the element count of the call, as nccl-tests prints it (``src/common.cu``
+  prints ``nbytes / wordSize``, ``nbytes`` from each op's ``paramcount``): S/itemsize for
+  all_reduce, broadcast, reduce and send/recv, the per-rank block (S/n/itemsize) for
+  all_gather, gather, reduce_scatter, all_to_all and scatter.
 - ``algbw = S / time``; ``busbw = algbw * factor(n)`` with the factors in :data:`FACTORS`.
 - ``time`` is the mean time of one call in a block of ``iters`` calls, combined over the
   group's ranks as nccl-tests' ``-a`` says (default: their average), then the median over
@@ -58,6 +62,7 @@ __all__ = [
     "write_json",
     "plot",
     "check_plot_available",
+    "check_plot_format",
     "check_writable",
     "iterations",
     "PLOT_HINT",
@@ -112,6 +117,9 @@ _DTYPE_ALIASES = {
 _DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "bfloat16",
            "float32", "float64")  # fmt: skip
 _BY_NAME = {info.name: dt for dt, info in SUPPORTED_DTYPES.items()}
+# -r: nccl-tests' reduce ops less its mulsum (PREMUL_SUM); hpccomm's bitwise ops (BAND, BOR,
+# BXOR) have no NCCL counterpart to compare with and are not benchmarked
+_REDOPS = ("sum", "prod", "min", "max", "avg")
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 _AVERAGE = {0: "rank 0", 1: "average", 2: "minimum", 3: "maximum"}
 
@@ -152,6 +160,8 @@ def parse_size(text: str | int) -> int:
 
 
 _REDUCING = ("all_reduce", "reduce", "reduce_scatter")
+# the ops whose S is n blocks of S/n (the count column shows one block, as nccl-tests does)
+_BLOCKED = ("all_gather", "gather", "reduce_scatter", "all_to_all", "scatter")
 MAX_BYTES = 1 << 40  # a message size no machine here holds: beyond it, a typo
 
 
@@ -168,39 +178,78 @@ def size_series(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
     return out
 
 
-def parse_group(spec: str, world: int) -> tuple[Layout, str]:
-    """``"tp=2"`` -> (Layout(world, tp=2), "tp"); ``"tp=2,pp=2:pp"`` names the dimension to
-    run on after a colon (default: the first one given); ``order=...`` passes an order."""
+_GROUP_DIMS = ("tp", "pp", "dp", "cp", "ep")
+
+
+def _group_spec(spec: str) -> tuple[dict[str, int], str | None, str]:
+    """The syntax of a --group spec, which needs no world size: (sizes, order, dims after
+    the colon); raises InvalidArgumentError naming --group."""
     head, _, dims = spec.partition(":")
     sizes: dict[str, int] = {}
     order = None
     for item in filter(None, (p.strip() for p in head.split(","))):
         key, eq, value = item.partition("=")
-        key = key.strip().lower()
+        key, value = key.strip().lower(), value.strip()
         if key == "order" and eq:
-            order = value.strip()
+            if order is not None:
+                raise InvalidArgumentError(
+                    f"bench: --group {spec!r}: order is given twice ({order!r} and {value!r}), "
+                    f"expected it once"
+                )
+            order = value
             continue
-        if key not in ("tp", "pp", "dp", "cp", "ep") or not eq or not value.strip().isdigit():
+        if key not in _GROUP_DIMS or not eq or not value.isdigit():
             raise InvalidArgumentError(
                 f"bench: --group {spec!r}: {item!r} is not DIM=SIZE (DIM one of tp, pp, dp, "
                 f"cp, ep; e.g. --group tp=2 or --group tp=2,pp=2:pp)"
+            )
+        if key in sizes:
+            raise InvalidArgumentError(
+                f"bench: --group {spec!r}: {key} is given twice ({key}={sizes[key]} and "
+                f"{key}={int(value)}), expected each dimension once"
+            )
+        if int(value) < 1:
+            raise InvalidArgumentError(
+                f"bench: --group {spec!r}: {key} is {int(value)}, expected a size >= 1"
             )
         sizes[key] = int(value)
     if not sizes:
         raise InvalidArgumentError(
             f"bench: --group {spec!r} names no dimension (e.g. --group tp=2)"
         )
-    layout = Layout(
-        world,
-        tp=sizes.get("tp", 1),
-        pp=sizes.get("pp", 1),
-        dp=sizes.get("dp"),
-        cp=sizes.get("cp", 1),
-        ep=sizes.get("ep", 1),
-        order=order or "tp-cp-ep-dp-pp",
-    )
-    dim = "-".join(layout.normalize(dims.strip() or next(iter(sizes))))
-    return layout, dim
+    return sizes, order, dims.strip() or next(iter(sizes))
+
+
+def _group_layout(spec: str, world: int | None) -> tuple[Layout, str]:
+    sizes, order, dims = _group_spec(spec)
+    if world is None:  # before MPI: a world the sizes fit, to check the order and the dims
+        world = 1
+        for size in sizes.values():
+            world *= size
+    try:
+        layout = Layout(
+            world,
+            tp=sizes.get("tp", 1),
+            pp=sizes.get("pp", 1),
+            dp=sizes.get("dp"),
+            cp=sizes.get("cp", 1),
+            ep=sizes.get("ep", 1),
+            order=order or "tp-cp-ep-dp-pp",
+        )
+        return layout, "-".join(layout.normalize(dims))
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"bench: --group {spec!r}: {exc}") from None
+
+
+def parse_group(spec: str, world: int) -> tuple[Layout, str]:
+    """``"tp=2"`` -> (Layout(world, tp=2), "tp"); ``"tp=2,pp=2:pp"`` names the dimension to
+    run on after a colon (default: the first one given); ``order=...`` passes an order.
+
+    Raises:
+        InvalidArgumentError: naming --group: not DIM=SIZE, a dimension given twice, a size
+            below 1, an unknown order or dimension, or sizes that do not fit ``world``.
+    """
+    return _group_layout(spec, world)
 
 
 # -- options and one case --------------------------------------------------------------
@@ -224,7 +273,7 @@ class BenchOptions:
     rounds: int = 5
     group: str | None = None
     device: bool = False
-    symmetric: bool = False  # reductions' inputs from comm.empty (symmetric buffers)
+    symmetric: bool = False  # reductions' inputs from comm.zeros (symmetric buffers)
     peers: list[str] = field(default_factory=list)
     progress: TextIO | None = None
 
@@ -249,6 +298,10 @@ class BenchOptions:
                 f"bench: -d {self.dtype!r}, expected one of {', '.join(_DTYPES)} (or half, "
                 f"float, double)"
             )
+        if self.redop.lower() not in _REDOPS:  # nccl-tests' ops; -c checks exactly these
+            raise InvalidArgumentError(
+                f"bench: -r {self.redop!r}, expected one of {', '.join(_REDOPS)}"
+            )
         redop = as_reduce_op(self.redop.lower(), "bench: -r")
         if any(op in _REDUCING for op in ops):  # refused here, before MPI starts
             check_op(redop, dtype_info(np.dtype(_BY_NAME[dtype]), "bench"), f"bench: -d {dtype} -r")
@@ -268,6 +321,8 @@ class BenchOptions:
         if self.average not in _AVERAGE:
             raise InvalidArgumentError(f"bench: -a is {self.average!r}, expected 0, 1, 2 or 3")
         size_series(self.min_bytes, self.max_bytes, self.factor)
+        if self.group is not None:  # its syntax; whether it fits the world is known at init
+            _group_layout(self.group, None)
         return BenchOptions(**{**self.__dict__, "ops": list(dict.fromkeys(ops)), "dtype": dtype,
                                "redop": self.redop.lower(), "peers": peers})  # fmt: skip
 
@@ -284,7 +339,9 @@ class Case:
     """One operation at one size on one group: its buffers (shared by hpccomm and the
     peers), element counts and the data of the ``-c`` check.
 
-    ``block`` elements per rank; ``nbytes`` nccl-tests' size S of the call."""
+    ``block`` elements per rank; ``total`` the elements of S (``block * n`` for all_gather,
+    gather, reduce_scatter, all_to_all, scatter); ``count`` nccl-tests' count column, the
+    count of the call (``block`` for those, per rank); ``nbytes`` nccl-tests' size S."""
 
     def __init__(self, op: str, size: int, dtype: np.dtype, n: int, rank: int, root: int,
                  redop: ReduceOp, xp: Any = np) -> None:  # fmt: skip
@@ -298,16 +355,19 @@ class Case:
         )
         self.xp = xp
         isz = dtype.itemsize
-        blocked = op in ("all_gather", "gather", "reduce_scatter", "all_to_all", "scatter")
+        blocked = op in _BLOCKED
         self.block = max(1, size // (isz * n)) if blocked else max(1, size // isz)
-        self.count = self.block * n if blocked else self.block  # elements of S
-        self.nbytes = self.count * isz
+        self.total = self.block * n if blocked else self.block  # elements of S
+        # nccl-tests' count column: its paramcount, the count passed to the call (per rank
+        # for the blocked ops: src/all_gather.cu's AllGatherGetCollByteCount and the others)
+        self.count = self.block
+        self.nbytes = self.total * isz
         self.partner: int | None = None
         if op == "send_recv":
             p = rank ^ 1
             self.partner = p if p < n else None
         zeros = xp.zeros
-        c, b = self.count, self.block
+        c, b = self.total, self.block
         in_n = {"all_gather": b, "gather": b}.get(op, c)
         out_n = {"all_gather": c, "gather": c if rank == root else 0, "reduce_scatter": b,
                  "all_to_all": c, "scatter": b, "send_recv": c}.get(op, 0)  # fmt: skip
@@ -340,25 +400,25 @@ class Case:
         if op in _REDUCING:
             if op == "reduce" and me != self.root:
                 return None
-            acc = _reduce([self.values(r, self.count) for r in range(n)], self.redop, self.dtype)
+            acc = _reduce([self.values(r, self.total) for r in range(n)], self.redop, self.dtype)
             if op == "reduce_scatter":
                 return self.out, acc[me * b : (me + 1) * b]
             return self.x, acc
         if op == "broadcast":
-            return self.x, self.values(self.root, self.count)
+            return self.x, self.values(self.root, self.total)
         if op in ("all_gather", "gather"):
             if op == "gather" and me != self.root:
                 return None
             return self.out, np.concatenate([self.values(r, b) for r in range(n)])
         if op == "all_to_all":
             return self.out, np.concatenate(
-                [self.values(r, self.count)[me * b : (me + 1) * b] for r in range(n)]
+                [self.values(r, self.total)[me * b : (me + 1) * b] for r in range(n)]
             )
         if op == "scatter":
-            return self.out, self.values(self.root, self.count)[me * b : (me + 1) * b]
+            return self.out, self.values(self.root, self.total)[me * b : (me + 1) * b]
         if self.partner is None:  # send_recv
             return None
-        return self.out, self.values(self.partner, self.count)
+        return self.out, self.values(self.partner, self.total)
 
     def wrong(self) -> int:
         """Elements of this rank's result that differ from the expected values."""
@@ -666,6 +726,8 @@ def _run(world: Any, raw_world: Any, opts: BenchOptions, me: int, n: int) -> dic
             opts.peers.remove("mpi4py")
             notes.append("mpi4py peer left out for --device: this MPI is not CUDA-aware "
                          "(raw mpi4py would be handed device pointers)")  # fmt: skip
+    if opts.warmup == 0 and opts.peers:
+        notes.append(_PEER_WARMUP)
     # the groups: the world, or every group of one layout dimension (all at once)
     if opts.group:
         layout, dim = parse_group(opts.group, n)
@@ -710,14 +772,16 @@ def _run(world: Any, raw_world: Any, opts: BenchOptions, me: int, n: int) -> dic
                 notes.append("send_recv skipped: it needs groups of 2 ranks or more")
                 done += len(sizes)
                 continue
-            if opts.root >= len(mine):
+            root = opts.root if op in _ROOTED else 0  # --root means nothing to the others
+            if root >= len(mine):
                 raise InvalidArgumentError(
-                    f"bench: --root {opts.root}, expected a rank of the group (0..{len(mine) - 1})"
+                    f"bench: --root {root} for {op}, expected a rank of the group "
+                    f"(0..{len(mine) - 1})"
                 )
             last = -1
             for size in sizes:
                 done += 1
-                case = Case(op, size, dtype, len(mine), hp.rank, opts.root, redop, xp)
+                case = Case(op, size, dtype, len(mine), hp.rank, root, redop, xp)
                 if case.nbytes == last:  # rounded to the same element count as the last size
                     continue
                 last = case.nbytes
@@ -739,6 +803,16 @@ def _run(world: Any, raw_world: Any, opts: BenchOptions, me: int, n: int) -> dic
         return None
     return _document(world, opts, results, everyone, dim, notes, sorted(set(hosts)))
 
+
+# -w 0 with peers: what the header and the notes say
+_PEER_WARMUP = (
+    "-w 0: hpccomm ran no warm-up call; each peer ran 1 call before timing (it tells every "
+    "rank whether the peer can run the case, so a peer failing on one rank drops out "
+    "instead of leaving the others waiting in a timed block)"
+)
+
+# the ops that have a root (--root); the others ignore it
+_ROOTED = ("broadcast", "reduce", "gather", "scatter")
 
 # the ops whose input --symmetric takes from comm.zeros (the peers use the same arrays)
 _SYMMETRIC = ("all_reduce", "reduce", "reduce_scatter")
@@ -767,9 +841,11 @@ def _measure(case: Case, group: _Group, gloo: Any, sides: list[str], opts: Bench
         if not _agree(raw_world, side in calls):  # every rank runs a peer, or none does
             calls.pop(side, None)
             errors.setdefault(side, "could not be set up on another rank")
-    warm = max(opts.warmup, 1)
     for side in sides:  # warm-up; a peer that fails on any rank drops out of this case
         ok, why = True, ""
+        # -w 0: no call for hpccomm; a peer still makes one, which tells every rank whether
+        # it can run this case (one failing in a timed block would leave the others waiting)
+        warm = opts.warmup if side == "hpccomm" else max(opts.warmup, 1)
         if side in calls:
             try:
                 for _ in range(warm):
@@ -842,7 +918,7 @@ def _rows(case: Case, everything: list[Any], sides: list[str], opts: BenchOption
             "redop": case.redop.name.lower()
             if case.op in ("all_reduce", "reduce", "reduce_scatter")
             else None,
-            "root": case.root if case.op in ("broadcast", "reduce", "gather", "scatter") else None,
+            "root": case.root if case.op in _ROOTED else None,
             "iters": iters,
             "wrong": None if entries[0][4] is None else sum(e[4] for e in entries),
         }
@@ -919,10 +995,11 @@ def format_table(doc: dict[str, Any]) -> str:
         return f"# hpccomm bench skipped: {doc['skipped']}"
     o = doc["options"]
     peers = o["peers"]
+    warmup = f"{o['warmup']}" + (" (peers 1)" if peers and not o["warmup"] else "")
     lines = [
         f"# hpccomm bench: {doc['ranks']} ranks, {doc['mpi']}",
         f"# {','.join(o['ops'])}, -d {o['dtype']}, -r {o['redop']}, -n {o['iters'] or 'auto'}, "
-        f"-w {o['warmup']}, -c {int(o['check'])}, time = {doc['average']} over ranks of the "
+        f"-w {warmup}, -c {int(o['check'])}, time = {doc['average']} over ranks of the "
         f"mean of n calls, median of {o['rounds']} rounds"
         + (", --device" if o["device"] else "")
         + (", --symmetric" if o.get("symmetric") else ""),
@@ -992,7 +1069,7 @@ def plot(doc: dict[str, Any], path: str | os.PathLike[str]) -> None:
 
     Raises:
         HpccommError: matplotlib is not installed (saying how to get it), or the file cannot
-            be written.
+            be written (its folder, or a format matplotlib does not write).
     """
     try:
         import matplotlib
@@ -1033,6 +1110,8 @@ def plot(doc: dict[str, Any], path: str | os.PathLike[str]) -> None:
         fig.savefig(path, dpi=110)
     except OSError as exc:
         raise HpccommError(f"bench --plot: cannot write {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # a format matplotlib does not write (check_plot_format)
+        raise HpccommError(f"bench --plot: cannot write {path}: {exc}") from None
     finally:
         plt.close(fig)
 
@@ -1042,6 +1121,24 @@ def check_plot_available() -> None:
     long sweep starts."""
     if importlib.util.find_spec("matplotlib") is None:
         raise HpccommError(f"bench --plot: {PLOT_HINT}")
+
+
+def check_plot_format(path: str | os.PathLike[str]) -> None:
+    """Raise HpccommError when ``path``'s extension is not a format matplotlib writes, or it
+    has none (matplotlib would write ``path.png`` instead, a file the user did not name),
+    before a long sweep starts. Needs matplotlib (:func:`check_plot_available` first)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    ext = os.path.splitext(os.fspath(path))[1].lstrip(".").lower()
+    if ext in formats:
+        return
+    why = (f"the extension .{ext} is not a format matplotlib writes" if ext else
+           f"it has no extension (matplotlib would write {os.fspath(path)}.png instead)")  # fmt: skip
+    raise HpccommError(
+        f"bench --plot: cannot write {os.fspath(path)}: {why}, expected one of "
+        f"{', '.join('.' + f for f in formats)}"
+    )
 
 
 def check_writable(path: str | os.PathLike[str], what: str) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from . import bench, flight, profiler
 from .diagnose import format_checks, format_launch_table, gather_launch, run_checks
-from .discovery import discover
+from .discovery import LaunchInfo, discover
 from .errors import HpccommError, InvalidArgumentError
 from .layout import Layout
 from .runtime import init
@@ -149,6 +149,11 @@ def _cmd_trace_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _on_one_node(launch: LaunchInfo) -> bool:
+    """True when the launcher says every rank of the job runs on this node."""
+    return launch.num_nodes == 1 or (launch.size is not None and launch.local_size == launch.size)
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     opts = bench.BenchOptions(
         ops=args.op or ["all_reduce"],
@@ -168,10 +173,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         symmetric=args.symmetric,
         peers=args.peer or [],
         progress=None if args.quiet else sys.stderr,
-    ).normalized()  # a bad flag fails here, before MPI starts
+    ).normalized()  # a bad flag fails here, before MPI starts, on every rank
     if args.plot:
         bench.check_plot_available()
-    if discover().rank in (0, None):  # rank 0 writes them; other nodes may lack the folder
+        bench.check_plot_format(args.plot)
+    # Rank 0 writes the files. Every rank on its node checks the path too, so that none of
+    # them goes on into MPI's start to wait for a rank 0 that has refused; a rank on another
+    # node cannot tell (its node may lack the folder rank 0 has) and leaves it to rank 0.
+    launch = discover()
+    if launch.rank in (0, None) or _on_one_node(launch):
         for what, path in (("--json", args.json), ("--plot", args.plot)):
             if path:
                 bench.check_writable(path, f"bench {what}")
@@ -244,6 +254,17 @@ def _cmd_sbatch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _seconds(text: str) -> float:
+    """argparse type of doctor --timeout: finite seconds > 0 (argparse names the flag)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r}, expected finite seconds > 0")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpccomm", description="HPC communication toolkit")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -257,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument(
         "--timeout",
-        type=float,
+        type=_seconds,
         default=60.0,
         help="seconds per operation before it counts as hung (default 60)",
     )
@@ -304,12 +325,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-e", "--maxbytes", default="64M", help="largest size (default 64M)")
     p.add_argument("-f", "--stepfactor", type=int, default=2, help="size factor (default 2)")
     p.add_argument("-d", "--datatype", default="float32", help="dtype (default float32)")
-    p.add_argument("-r", "--redop", default="sum", help="sum (default), prod, min, max, avg")
-    p.add_argument("--root", type=int, default=0, help="root of rooted ops (default 0)")
+    p.add_argument(
+        "-r", "--redop", default="sum", help="reduce op: sum (default), prod, min, max, avg"
+    )
+    p.add_argument(
+        "--root",
+        type=int,
+        default=0,
+        help="root of broadcast, reduce, gather, scatter (default 0; the other ops ignore it)",
+    )
     p.add_argument(
         "-n", "--iters", type=int, default=0, help="calls per timed block (default: auto)"
     )
-    p.add_argument("-w", "--warmup_iters", type=int, default=5, help="warm-up calls (default 5)")
+    p.add_argument(
+        "-w",
+        "--warmup_iters",
+        type=int,
+        default=5,
+        help="warm-up calls per size (default 5; 0: none, each --peer still makes 1)",
+    )
     p.add_argument(
         "-c",
         "--check",
@@ -338,7 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--symmetric",
         action="store_true",
-        help="reductions on symmetric buffers (comm.empty; the mpi4py peer uses them too)",
+        help="reductions' inputs from comm.zeros, symmetric buffers (the peers use the same "
+        "arrays)",
     )
     p.add_argument(
         "--peer",
@@ -348,7 +383,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(torch.distributed on hpccomm's backend), alternating",
     )
     p.add_argument("--json", metavar="FILE", help="write the results as JSON (rank 0)")
-    p.add_argument("--plot", metavar="FILE.png", help="busbw and time vs size (matplotlib)")
+    p.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="busbw and time vs size (matplotlib; the extension picks the format: .png, .pdf, "
+        ".svg, ...)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line on stderr")
     p.set_defaults(func=_cmd_bench)
 

@@ -5,7 +5,8 @@ The one-line change from a torchrun script: ``hpccomm.torch.init_process_group()
 the launcher (mpiexec, mpirun, srun) and starts torch's store over MPI.
 
 Run:  mpiexec -n 4 python jobs/ddp_train.py        (or: srun --mpi=pmix python jobs/ddp_train.py)
-Options: --steps N, --batch B (global batch), --width W (hidden units).
+Options: --steps N, --batch B (global batch, default 240, a multiple of the number of
+ranks), --width W (hidden units).
 
 Each rank trains on its share of every batch; at the end rank 0 prints the final loss and a
 checksum of the parameters, and every rank checks that its replica equals rank 0's.
@@ -20,17 +21,39 @@ import torch
 import torch.distributed as dist
 
 import hpccomm.torch
+from hpccomm.discovery import discover
+
+
+def batch_error(batch: int, size: int) -> str | None:
+    """Why ``--batch`` cannot be split evenly over ``size`` ranks (each trains on
+    batch / size samples), or None."""
+    if batch >= size and batch % size == 0:
+        return None
+    if batch < size:
+        what, near = "a rank would train on 0 samples (loss nan)", f"{size}"
+    else:
+        per, left = divmod(batch, size)
+        what = f"{left} sample{'s' * (left > 1)} of every batch would go unused"
+        near = f"{per * size} or {(per + 1) * size}"
+    return f"--batch {batch} at {size} ranks: {what}, expected a multiple of {size} (e.g. {near})"
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--batch", type=int, default=256)
+    # 240: a multiple of 1-6, 8, 10, 12, 15, 16, 20 and 24 ranks
+    p.add_argument("--batch", type=int, default=240, help="global batch, a multiple of the ranks")
     p.add_argument("--width", type=int, default=256)
     args = p.parse_args()
+    known = discover().size  # from the launcher's variables: refused before MPI starts
+    if known is not None and (why := batch_error(args.batch, known)):
+        p.error(why)
 
     hpccomm.torch.init_process_group()  # the one line that differs from a torchrun script
     rank, size = dist.get_rank(), dist.get_world_size()
+    if why := batch_error(args.batch, size):  # a launcher that did not say the size
+        dist.destroy_process_group()
+        p.error(why)
 
     torch.manual_seed(0)  # the same initial model everywhere (DDP broadcasts rank 0's anyway)
     model = torch.nn.Sequential(

@@ -32,6 +32,53 @@ def test_every_op_checks_clean(world):
         assert r["time_us"] > 0
         algbw, busbw = bench.bandwidths(r["op"], r["bytes"], r["time_us"] / 1e6, world.size)
         assert (r["algbw"], r["busbw"]) == pytest.approx((algbw, busbw))
+        # nccl-tests' count column: the per-rank count where S is n blocks (its paramcount)
+        blocks = world.size if r["op"] in BLOCKED else 1
+        assert r["count"] * 4 * blocks == r["bytes"], r
+
+
+BLOCKED = ("all_gather", "gather", "reduce_scatter", "all_to_all", "scatter")
+
+
+@pytest.mark.parametrize("warmup", [0, 2])
+def test_warmup_calls_are_what_w_says(world, monkeypatch, warmup):
+    # -w 0 made one warm-up call all the same
+    calls = []
+    real = bench.HPCCOMM["all_reduce"]
+
+    def counting(c, k):
+        call = real(c, k)
+
+        def run():
+            calls.append(1)
+            call()
+
+        return run
+
+    monkeypatch.setitem(bench.HPCCOMM, "all_reduce", counting)
+    doc = bench.run(world, small(max_bytes=8, warmup=warmup, iters=3, rounds=2))
+    assert len(calls) == warmup + 2 * 3 + 1  # warm-up, 2 rounds of 3, the -c call
+    doc = world.mpi.bcast(doc, root=0)
+    assert doc["options"]["warmup"] == warmup and doc["notes"] == []
+    assert f"-w {warmup}, -c 1" in bench.format_table(doc)
+
+
+def test_warmup_0_with_a_peer_says_the_peer_makes_one_call(world):
+    doc = world.mpi.bcast(bench.run(world, small(max_bytes=8, warmup=0, peers=["mpi4py"])))
+    assert doc["notes"] == [bench._PEER_WARMUP]
+    table = bench.format_table(doc)
+    assert "-w 0 (peers 1), -c 1" in table and f"# note: {bench._PEER_WARMUP}" in table
+    assert "time_us" in rows(doc)[0]["peers"]["mpi4py"]
+
+
+def test_root_is_ignored_by_ops_without_one(world):
+    # -o all_reduce --root 3 at 2 ranks failed: "expected a rank of the group (0..1)"
+    ops = ["all_reduce,all_gather,reduce_scatter,all_to_all"]
+    doc = world.mpi.bcast(bench.run(world, small(ops=ops, max_bytes=64, root=world.size)))
+    assert {r["root"] for r in rows(doc)} == {None}
+    assert all(r["wrong"] == 0 for r in rows(doc))
+    with pytest.raises(ValueError, match=rf"--root {world.size} for broadcast, expected a rank"):
+        bench.run(world, small(ops=["broadcast"], max_bytes=64, root=world.size))
 
 
 @pytest.mark.mpi(min_size=2)

@@ -43,7 +43,7 @@ def test_all_reduce_busbw_example():
 
 
 @pytest.mark.parametrize(
-    "op, size, n, block, count",
+    "op, size, n, block, total",
     [
         ("all_reduce", 1024, 4, 256, 256),  # S = the buffer
         ("all_gather", 1024, 4, 64, 256),  # S = the gathered output, blocks of S/n
@@ -53,11 +53,16 @@ def test_all_reduce_busbw_example():
         ("gather", 1024, 4, 64, 256),
         ("broadcast", 8, 4, 2, 2),
         ("all_gather", 8, 4, 1, 4),  # at least one element per rank: S = 16 B
+        ("all_gather", 32760, 3, 2730, 8190),  # the review's row: nccl-tests prints 2730
     ],
 )
-def test_case_sizes_follow_nccl_tests(op, size, n, block, count):
+def test_case_sizes_follow_nccl_tests(op, size, n, block, total):
+    # nccl-tests' count column is nbytes / wordSize with nbytes = paramcount * wordSize
+    # (src/common.cu); paramcount is count/nranks for all_gather, reduce_scatter, alltoall,
+    # gather and scatter (their *GetCollByteCount), the whole count for the others.
     k = bench.Case(op, size, np.dtype(np.float32), n, 0, 0, ReduceOp.SUM)
-    assert (k.block, k.count, k.nbytes) == (block, count, count * 4)
+    assert (k.block, k.total, k.nbytes) == (block, total, total * 4)
+    assert k.count == block  # the count column: per rank where S is n blocks
 
 
 def test_sizes_and_parsing():
@@ -194,6 +199,7 @@ def test_bench_refuses_an_unwritable_output_before_mpi(monkeypatch, tmp_path, ca
 
     monkeypatch.setattr(cli, "init", no_mpi)
     monkeypatch.setattr(bench, "check_plot_available", lambda: None)
+    monkeypatch.setattr(bench, "check_plot_format", lambda path: None)
     missing = tmp_path / "nonexistent" / "x.out"
     assert main(["bench", flag, str(missing)]) == 2
     err = capsys.readouterr().err
