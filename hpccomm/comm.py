@@ -15,7 +15,8 @@ a CommTimeoutError names the op and its sequence number).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -745,6 +746,16 @@ class Communicator:
 
     # -- groups -------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _refusing(self, what: str) -> Iterator[None]:
+        """Around a group creation's argument checks: a refusal on this rank is told to
+        the others, which are in the creation (see Dispatcher.refused_creation)."""
+        try:
+            yield
+        except HpccommError as exc:
+            self._dispatcher.refused_creation(what, exc)
+            raise
+
     def _make(
         self, what: str, create: Any, *args: Any, agree: dict[str, Any] | None = None
     ) -> tuple[Any, NodeInfo | None]:
@@ -803,21 +814,22 @@ class Communicator:
         """
         self._check_open("split")
         w = self._here("split")
-        if color is not None:
-            value = as_int(color)
-            if value is None or not 0 <= value <= C_INT_MAX:
-                raise InvalidArgumentError(
-                    f"{w}: color is {color!r}, expected an integer in 0..{C_INT_MAX} or None"
-                )
-            color = value
-        if key is not None:
-            value = as_int(key)
-            if value is None or not -C_INT_MAX - 1 <= value <= C_INT_MAX:
-                raise InvalidArgumentError(
-                    f"{w}: key is {key!r}, expected an integer in {-C_INT_MAX - 1}..{C_INT_MAX} "
-                    f"or None"
-                )
-            key = value
+        with self._refusing("split"):
+            if color is not None:
+                value = as_int(color)
+                if value is None or not 0 <= value <= C_INT_MAX:
+                    raise InvalidArgumentError(
+                        f"{w}: color is {color!r}, expected an integer in 0..{C_INT_MAX} or None"
+                    )
+                color = value
+            if key is not None:
+                value = as_int(key)
+                if value is None or not -C_INT_MAX - 1 <= value <= C_INT_MAX:
+                    raise InvalidArgumentError(
+                        f"{w}: key is {key!r}, expected an integer in "
+                        f"{-C_INT_MAX - 1}..{C_INT_MAX} or None"
+                    )
+                key = value
         made = self._make(
             "split",
             self._backend.split,
@@ -847,7 +859,8 @@ class Communicator:
         :meth:`create_group` for a call made by the members only).
         """
         self._check_open("new_group")
-        ranks = self._check_ranks("new_group", ranks)
+        with self._refusing("new_group"):
+            ranks = self._check_ranks("new_group", ranks)
         made = self._make("new_group", self._backend.create, ranks, agree={"ranks": ranks})
         child = self._adopt(made, f"{self.name}/group{ranks}")
         if child is None:
@@ -949,23 +962,40 @@ class Communicator:
         self,
         layout: Layout | None = None,
         *,
-        tp: int = 1,
-        pp: int = 1,
+        tp: int | None = None,
+        pp: int | None = None,
         dp: int | None = None,
-        cp: int = 1,
-        ep: int = 1,
-        order: str = "tp-cp-ep-dp-pp",
+        cp: int | None = None,
+        ep: int | None = None,
+        order: str | None = None,
     ) -> ParallelGroups:
         """This rank's tensor/pipeline/data/context/expert parallel groups.
 
-        Pass a :class:`~hpccomm.layout.Layout` or its sizes (dp derived when None). Groups
-        are made with :meth:`split` on first use and cached; that first use is collective.
+        Pass a :class:`~hpccomm.layout.Layout` or its sizes (each 1 when not given, dp
+        derived; order "tp-cp-ep-dp-pp"), not both. Groups are made with :meth:`split` on
+        first use and cached; that first use is collective.
 
         Example (4 ranks, ``g = comm.layout(tp=2, dp=2)``): ``g.tp`` on rank 3 holds ranks
         [2, 3], ``g.dp`` holds [1, 3]; ``g.group("tp-dp")`` holds all four.
         """
+        given = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "order": order}
         if layout is None:
-            layout = Layout(self.size, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, order=order)
+            layout = Layout(
+                self.size,
+                tp=1 if tp is None else tp,
+                pp=1 if pp is None else pp,
+                dp=dp,
+                cp=1 if cp is None else cp,
+                ep=1 if ep is None else ep,
+                order="tp-cp-ep-dp-pp" if order is None else order,
+            )
+        else:
+            extra = {k: v for k, v in given.items() if v is not None}
+            if extra:  # they were ignored: the layout passed decides everything
+                raise InvalidArgumentError(
+                    f"{self._here('layout')}: both a Layout and {extra} were given, expected "
+                    f"one of them (the Layout's own sizes and order are {layout!r})"
+                )
         return ParallelGroups(self, layout)
 
     def node(self) -> Communicator:

@@ -37,6 +37,7 @@ from .backends.base import Backend, HostBackend
 from .buffers import allocate, resolve
 from .debug import (
     CHECKING,
+    GUARDING,
     call_site,
     crc,
     crc_base,
@@ -193,7 +194,7 @@ class Dispatcher:
         stream: Any = None,
     ) -> Any:
         """Run one operation; returns its result, or a Work when ``async_op``."""
-        held = _HELD and spec.arrays and self.debug in CHECKING
+        held = _HELD and spec.arrays and self.debug in GUARDING
         if held or stream is not None:
             # refused here, before validation, and the others told: an array an async call
             # not waited for holds (read-only; validation would call it read-only), whether
@@ -430,9 +431,9 @@ class Dispatcher:
         checking = self.debug in CHECKING
         checked = (checking and not call.spec.p2p) or call.checked
         guard = None
-        if async_op and checking and call.device is None and call.spec.arrays:
+        if async_op and self.debug in GUARDING and call.device is None and call.spec.arrays:
             # a write before wait() raises at once; so does passing the array to another call
-            guard = ReadOnlyWhileRunning(data, out, call.where(seq))
+            guard = ReadOnlyWhileRunning(data, out, partial(call.where, seq))
             data, out = guard.data, guard.out
         try:
             if out is None and call.out_shape is not None:
@@ -576,6 +577,32 @@ class Dispatcher:
         ):
             return
         self._expect_refusals(seq, where_, exc)
+
+    def refused_creation(self, what: str, exc: BaseException) -> None:
+        """A group creation (split, new_group, a layout group) refused on this rank before
+        its collective step: it takes the creation's sequence number, as the others do, and
+        unless the debug level is "off" joins the creation's comparison with its reason, so
+        the others raise a MismatchError naming it (``rank 0 refused it: ...``) instead of
+        waiting in the creation for ever (without a timeout) or until the timeout without
+        the cause. Every rank of a creation compares first, so the others are in that
+        comparison; with "off" the others are told by a notice (a PeerError where bounded)."""
+        if record.error_hooks:
+            record.report_error(exc)
+        if self.closed:
+            return
+        group = self.group
+        group.seq += 1
+        seq = group.seq
+        if self.notices is not None:
+            self._post(what, seq, exc, REFUSED)
+        if self.debug == "off":
+            return
+        name = f"{what} #{seq} on {group.name} (rank {group.rank} of {group.size})"
+        fp = {"op": what, "seq": seq, "refused": f"{type(exc).__name__}: {exc}"}
+        try:
+            self.bounded(name, self.agree, name, fp)
+        except HpccommError:
+            pass  # this rank raises its own error
 
     def refused_late(self, spec: OpSpec, seq: int, exc: BaseException) -> None:
         """A collective from the cache whose library call failed on an argument that
@@ -924,8 +951,8 @@ class Dispatcher:
 
 
 class ReadOnlyWhileRunning:
-    """Debug check for async calls: while the operation runs, the caller's NumPy arrays are
-    read-only (MPI gets writable views of the same memory), so writing one before
+    """Async calls at every debug level but "off": while the operation runs, the caller's
+    NumPy arrays are read-only (MPI gets writable views of the same memory), so writing one before
     ``wait()`` raises at the write instead of racing with MPI; ``release`` restores them
     and maps the result back to the caller's arrays. An array still held so (its call not
     waited for) given to another call is refused there, on every rank alike: handed on
@@ -935,10 +962,10 @@ class ReadOnlyWhileRunning:
     __slots__ = ("data", "out", "_owned")
 
     # id of each array held now -> (the array, weakly: an id is reused once it is freed;
-    # the call holding it)
-    held: ClassVar[dict[int, tuple[weakref.ref, str]]] = {}
+    # the call holding it, named when asked: formatting it costs a microsecond per call)
+    held: ClassVar[dict[int, tuple[weakref.ref, Callable[[], str]]]] = {}
 
-    def __init__(self, data: Any, out: Any, where_: str) -> None:
+    def __init__(self, data: Any, out: Any, where_: Callable[[], str]) -> None:
         self._owned: list[tuple[Any, Any]] = []  # (caller's array, view handed to MPI)
         self.data = self._take(data, where_)
         self.out = self._take(out, where_)
@@ -950,12 +977,11 @@ class ReadOnlyWhileRunning:
             entry = cls.held.get(id(array)) if type(array) is _ndarray else None
             if entry is not None and entry[0]() is array:
                 raise InvalidArgumentError(
-                    f"{where_}: {arg} is in use by {entry[1]}, an async_op call not waited for "
-                    f"yet, expected an array no operation is using; wait() for that call first "
-                    f"(debug check)"
+                    f"{where_}: {arg} is in use by {entry[1]()}, an async_op call not waited for "
+                    f"yet, expected an array no operation is using; wait() for that call first"
                 )
 
-    def _take(self, array: Any, where_: str) -> Any:
+    def _take(self, array: Any, where_: Callable[[], str]) -> Any:
         if type(array) is not _ndarray or not array.flags.writeable or not _restorable(array):
             return array
         view = array.view()

@@ -40,8 +40,9 @@ def _parse_tokens(
     spec: str | Sequence[str], known: Sequence[str], what: str, *, fold_case: bool = False
 ) -> tuple[str, ...]:
     """Split ``spec`` ("tp-dp" or a sequence of tokens) and check each token is known and
-    appears once. ``fold_case`` lower-cases a string first (Megatron's RankGenerator does
-    ``order.lower()``; its get_ranks does not lower-case the group tokens)."""
+    appears once. ``fold_case`` lower-cases a string or each token of a sequence first
+    (Megatron's RankGenerator does ``order.lower()``; its get_ranks does not lower-case the
+    group tokens)."""
     if not isinstance(spec, str) and not (
         isinstance(spec, Sequence)
         and not isinstance(spec, bytes | bytearray)
@@ -51,8 +52,9 @@ def _parse_tokens(
             f"layout: {what}={spec!r} ({type(spec).__name__}), expected a string of tokens "
             f"of {'-'.join(known)} such as 'tp-dp', or a sequence of them"
         )
-    text = spec.lower() if fold_case and isinstance(spec, str) else spec
-    tokens = tuple(text.split("-")) if isinstance(text, str) else tuple(text)
+    tokens = tuple(spec.split("-")) if isinstance(spec, str) else tuple(spec)
+    if fold_case:
+        tokens = tuple(t.lower() for t in tokens)
     if not tokens or tokens == ("",):
         raise InvalidArgumentError(f"layout: {what} is empty, expected tokens of {'-'.join(known)}")
     # Megatron rejects an unknown token too (RankGenerator.__init__ looks each one up in
@@ -101,10 +103,9 @@ class Layout:
         cp: int = 1,
         ep: int = 1,
         order: str = DEFAULT_ORDER,
-        _tokens: Sequence[str] = TOKENS,
     ) -> None:
         # Megatron-LM megatron/core/parallel_state.py, RankGenerator.__init__: order.lower().
-        tokens = _parse_tokens(order, _tokens, "order", fold_case=True)
+        tokens = _parse_tokens(order, TOKENS, "order", fold_case=True)
         sizes = {"tp": tp, "pp": pp, "cp": cp, "ep": ep}
         for name, value in [
             *sizes.items(),
@@ -154,11 +155,12 @@ class Layout:
                 f"left out (they are appended), so name {them}, e.g. "
                 f"order={'-'.join((*tokens, *lacking))!r}"
             )
-        tokens += tuple(t for t in _APPEND_ORDER if t in _tokens and t not in tokens)
-        self.world_size = world_size
         # The order as given (lower-cased, before size-1 dims were appended): expert() passes
-        # it on as Megatron passes the user's order to its expert RankGenerator.
-        self.given_order = order.lower() if isinstance(order, str) else "-".join(order)
+        # it on as Megatron passes the user's order to its expert RankGenerator; it is part
+        # of the layout's identity (to_json, ==), since expert() depends on it.
+        self.given_order = "-".join(tokens)
+        tokens += tuple(t for t in _APPEND_ORDER if t not in tokens)
+        self.world_size = world_size
         self.order = tokens
         self.sizes = {t: sizes[t] for t in tokens}
 
@@ -169,7 +171,9 @@ class Layout:
         """Build from a DeviceMesh-style shape (last dimension fastest), e.g.
         ``Layout.from_mesh((2, 8, 4), ("pp", "dp", "tp"))`` == ``Layout(64, tp=4, dp=8, pp=2,
         order="tp-dp-pp")``. Dimensions not named get size 1 and are appended to the order as
-        for a Megatron order that leaves them out."""
+        for a Megatron order that leaves them out. ``names`` may be one string ("pp-dp-tp")."""
+        if isinstance(names, str):  # not its characters
+            names = names.split("-")
         if len(shape) != len(names):
             raise InvalidArgumentError(
                 f"layout: mesh shape {tuple(shape)} has {len(shape)} dims but {len(names)} names"
@@ -272,11 +276,19 @@ class Layout:
         ep=expert_model_parallel_size, dp=world // (etp*ep*pp), pp, cp=1, order=order))."""
         tp = self.sizes["tp"] if tp is None else tp
         pp = self.sizes["pp"]
-        ex = Layout(self.world_size, tp=tp, ep=ep, pp=pp, dp=None, cp=1, order=self.given_order)
+        try:
+            ex = Layout(self.world_size, tp=tp, ep=ep, pp=pp, dp=None, cp=1, order=self.given_order)
+        except InvalidArgumentError as exc:  # "layout: world 8 is not divisible by tp*...":
+            # say that it is the expert layout, whose tp is the expert tensor parallel size
+            raise InvalidArgumentError(
+                f"layout.expert(ep={ep}, tp={tp}) (the expert layout: tp is the expert tensor "
+                f"parallel size, cp 1, pp {pp} as the dense layout's): "
+                f"{str(exc).removeprefix('layout: ')}"
+            ) from None
         # Megatron's two refusals: every rank must be in the same pipeline stage in both
         # layouts (else a rank's dense and expert parts sit in different stages), and the
         # dp sizes must agree unless pp is last in the order or 1
-        given = self.given_order.replace(" ", "").lower().split("-")
+        given = self.given_order.split("-")
         if not (given[-1] == "pp" or pp == 1 or ex.sizes["dp"] == self.sizes["dp"]):
             raise InvalidArgumentError(
                 f"layout.expert: the expert layout's dp is {ex.sizes['dp']} but the dense "
@@ -296,11 +308,14 @@ class Layout:
     # -- serialization and comparison -----------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        doc = {
             "world_size": self.world_size,
             "order": "-".join(self.order),
             "sizes": dict(self.sizes),
         }
+        if self.given_order != doc["order"]:  # what expert() needs (see __init__)
+            doc["order_given"] = self.given_order
+        return doc
 
     def to_json(self) -> str:
         """A small JSON document (for checkpoint metadata)."""
@@ -333,11 +348,21 @@ class Layout:
             raise InvalidArgumentError(
                 f"layout: JSON sizes have unknown dimension(s) {unknown}; known: {'-'.join(TOKENS)}"
             )
-        # An order naming only some dimensions (the expert layout's "tp-ep-dp-pp") keeps
-        # exactly those; anything else is checked against all of TOKENS.
-        tokens = set(order.lower().split("-"))
-        known = tuple(order.lower().split("-")) if tokens < set(TOKENS) else TOKENS
-        return cls(world, order=order, _tokens=known, **sizes)
+        # the order as the layout was given it (before size-1 dimensions were appended),
+        # where it differs: the full order must be what it gives
+        given = doc.get("order_given", order)
+        if not isinstance(given, str):
+            raise InvalidArgumentError(
+                f"layout: JSON has order_given {given!r}, expected a string such as 'tp-dp-pp'"
+            )
+        layout = cls(world, order=given, **sizes)
+        full = cls(world, order=order, **sizes).order
+        if layout.order != full:
+            raise InvalidArgumentError(
+                f"layout: JSON has order {order!r} but order_given {given!r}, which gives "
+                f"{'-'.join(layout.order)!r}; expected orders that agree"
+            )
+        return layout
 
     def differences(self, other: Layout) -> list[str]:
         """What differs between two layouts, in words (empty when equal)."""
@@ -350,13 +375,15 @@ class Layout:
                 out.append(f"{t} {a} != {b}")
         if self.order != other.order:
             out.append(f"order {'-'.join(self.order)} != {'-'.join(other.order)}")
+        elif self.given_order != other.given_order:  # the same groups, another expert()
+            out.append(f"order as given {self.given_order} != {other.given_order}")
         return out
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Layout) and not self.differences(other)
 
     def __hash__(self) -> int:
-        return hash((self.world_size, self.order, tuple(self.sizes.items())))
+        return hash((self.world_size, self.order, self.given_order, tuple(self.sizes.items())))
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{t}={s}" for t, s in self.sizes.items())

@@ -78,16 +78,17 @@ class ParallelGroups:
                 expect=f"layout group {'-'.join(key)} of {self.layout.to_json()}",
             )
             group.name = f"{self.comm.name}/{'-'.join(key)}"
-            if group.size != len(members) or group.rank != members.index(self.comm.rank):
+            got = group.translate(range(group.size), self.comm)  # local: no messages
+            if got != members:
                 # debug "off" (else the split compared the layouts): the other ranks asked
-                # for other groups, or built another layout
-                got = group.size
+                # for other groups, or built another layout (a group of the right size and
+                # position but other members passed a check of size and rank alone)
                 group.free()
                 raise MismatchError(
                     f"layout group {'-'.join(key)} on {self.comm.name} (rank {self.comm.rank} "
-                    f"of {self.comm.size}): the split gave a group of {got} rank(s), expected "
-                    f"{len(members)} ({members}) by the layout; the ranks asked for different "
-                    f"groups or built different layouts (HPCCOMM_DEBUG=check names them)"
+                    f"of {self.comm.size}): the split gave ranks {got}, expected {members} by "
+                    f"the layout; the ranks asked for different groups or built different "
+                    f"layouts (HPCCOMM_DEBUG=check names them)"
                 )
             if self.comm.nccl is not None:  # subgroups of an NCCL communicator get theirs too
                 group.enable_nccl()

@@ -179,6 +179,37 @@ def test_async_buffers_are_read_only_until_wait(checked):
     assert x.flags.writeable and (x == checked.size).all()
 
 
+@pytest.mark.parametrize("level", ["large", "off"])
+@pytest.mark.parametrize("size", [4, 1 << 18])  # MPI, and the shared-memory path (1 MiB)
+def test_async_buffers_are_read_only_at_the_default_level(world, level, size):
+    # At the default level ("large") too: a write into an array an async all_reduce was
+    # still reducing went into the result on every rank (10 instead of 2, silently); "off"
+    # leaves the array writable (the write is the caller's race)
+    import hpccomm
+
+    c = world.dup()
+    c.debug = level
+    try:
+        x = np.ones(size, np.float32)
+        work = c.all_reduce(x, async_op=True)
+        if level == "off":
+            assert x.flags.writeable
+        else:
+            with pytest.raises(ValueError, match="read-only"):
+                x[0] = 5.0
+            # given to another call before wait(): refused on every rank, the group goes on
+            with pytest.raises(hpccomm.InvalidArgumentError, match=r"array is in use by "
+                               r"all_reduce #\d+ on .*, an async_op call not waited for"):  # fmt: skip
+                c.broadcast(x, 0)
+        assert work.wait(timeout=60) is x
+        assert x.flags.writeable and (x == c.size).all()
+        y = np.ones(3)
+        c.all_reduce(y)
+        assert (y == c.size).all()
+    finally:
+        c.free()
+
+
 @pytest.mark.parametrize("size", [4, 1 << 18])  # MPI, and the shared-memory path (1 MiB)
 def test_an_array_in_use_by_an_async_call_is_refused_by_the_next(checked, size):
     # A second call given an array an async call still holds (not waited for) is refused

@@ -64,7 +64,7 @@ def test_ranks_asking_for_different_layout_groups(comm, debug, how):
         try:
             g = groups.group(dims)
         except MismatchError as exc:
-            assert f"expected {len(want)} ({want}) by the layout" in str(exc)
+            assert f"expected {want} by the layout" in str(exc)
         else:  # a group that is the layout's for this rank (its dp group: itself alone)
             assert not first and g.size == len(want) and g.rank == want.index(comm.rank)
     comm.debug = "large"
@@ -72,3 +72,36 @@ def test_ranks_asking_for_different_layout_groups(comm, debug, how):
     comm.all_reduce(x)  # the group goes on
     assert (x == comm.size).all()
     groups.free()
+
+
+def test_debug_off_finds_a_group_of_the_right_size_with_other_members(comm):
+    # tp=2 at 4 ranks, rank 0 asks for tp and the others for dp: the split gives rank 0 the
+    # group [0, 2] (rank 2's dp group), of tp's size and with rank 0 first, which a check of
+    # size and position passed (rank 0 then summed with rank 2 as its tp partner, silently)
+    if comm.size < 4 or comm.size % 2:
+        pytest.skip("needs an even number of ranks, at least 4")
+    comm.debug = "off"
+    try:
+        groups = comm.layout(tp=2)
+        if comm.rank == 0:
+            with pytest.raises(MismatchError, match=r"layout group tp on .*: the split gave "
+                               r"ranks \[0, 2(, \d+)*\], expected \[0, 1\] by the layout"):  # fmt: skip
+                groups.group("tp")
+        else:
+            groups.group("dp")
+    finally:
+        comm.debug = "large"
+    groups.free()
+    x = np.ones(3)
+    comm.all_reduce(x)  # the world goes on
+    assert (x == comm.size).all()
+
+
+def test_a_layout_and_sizes_beside_it_are_refused(comm):
+    # the sizes and order beside a Layout were ignored silently (tp=4, order='garbage')
+    from hpccomm import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match=r"layout .*both a Layout and \{'tp': 4, "
+                       r"'order': 'garbage'\} were given, expected one of them"):  # fmt: skip
+        comm.layout(Layout(comm.size), tp=4, order="garbage")
+    assert comm.layout(Layout(comm.size)).layout == Layout(comm.size)

@@ -171,6 +171,32 @@ def test_split_none_and_key(comm):
         assert sub.size == n - 1 and sub.rank == n - 1 - r  # reversed by key
 
 
+@pytest.mark.parametrize("how", ["split", "new_group"])
+def test_a_creation_refused_on_one_rank_fails_on_every_rank(comm, how):
+    # rank 0's arguments are refused before the creation's collective step; the others,
+    # already in it, waited for ever (no timeout) or until the timeout without the cause.
+    # Now they raise at once, naming rank 0's refusal, and the group goes on.
+    if comm.size < 2:
+        pytest.skip("needs 2 ranks")
+    first = comm.rank == 0
+    if how == "split":
+        args, said = ("red" if first else 0,), r"split .*color is 'red'"
+    else:
+        ranks = [0, comm.size] if first else list(range(comm.size))
+        args, said = (ranks,), rf"new_group .*ranks \[0, {comm.size}\] must be distinct"
+    kind = hpccomm.InvalidArgumentError if first else hpccomm.MismatchError
+    t0 = time.monotonic()
+    with pytest.raises(kind, match=said if first else r"the ranks' calls differ: rank 0 "
+                       r"refused it: InvalidArgumentError: " + said):  # fmt: skip
+        getattr(comm, how)(*args)
+    assert time.monotonic() - t0 < 30
+    x = np.ones(3)
+    comm.all_reduce(x)  # the group goes on, in step
+    assert (x == comm.size).all()
+    g = comm.dup()
+    g.free()
+
+
 def test_new_group(comm):
     n, r = comm.size, comm.rank
     ranks = list(range(n - 1, -1, -2))  # every other rank, reversed

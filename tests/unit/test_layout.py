@@ -464,7 +464,7 @@ def test_group_tokens_are_not_case_folded():
     ],
 )
 def test_every_error_is_invalid_argument(call):
-    with pytest.raises(InvalidArgumentError, match="^layout: "):
+    with pytest.raises(InvalidArgumentError, match=r"^layout(\.expert\(.*\))?: "):
         call()
 
 
@@ -509,3 +509,66 @@ def test_an_order_that_is_not_text_is_invalid_argument(call, text):
         f"{'-'.join(TOKENS) if text.startswith('order') else '-'.join(L64.order)} such as "
         f"'tp-dp', or a sequence of them"
     )
+
+
+@pytest.mark.parametrize(
+    "dense, ep, tp",
+    [
+        (dict(tp=2, pp=2, order="tp-dp-pp"), 1, 4),  # pp last as given: Megatron accepts
+        (dict(tp=2, order="tp-dp-pp"), 2, None),  # ep not in the order given: refused
+    ],
+)
+def test_expert_of_a_layout_read_back_from_json_is_the_layouts(dense, ep, tp):
+    # to_json wrote only the full order (size-1 dimensions appended), which expert() took
+    # for the order as given: the first case was refused after the round trip, the second
+    # built expert groups with ep after pp, which Megatron refuses; and the two compared ==
+    a = Layout(16 if "pp" in dense else 8, **dense)
+    b = Layout.from_json(a.to_json())
+    assert b == a and b.given_order == a.given_order and hash(b) == hash(a)
+
+    def expert(lay):
+        try:
+            return lay.expert(ep=ep, tp=tp)
+        except InvalidArgumentError as exc:
+            return str(exc)
+
+    assert expert(b) == expert(a)
+    assert Layout(a.world_size, **{**dense, "order": a.to_dict()["order"]}) != a  # another expert()
+
+
+def test_from_json_with_an_order_that_leaves_dimensions_out_is_the_constructors():
+    # an order naming some dimensions kept only those (no pp group; a false MismatchError
+    # against a rank that built the same layout directly)
+    doc = {"world_size": 8, "order": "tp-dp", "sizes": {"tp": 2, "dp": 4}}
+    lay = Layout.from_json(doc)
+    assert (
+        lay == Layout(8, tp=2, dp=4, order="tp-dp")
+        and lay.to_json() == Layout(8, tp=2, dp=4, order="tp-dp").to_json()
+    )
+    assert lay.groups("pp") == [[r] for r in range(8)]
+
+
+def test_from_json_refuses_orders_that_disagree():
+    doc = {"world_size": 8, "order": "tp-dp-pp-ep-cp", "order_given": "dp-tp", "sizes": {"tp": 2}}
+    with pytest.raises(InvalidArgumentError, match=r"order 'tp-dp-pp-ep-cp' but order_given "
+                       r"'dp-tp', which gives 'dp-tp-pp-ep-cp'; expected orders that agree"):  # fmt: skip
+        Layout.from_json(doc)
+
+
+def test_an_order_given_as_a_sequence_is_case_insensitive_too():
+    assert Layout(8, tp=2, order=["TP", "dp"]) == Layout(8, tp=2, order="tp-dp")
+
+
+def test_expert_refusals_say_it_is_the_expert_layout():
+    with pytest.raises(InvalidArgumentError, match=r"^layout.expert\(ep=3, tp=2\) \(the expert "
+                       r"layout: tp is the expert tensor parallel size.*world 8 is not "
+                       r"divisible by tp\*pp\*cp\*ep = 2\*1\*1\*3 = 6"):  # fmt: skip
+        Layout(8, tp=2).expert(ep=3)
+    with pytest.raises(InvalidArgumentError, match=r"^layout.expert\(ep=2, tp=2\) .*order "
+                       r"'tp-dp-pp' lacks ep \(size 2\)"):  # fmt: skip
+        Layout(8, tp=2, order="tp-dp-pp").expert(ep=2)
+
+
+def test_mesh_names_as_one_string():
+    # "tp-dp" was read as its characters ("2 dims but 5 names")
+    assert Layout.from_mesh((2, 4), "tp-dp") == Layout.from_mesh((2, 4), ("tp", "dp"))
