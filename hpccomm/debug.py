@@ -41,7 +41,6 @@ __all__ = [
     "LEVELS",
     "DEFAULT",
     "CHECKING",
-    "GUARDING",
     "level_from",
     "large_bytes",
     "fingerprint",
@@ -58,9 +57,6 @@ __all__ = [
 LEVELS = ("off", "large", "check", "detail")
 DEFAULT = "large"
 CHECKING = frozenset({"check", "detail"})  # levels that check every collective
-# levels whose async calls make the caller's arrays read-only until wait() (every one but
-# "off": a write into an array an async call is still reducing went into the result)
-GUARDING = frozenset({"large", "check", "detail"})
 ENV = "HPCCOMM_DEBUG"
 # Open MPI's eager limit for ranks of one node, as init sets it before MPI starts
 # (runtime.tune_open_mpi), and Open MPI's own default where MPI was started by someone else.

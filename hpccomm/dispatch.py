@@ -37,7 +37,6 @@ from .backends.base import Backend, HostBackend
 from .buffers import allocate, resolve
 from .debug import (
     CHECKING,
-    GUARDING,
     call_site,
     crc,
     crc_base,
@@ -194,7 +193,10 @@ class Dispatcher:
         stream: Any = None,
     ) -> Any:
         """Run one operation; returns its result, or a Work when ``async_op``."""
-        held = _HELD and spec.arrays and self.debug in GUARDING
+        held = _HELD and spec.arrays and self.debug in CHECKING
+        if held and ORPHANS:  # a dropped Work's arrays are free once MPI is done with them
+            reap()
+            held = bool(_HELD)
         if held or stream is not None:
             # refused here, before validation, and the others told: an array an async call
             # not waited for holds (read-only; validation would call it read-only), whether
@@ -204,7 +206,7 @@ class Dispatcher:
             here = where(spec.name, g.rank, g.size, group=g.name, seq=nxt)
             try:
                 if held:
-                    ReadOnlyWhileRunning.refuse_held(data, out, here)
+                    ReadOnlyWhileRunning.refuse_held(data, out, here, spec)
                 if stream is not None:
                     check_stream(stream, here)
             except InvalidArgumentError as exc:
@@ -431,9 +433,9 @@ class Dispatcher:
         checking = self.debug in CHECKING
         checked = (checking and not call.spec.p2p) or call.checked
         guard = None
-        if async_op and self.debug in GUARDING and call.device is None and call.spec.arrays:
+        if async_op and checking and call.device is None and call.spec.arrays:
             # a write before wait() raises at once; so does passing the array to another call
-            guard = ReadOnlyWhileRunning(data, out, partial(call.where, seq))
+            guard = ReadOnlyWhileRunning(data, out, partial(call.where, seq), call.spec)
             data, out = guard.data, guard.out
         try:
             if out is None and call.out_shape is not None:
@@ -585,7 +587,11 @@ class Dispatcher:
         the others raise a MismatchError naming it (``rank 0 refused it: ...``) instead of
         waiting in the creation for ever (without a timeout) or until the timeout without
         the cause. Every rank of a creation compares first, so the others are in that
-        comparison; with "off" the others are told by a notice (a PeerError where bounded)."""
+        comparison, on the checks' own communicator; it runs on the worker, waited for
+        REFUSAL_GRACE seconds at most: where the others are elsewhere (a program out of
+        step), this rank still raises its own error, as before, and the comparison waits
+        there for their next one. With "off" the others are told by a notice (a PeerError
+        where bounded)."""
         if record.error_hooks:
             record.report_error(exc)
         if self.closed:
@@ -599,10 +605,17 @@ class Dispatcher:
             return
         name = f"{what} #{seq} on {group.name} (rank {group.rank} of {group.size})"
         fp = {"op": what, "seq": seq, "refused": f"{type(exc).__name__}: {exc}"}
+        fut = self.worker().submit(name, self._agree_refused, name, fp)
+        self._slow = True  # later calls queue behind it, in order on the checks' communicator
+        bound = REFUSAL_GRACE if self._timeout is None else min(self._timeout, REFUSAL_GRACE)
+        fut.wait(bound)  # done at once where the others are in the creation (free() then
+        # finds nothing running); else it stays queued
+
+    def _agree_refused(self, name: str, fp: dict[str, Any]) -> None:
         try:
-            self.bounded(name, self.agree, name, fp)
+            self.agree(name, fp)
         except HpccommError:
-            pass  # this rank raises its own error
+            pass  # this rank raised its own error already
 
     def refused_late(self, spec: OpSpec, seq: int, exc: BaseException) -> None:
         """A collective from the cache whose library call failed on an argument that
@@ -950,38 +963,50 @@ class Dispatcher:
         return None
 
 
+# seconds a rank that refused a group creation waits for the others' comparison before it
+# raises its error (they are in it, or arrive within it, unless the program is out of step)
+REFUSAL_GRACE = 0.5
+
+
 class ReadOnlyWhileRunning:
-    """Async calls at every debug level but "off": while the operation runs, the caller's
-    NumPy arrays are read-only (MPI gets writable views of the same memory), so writing one before
+    """Debug check for async calls: while the operation runs, the caller's NumPy arrays are
+    read-only (MPI gets writable views of the same memory), so writing one before
     ``wait()`` raises at the write instead of racing with MPI; ``release`` restores them
     and maps the result back to the caller's arrays. An array still held so (its call not
-    waited for) given to another call is refused there, on every rank alike: handed on
+    waited for) given to another call is refused there, on every rank alike, where either
+    call writes it (two reads, e.g. one buffer sent to two peers, go on): handed on
     read-only, the second call's outcome depended on whether the first's wait() ran before
     the worker reached it."""
 
     __slots__ = ("data", "out", "_owned")
 
     # id of each array held now -> (the array, weakly: an id is reused once it is freed;
-    # the call holding it, named when asked: formatting it costs a microsecond per call)
-    held: ClassVar[dict[int, tuple[weakref.ref, Callable[[], str]]]] = {}
+    # the call holding it, named when asked: formatting it costs a microsecond per call;
+    # whether that call writes it)
+    held: ClassVar[dict[int, tuple[weakref.ref, Callable[[], str], bool]]] = {}
+    # arrays whose release failed: a view of an array another call held read-only then
+    # (NumPy makes a view writable only once its base is); retried at every release
+    _unreleased: ClassVar[list[Any]] = []
 
-    def __init__(self, data: Any, out: Any, where_: Callable[[], str]) -> None:
+    def __init__(self, data: Any, out: Any, where_: Callable[[], str], spec: OpSpec) -> None:
         self._owned: list[tuple[Any, Any]] = []  # (caller's array, view handed to MPI)
-        self.data = self._take(data, where_)
-        self.out = self._take(out, where_)
+        self.data = self._take(data, where_, spec.in_place)
+        # the same array as both (an in-place form in a group of one): one view for both
+        self.out = self.data if out is data else self._take(out, where_, True)
 
     @classmethod
-    def refuse_held(cls, data: Any, out: Any, where_: str) -> None:
-        """Raise if ``data`` or ``out`` is held by an async call not waited for yet."""
-        for array, arg in ((data, "array"), (out, "out")):
+    def refuse_held(cls, data: Any, out: Any, where_: str, spec: OpSpec) -> None:
+        """Raise if ``data`` or ``out`` is held by an async call not waited for yet and
+        either call writes it."""
+        for array, arg, writes in ((data, "array", spec.in_place), (out, "out", True)):
             entry = cls.held.get(id(array)) if type(array) is _ndarray else None
-            if entry is not None and entry[0]() is array:
+            if entry is not None and entry[0]() is array and (writes or entry[2]):
                 raise InvalidArgumentError(
                     f"{where_}: {arg} is in use by {entry[1]()}, an async_op call not waited for "
                     f"yet, expected an array no operation is using; wait() for that call first"
                 )
 
-    def _take(self, array: Any, where_: Callable[[], str]) -> Any:
+    def _take(self, array: Any, where_: Callable[[], str], writes: bool) -> Any:
         if type(array) is not _ndarray or not array.flags.writeable or not _restorable(array):
             return array
         view = array.view()
@@ -993,18 +1018,28 @@ class ReadOnlyWhileRunning:
             if held.get(key, (None,))[0] is ref:
                 del held[key]
 
-        held[key] = (weakref.ref(array, forget), where_)
+        held[key] = (weakref.ref(array, forget), where_, writes)
         return view
 
     def release(self, result: Any) -> Any:
         # last taken first: data may be a view of out (an in-place all_gather), which NumPy
         # makes writable again only once out is
         for array, view in reversed(self._owned):
-            array.flags.writeable = True
             self.held.pop(id(array), None)
+            try:
+                array.flags.writeable = True
+            except ValueError:  # its base is held by another call: once that one is done
+                self._unreleased.append(array)
             if result is view:
                 result = array
         self._owned = []
+        waiting = self._unreleased
+        for array in waiting[:]:
+            try:
+                array.flags.writeable = True
+                waiting.remove(array)
+            except ValueError:
+                pass
         return result
 
 

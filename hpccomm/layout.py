@@ -156,8 +156,8 @@ class Layout:
                 f"order={'-'.join((*tokens, *lacking))!r}"
             )
         # The order as given (lower-cased, before size-1 dims were appended): expert() passes
-        # it on as Megatron passes the user's order to its expert RankGenerator; it is part
-        # of the layout's identity (to_json, ==), since expert() depends on it.
+        # it on as Megatron passes the user's order to its expert RankGenerator, and to_json
+        # keeps it ("order_given"); == compares the groups (the full order), not this.
         self.given_order = "-".join(tokens)
         tokens += tuple(t for t in _APPEND_ORDER if t not in tokens)
         self.world_size = world_size
@@ -317,6 +317,13 @@ class Layout:
             doc["order_given"] = self.given_order
         return doc
 
+    def groups_json(self) -> str:
+        """What decides the groups (world size, sizes, full order) as JSON: what ranks
+        building groups compare (the order as given only matters to expert())."""
+        doc = self.to_dict()
+        doc.pop("order_given", None)
+        return json.dumps(doc, sort_keys=True)
+
     def to_json(self) -> str:
         """A small JSON document (for checkpoint metadata)."""
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -375,15 +382,13 @@ class Layout:
                 out.append(f"{t} {a} != {b}")
         if self.order != other.order:
             out.append(f"order {'-'.join(self.order)} != {'-'.join(other.order)}")
-        elif self.given_order != other.given_order:  # the same groups, another expert()
-            out.append(f"order as given {self.given_order} != {other.given_order}")
         return out
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Layout) and not self.differences(other)
 
     def __hash__(self) -> int:
-        return hash((self.world_size, self.order, self.given_order, tuple(self.sizes.items())))
+        return hash((self.world_size, self.order, tuple(self.sizes.items())))
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{t}={s}" for t, s in self.sizes.items())

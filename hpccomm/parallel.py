@@ -75,7 +75,7 @@ class ParallelGroups:
             group = self.comm.split(
                 members[0],
                 key=self.comm.rank,
-                expect=f"layout group {'-'.join(key)} of {self.layout.to_json()}",
+                expect=f"layout group {'-'.join(key)} of {self.layout.groups_json()}",
             )
             group.name = f"{self.comm.name}/{'-'.join(key)}"
             got = group.translate(range(group.size), self.comm)  # local: no messages

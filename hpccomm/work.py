@@ -314,8 +314,16 @@ class Work:
         if self._done:
             return
         try:
-            for part in _posted(self._pending):
-                ORPHANS.append((part, self._where()))
+            parts = _posted(self._pending)
+            if self._after is not None:  # the debug check's read-only arrays: writable
+                # again once MPI is done with them (no wait() will release them)
+                source = self._pending
+                if isinstance(source, Future):  # a call on the worker: when it has run
+                    parts = [source, *parts]
+                ORPHANS.append((_Release(parts, self._after), self._where()))
+            else:
+                for part in parts:
+                    ORPHANS.append((part, self._where()))
         except Exception:  # (interpreter teardown: the module's globals are gone)
             pass
         closed = self._closed
@@ -421,6 +429,31 @@ def _posted(pending: Any) -> list[Any]:
     if parts is not None:
         return [q for p in parts for q in _posted(p)]
     return [pending] if getattr(pending, "posted", True) else []
+
+
+class _Release:
+    """A dropped Work's parts still running and its debug guard's release: tested by
+    reap() like any dropped part; once every part is done the arrays are writable again."""
+
+    __slots__ = ("parts", "after")
+
+    def __init__(self, parts: list[Any], after: Callable[[Any], Any]) -> None:
+        self.parts = parts
+        self.after = after
+
+    def test(self) -> bool:
+        self.parts = [p for p in self.parts if not _done(p)]
+        if self.parts:
+            return False
+        self.after(None)
+        return True
+
+
+def _done(part: Any) -> bool:
+    try:
+        return bool(part.test())
+    except Exception:  # failed: MPI has let go of its buffers
+        return True
 
 
 REAP_BATCH = 16  # dropped operations tested per reap(): they go round, oldest first
