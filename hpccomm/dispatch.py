@@ -57,7 +57,7 @@ from .errors import (
 )
 from .executor import Executor, Future
 from .notices import ENTERED, FAILED, REFUSED, NoticeBoard
-from .ops import OVERLAP_CHECKED, Call, Group, OpSpec, check_stream
+from .ops import BROADCAST, OVERLAP_CHECKED, REDUCE, Call, Group, OpSpec, as_int, check_stream
 from .record import Record
 from .work import ORPHANS, Done, Work, reap, wait_watching
 
@@ -206,7 +206,8 @@ class Dispatcher:
             here = where(spec.name, g.rank, g.size, group=g.name, seq=nxt)
             try:
                 if held:
-                    ReadOnlyWhileRunning.refuse_held(data, out, here, spec)
+                    writes = ReadOnlyWhileRunning.writes_data(spec, g.rank, peer, data, out)
+                    ReadOnlyWhileRunning.refuse_held(data, out, here, writes)
                 if stream is not None:
                     check_stream(stream, here)
             except InvalidArgumentError as exc:
@@ -435,7 +436,10 @@ class Dispatcher:
         guard = None
         if async_op and checking and call.device is None and call.spec.arrays:
             # a write before wait() raises at once; so does passing the array to another call
-            guard = ReadOnlyWhileRunning(data, out, partial(call.where, seq), call.spec)
+            writes = ReadOnlyWhileRunning.writes_data(
+                call.spec, call.group.rank, call.peer, data, out
+            )
+            guard = ReadOnlyWhileRunning(data, out, partial(call.where, seq), writes)
             data, out = guard.data, guard.out
         try:
             if out is None and call.out_shape is not None:
@@ -968,78 +972,125 @@ class Dispatcher:
 REFUSAL_GRACE = 0.5
 
 
+class _Hold:
+    """An array some async calls hold read-only: the calls (each named when asked, and
+    whether it writes the array); writable again once the last one has released it."""
+
+    __slots__ = ("ref", "holders")
+
+    def __init__(self, ref: weakref.ref) -> None:
+        self.ref = ref
+        self.holders: list[tuple[Callable[[], str], bool]] = []
+
+    def writes(self) -> bool:
+        return any(writes for _, writes in self.holders)
+
+
 class ReadOnlyWhileRunning:
     """Debug check for async calls: while the operation runs, the caller's NumPy arrays are
     read-only (MPI gets writable views of the same memory), so writing one before
     ``wait()`` raises at the write instead of racing with MPI; ``release`` restores them
     and maps the result back to the caller's arrays. An array still held so (its call not
     waited for) given to another call is refused there, on every rank alike, where either
-    call writes it (two reads, e.g. one buffer sent to two peers, go on): handed on
-    read-only, the second call's outcome depended on whether the first's wait() ran before
-    the worker reached it."""
+    call writes it: handed on read-only, the second call's outcome depended on whether the
+    first's wait() ran before the worker reached it. Two calls that only read it (one buffer
+    sent to two peers) both hold it: it is writable again once both are done."""
 
     __slots__ = ("data", "out", "_owned")
 
-    # id of each array held now -> (the array, weakly: an id is reused once it is freed;
-    # the call holding it, named when asked: formatting it costs a microsecond per call;
-    # whether that call writes it)
-    held: ClassVar[dict[int, tuple[weakref.ref, Callable[[], str], bool]]] = {}
+    # id of each array held now -> its _Hold (the array weakly: an id is reused once the
+    # array is freed)
+    held: ClassVar[dict[int, _Hold]] = {}
     # arrays whose release failed: a view of an array another call held read-only then
     # (NumPy makes a view writable only once its base is); retried at every release
     _unreleased: ClassVar[list[Any]] = []
 
-    def __init__(self, data: Any, out: Any, where_: Callable[[], str], spec: OpSpec) -> None:
-        self._owned: list[tuple[Any, Any]] = []  # (caller's array, view handed to MPI)
-        self.data = self._take(data, where_, spec.in_place)
+    def __init__(self, data: Any, out: Any, where_: Callable[[], str], writes_data: bool) -> None:
+        # (caller's array, what MPI got instead, this call's entry in the array's _Hold)
+        self._owned: list[tuple[Any, Any, tuple[Callable[[], str], bool]]] = []
+        self.data = self._take(data, where_, writes_data)
         # the same array as both (an in-place form in a group of one): one view for both
         self.out = self.data if out is data else self._take(out, where_, True)
 
+    @staticmethod
+    def writes_data(spec: OpSpec, rank: int, peer: Any, data: Any, out: Any) -> bool:
+        """Whether the call writes its data argument on this rank: an in-place operation
+        (a broadcast's root and a reduce's other ranks only read it), or an output inside
+        it (reduce_scatter's in-place form)."""
+        if type(data) is _ndarray and type(out) is _ndarray and np.may_share_memory(data, out):
+            return True
+        if not spec.in_place:
+            return False
+        root = as_int(peer)
+        if spec is BROADCAST:
+            return root != rank
+        if spec is REDUCE:
+            return root is None or root == rank
+        return True
+
     @classmethod
-    def refuse_held(cls, data: Any, out: Any, where_: str, spec: OpSpec) -> None:
+    def refuse_held(cls, data: Any, out: Any, where_: str, writes_data: bool) -> None:
         """Raise if ``data`` or ``out`` is held by an async call not waited for yet and
         either call writes it."""
-        for array, arg, writes in ((data, "array", spec.in_place), (out, "out", True)):
-            entry = cls.held.get(id(array)) if type(array) is _ndarray else None
-            if entry is not None and entry[0]() is array and (writes or entry[2]):
+        for array, arg, writes in ((data, "array", writes_data), (out, "out", True)):
+            hold = cls.held.get(id(array)) if type(array) is _ndarray else None
+            if hold is not None and hold.ref() is array and (writes or hold.writes()):
                 raise InvalidArgumentError(
-                    f"{where_}: {arg} is in use by {entry[1]()}, an async_op call not waited for "
-                    f"yet, expected an array no operation is using; wait() for that call first"
+                    f"{where_}: {arg} is in use by {hold.holders[0][0]()}, an async_op call not "
+                    f"waited for yet, expected an array no operation is using; wait() for that "
+                    f"call first"
                 )
 
     def _take(self, array: Any, where_: Callable[[], str], writes: bool) -> Any:
-        if type(array) is not _ndarray or not array.flags.writeable or not _restorable(array):
+        if type(array) is not _ndarray:
+            return array
+        key, held = id(array), self.held
+        entry = (where_, writes)
+        hold = held.get(key)
+        if hold is not None and hold.ref() is array:  # another call reads it too
+            hold.holders.append(entry)
+            self._owned.append((array, array, entry))
+            return array
+        if not array.flags.writeable or not _restorable(array):
             return array
         view = array.view()
         array.flags.writeable = False
-        self._owned.append((array, view))
-        key, held = id(array), self.held
 
-        def forget(ref: weakref.ref) -> None:  # freed while held (its call never waited)
-            if held.get(key, (None,))[0] is ref:
+        def forget(ref: weakref.ref) -> None:  # freed while held (its calls never waited)
+            if key in held and held[key].ref is ref:
                 del held[key]
 
-        held[key] = (weakref.ref(array, forget), where_, writes)
+        hold = held[key] = _Hold(weakref.ref(array, forget))
+        hold.holders.append(entry)
+        self._owned.append((array, view, entry))
         return view
 
     def release(self, result: Any) -> Any:
         # last taken first: data may be a view of out (an in-place all_gather), which NumPy
         # makes writable again only once out is
-        for array, view in reversed(self._owned):
-            self.held.pop(id(array), None)
+        held, waiting = self.held, self._unreleased
+        for array, view, entry in reversed(self._owned):
+            if result is view:
+                result = array
+            hold = held.get(id(array))
+            if hold is not None and hold.ref() is array:
+                hold.holders[:] = [h for h in hold.holders if h is not entry]
+                if hold.holders:  # another call still reads it
+                    continue
+                del held[id(array)]  # the last of its calls: writable again
+            elif view is array:  # (never held by this check: nothing to restore)
+                continue
             try:
                 array.flags.writeable = True
             except ValueError:  # its base is held by another call: once that one is done
-                self._unreleased.append(array)
-            if result is view:
-                result = array
+                waiting.append(array)
         self._owned = []
-        waiting = self._unreleased
-        for array in waiting[:]:
+        for array in list(waiting):
             try:
                 array.flags.writeable = True
-                waiting.remove(array)
             except ValueError:
-                pass
+                continue
+            waiting[:] = [a for a in waiting if a is not array]
         return result
 
 

@@ -322,6 +322,7 @@ class Layout:
         building groups compare (the order as given only matters to expert())."""
         doc = self.to_dict()
         doc.pop("order_given", None)
+        doc["order"] = "-".join(self._grouping())
         return json.dumps(doc, sort_keys=True)
 
     def to_json(self) -> str:
@@ -380,15 +381,20 @@ class Layout:
             a, b = self.sizes.get(t, 1), other.sizes.get(t, 1)
             if a != b:
                 out.append(f"{t} {a} != {b}")
-        if self.order != other.order:
+        if self._grouping() != other._grouping():
             out.append(f"order {'-'.join(self.order)} != {'-'.join(other.order)}")
         return out
+
+    def _grouping(self) -> tuple[str, ...]:
+        """The order of the dimensions above size 1: all the groups depend on (where a
+        dimension of size 1 sits changes no rank's coordinates)."""
+        return tuple(t for t in self.order if self.sizes[t] > 1)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Layout) and not self.differences(other)
 
     def __hash__(self) -> int:
-        return hash((self.world_size, self.order, tuple(self.sizes.items())))
+        return hash((self.world_size, self._grouping(), tuple(sorted(self.sizes.items()))))
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{t}={s}" for t, s in self.sizes.items())

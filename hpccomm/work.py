@@ -13,6 +13,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol
 
 from . import record
@@ -315,12 +316,14 @@ class Work:
             return
         try:
             parts = _posted(self._pending)
-            if self._after is not None:  # the debug check's read-only arrays: writable
-                # again once MPI is done with them (no wait() will release them)
-                source = self._pending
-                if isinstance(source, Future):  # a call on the worker: when it has run
-                    parts = [source, *parts]
-                ORPHANS.append((_Release(parts, self._after), self._where()))
+            after, source = self._after, self._pending
+            if after is not None and isinstance(source, Future):  # the debug check's
+                # read-only arrays, of a call on the worker: writable again once it has run
+                # (no wait() will release them)
+                source.add_done_callback(partial(after, None))
+            elif after is not None:  # point-to-point: once MPI is done with the arrays (a
+                # later call tests it, as it tests every dropped part)
+                ORPHANS.append((_Release(parts, after), self._where()))
             else:
                 for part in parts:
                     ORPHANS.append((part, self._where()))

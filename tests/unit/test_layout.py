@@ -575,3 +575,12 @@ def test_expert_refusals_say_it_is_the_expert_layout():
 def test_mesh_names_as_one_string():
     # "tp-dp" was read as its characters ("2 dims but 5 names")
     assert Layout.from_mesh((2, 4), "tp-dp") == Layout.from_mesh((2, 4), ("tp", "dp"))
+
+
+def test_layouts_that_differ_only_where_size_one_dimensions_sit_are_equal():
+    # "tp-dp-pp" (full order tp-dp-pp-ep-cp) and the default tp-cp-ep-dp-pp give the same
+    # groups: they were unequal, and ranks building them got a false MismatchError
+    a, b = Layout(8, tp=2, order="tp-dp-pp"), Layout(8, tp=2)
+    assert a == b and hash(a) == hash(b) and a.groups_json() == b.groups_json()
+    assert all(a.groups(d) == b.groups(d) for d in ("tp", "dp", "pp", "cp", "ep", "tp-dp"))
+    assert Layout(8, tp=2, dp=4, order="dp-tp") != Layout(8, tp=2, dp=4, order="tp-dp")
