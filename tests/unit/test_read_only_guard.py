@@ -51,7 +51,7 @@ def test_restorable_agrees_with_numpy(kind):
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_the_guard_gives_back_what_it_takes(kind):
     a = KINDS[kind]()
-    guard = ReadOnlyWhileRunning(a, None, "all_reduce #1 on world (rank 0 of 1)")
+    guard = ReadOnlyWhileRunning(a, None, lambda: "all_reduce #1 on world (rank 0 of 1)", True)
     taken = guard.data is not a
     assert taken == numpy_says(KINDS[kind])
     assert a.flags.writeable != taken  # read-only while running, where it was taken
