@@ -52,16 +52,21 @@ def _bare_copy(tmp_path):
     return script, str(bin_dir)
 
 
-def test_mpiexec_local_without_mpi_says_what_is_missing(tmp_path):
-    # was: "line 26: exec: mpiexec: not found", status 127, no hint
-    script, path = _bare_copy(tmp_path)
-    out = subprocess.run(
+def _run_local(script, path):
+    """``mpiexec-local.sh 2 hpccomm info`` with only ``path`` on PATH."""
+    return subprocess.run(
         ["/bin/bash", str(script), "2", "hpccomm", "info"],
         env={"PATH": path},
         capture_output=True,
         text=True,
         timeout=30,
     )
+
+
+def test_mpiexec_local_without_mpi_says_what_is_missing(tmp_path):
+    # was: "line 26: exec: mpiexec: not found", status 127, no hint
+    script, path = _bare_copy(tmp_path)
+    out = _run_local(script, path)
     assert out.returncode == 127
     assert out.stderr == (
         f"mpiexec-local.sh: no {tmp_path}/.venv/bin/mpiexec and no mpiexec on PATH: run "
@@ -74,13 +79,7 @@ def test_mpiexec_local_names_a_command_it_cannot_find(tmp_path):
     fake = Path(path) / "mpiexec"
     fake.write_text("#!/bin/bash\necho mpiexec ran\n")
     fake.chmod(0o755)
-    out = subprocess.run(
-        ["/bin/bash", str(script), "2", "hpccomm", "info"],
-        env={"PATH": path},
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    out = _run_local(script, path)
     assert (out.returncode, out.stdout) == (127, "")
     assert out.stderr.startswith("mpiexec-local.sh: 'hpccomm' is not a command here"), out.stderr
     assert "make install" in out.stderr and out.stderr.count("\n") == 1
