@@ -30,6 +30,7 @@ from __future__ import annotations
 import datetime
 import importlib.util
 import json
+import math
 import os
 import socket
 import statistics
@@ -43,7 +44,7 @@ import numpy as np
 
 from .dtypes import SUPPORTED_DTYPES, ReduceOp, as_reduce_op, check_op, dtype_info
 from .errors import HpccommError, InvalidArgumentError
-from .layout import Layout
+from .layout import DEFAULT_ORDER, TOKENS, Layout
 
 __all__ = [
     "FACTORS",
@@ -178,9 +179,6 @@ def size_series(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
     return out
 
 
-_GROUP_DIMS = ("tp", "pp", "dp", "cp", "ep")
-
-
 def _group_spec(spec: str) -> tuple[dict[str, int], str | None, str]:
     """The syntax of a --group spec, which needs no world size: (sizes, order, dims after
     the colon); raises InvalidArgumentError naming --group."""
@@ -198,7 +196,7 @@ def _group_spec(spec: str) -> tuple[dict[str, int], str | None, str]:
                 )
             order = value
             continue
-        if key not in _GROUP_DIMS or not eq or not value.isdigit():
+        if key not in TOKENS or not eq or not value.isdigit():
             raise InvalidArgumentError(
                 f"bench: --group {spec!r}: {item!r} is not DIM=SIZE (DIM one of tp, pp, dp, "
                 f"cp, ep; e.g. --group tp=2 or --group tp=2,pp=2:pp)"
@@ -220,36 +218,23 @@ def _group_spec(spec: str) -> tuple[dict[str, int], str | None, str]:
     return sizes, order, dims.strip() or next(iter(sizes))
 
 
-def _group_layout(spec: str, world: int | None) -> tuple[Layout, str]:
-    sizes, order, dims = _group_spec(spec)
-    if world is None:  # before MPI: a world the sizes fit, to check the order and the dims
-        world = 1
-        for size in sizes.values():
-            world *= size
-    try:
-        layout = Layout(
-            world,
-            tp=sizes.get("tp", 1),
-            pp=sizes.get("pp", 1),
-            dp=sizes.get("dp"),
-            cp=sizes.get("cp", 1),
-            ep=sizes.get("ep", 1),
-            order=order or "tp-cp-ep-dp-pp",
-        )
-        return layout, "-".join(layout.normalize(dims))
-    except InvalidArgumentError as exc:
-        raise InvalidArgumentError(f"bench: --group {spec!r}: {exc}") from None
-
-
-def parse_group(spec: str, world: int) -> tuple[Layout, str]:
+def parse_group(spec: str, world: int | None) -> tuple[Layout, str]:
     """``"tp=2"`` -> (Layout(world, tp=2), "tp"); ``"tp=2,pp=2:pp"`` names the dimension to
     run on after a colon (default: the first one given); ``order=...`` passes an order.
+    ``world`` None (before MPI): a world the sizes fit, to check the syntax, order and dims.
 
     Raises:
         InvalidArgumentError: naming --group: not DIM=SIZE, a dimension given twice, a size
             below 1, an unknown order or dimension, or sizes that do not fit ``world``.
     """
-    return _group_layout(spec, world)
+    sizes, order, dims = _group_spec(spec)
+    if world is None:
+        world = math.prod(sizes.values())
+    try:
+        layout = Layout(world, order=order or DEFAULT_ORDER, **sizes)
+        return layout, "-".join(layout.normalize(dims))
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"bench: --group {spec!r}: {exc}") from None
 
 
 # -- options and one case --------------------------------------------------------------
@@ -322,7 +307,7 @@ class BenchOptions:
             raise InvalidArgumentError(f"bench: -a is {self.average!r}, expected 0, 1, 2 or 3")
         size_series(self.min_bytes, self.max_bytes, self.factor)
         if self.group is not None:  # its syntax; whether it fits the world is known at init
-            _group_layout(self.group, None)
+            parse_group(self.group, None)
         return BenchOptions(**{**self.__dict__, "ops": list(dict.fromkeys(ops)), "dtype": dtype,
                                "redop": self.redop.lower(), "peers": peers})  # fmt: skip
 

@@ -979,23 +979,14 @@ class Communicator:
         [2, 3], ``g.dp`` holds [1, 3]; ``g.group("tp-dp")`` holds all four.
         """
         given = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "order": order}
-        if layout is None:
-            layout = Layout(
-                self.size,
-                tp=1 if tp is None else tp,
-                pp=1 if pp is None else pp,
-                dp=dp,
-                cp=1 if cp is None else cp,
-                ep=1 if ep is None else ep,
-                order="tp-cp-ep-dp-pp" if order is None else order,
+        passed = {k: v for k, v in given.items() if v is not None}
+        if layout is None:  # the rest takes Layout's defaults
+            layout = Layout(self.size, **passed)  # type: ignore[arg-type]
+        elif passed:  # they were ignored: the layout passed decides everything
+            raise InvalidArgumentError(
+                f"{self._here('layout')}: both a Layout and {passed} were given, expected "
+                f"one of them (the Layout's own sizes and order are {layout!r})"
             )
-        else:
-            extra = {k: v for k, v in given.items() if v is not None}
-            if extra:  # they were ignored: the layout passed decides everything
-                raise InvalidArgumentError(
-                    f"{self._here('layout')}: both a Layout and {extra} were given, expected "
-                    f"one of them (the Layout's own sizes and order are {layout!r})"
-                )
         return ParallelGroups(self, layout)
 
     def node(self) -> Communicator:

@@ -607,7 +607,7 @@ class Dispatcher:
             self._post(what, seq, exc, REFUSED)
         if self.debug == "off":
             return
-        name = f"{what} #{seq} on {group.name} (rank {group.rank} of {group.size})"
+        name = where(what, group.rank, group.size, group=group.name, seq=seq)
         fp = {"op": what, "seq": seq, "refused": f"{type(exc).__name__}: {exc}"}
         fut = self.worker().submit(name, self._agree_refused, name, fp)
         self._slow = True  # later calls queue behind it, in order on the checks' communicator

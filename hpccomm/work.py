@@ -473,11 +473,7 @@ def reap() -> None:
             pending, name = ORPHANS.popleft()
         except IndexError:  # another thread took the last one meanwhile
             break
-        try:
-            done = pending.test()
-        except Exception:  # failed: MPI has let go of its buffers
-            done = True
-        if not done:
+        if not _done(pending):
             ORPHANS.append((pending, name))
 
 
