@@ -193,7 +193,7 @@ class Dispatcher:
         stream: Any = None,
     ) -> Any:
         """Run one operation; returns its result, or a Work when ``async_op``."""
-        held = _HELD and spec.arrays and self.debug in CHECKING
+        held = _HELD and spec.arrays and self.debug != "off"
         if held and ORPHANS:  # a dropped Work's arrays are free once MPI is done with them
             reap()
             held = bool(_HELD)
@@ -434,7 +434,7 @@ class Dispatcher:
         checking = self.debug in CHECKING
         checked = (checking and not call.spec.p2p) or call.checked
         guard = None
-        if async_op and checking and call.device is None and call.spec.arrays:
+        if async_op and self.debug != "off" and call.device is None and call.spec.arrays:
             # a write before wait() raises at once; so does passing the array to another call
             writes = ReadOnlyWhileRunning.writes_data(
                 call.spec, call.group.rank, call.peer, data, out
@@ -972,23 +972,34 @@ class Dispatcher:
 REFUSAL_GRACE = 0.5
 
 
-class _Hold:
-    """An array some async calls hold read-only: the calls (each named when asked, and
-    whether it writes the array); writable again once the last one has released it."""
+class _Hold(weakref.ref):
+    """An array some async calls hold read-only (a weak reference to it: an id is reused once
+    the array is freed): the calls (each named when asked, and whether it writes the array);
+    writable again once the last one has released it."""
 
-    __slots__ = ("ref", "holders")
+    __slots__ = ("key", "holders")
 
-    def __init__(self, ref: weakref.ref) -> None:
-        self.ref = ref
+    def __new__(cls, array: Any, key: int) -> _Hold:
+        return super().__new__(cls, array, _forget)
+
+    def __init__(self, array: Any, key: int) -> None:
+        self.key = key  # (weakref.ref's __init__ takes what __new__ took, and does nothing)
         self.holders: list[tuple[Callable[[], str], bool]] = []
 
     def writes(self) -> bool:
         return any(writes for _, writes in self.holders)
 
 
+def _forget(hold: _Hold) -> None:
+    """An array freed while held (its calls never waited): its entry goes."""
+    held = ReadOnlyWhileRunning.held
+    if held.get(hold.key) is hold:
+        del held[hold.key]
+
+
 class ReadOnlyWhileRunning:
-    """Debug check for async calls: while the operation runs, the caller's NumPy arrays are
-    read-only (MPI gets writable views of the same memory), so writing one before
+    """The guard of async calls (every debug level but "off"): while the operation runs, the
+    caller's NumPy arrays are read-only (MPI gets writable views of the same memory), so writing one before
     ``wait()`` raises at the write instead of racing with MPI; ``release`` restores them
     and maps the result back to the caller's arrays. An array still held so (its call not
     waited for) given to another call is refused there, on every rank alike, where either
@@ -1034,7 +1045,7 @@ class ReadOnlyWhileRunning:
         either call writes it."""
         for array, arg, writes in ((data, "array", writes_data), (out, "out", True)):
             hold = cls.held.get(id(array)) if type(array) is _ndarray else None
-            if hold is not None and hold.ref() is array and (writes or hold.writes()):
+            if hold is not None and hold() is array and (writes or hold.writes()):
                 raise InvalidArgumentError(
                     f"{where_}: {arg} is in use by {hold.holders[0][0]()}, an async_op call not "
                     f"waited for yet, expected an array no operation is using; wait() for that "
@@ -1047,7 +1058,7 @@ class ReadOnlyWhileRunning:
         key, held = id(array), self.held
         entry = (where_, writes)
         hold = held.get(key)
-        if hold is not None and hold.ref() is array:  # another call reads it too
+        if hold is not None and hold() is array:  # another call reads it too
             hold.holders.append(entry)
             self._owned.append((array, array, entry))
             return array
@@ -1055,12 +1066,7 @@ class ReadOnlyWhileRunning:
             return array
         view = array.view()
         array.flags.writeable = False
-
-        def forget(ref: weakref.ref) -> None:  # freed while held (its calls never waited)
-            if key in held and held[key].ref is ref:
-                del held[key]
-
-        hold = held[key] = _Hold(weakref.ref(array, forget))
+        hold = held[key] = _Hold(array, key)
         hold.holders.append(entry)
         self._owned.append((array, view, entry))
         return view
@@ -1073,7 +1079,7 @@ class ReadOnlyWhileRunning:
             if result is view:
                 result = array
             hold = held.get(id(array))
-            if hold is not None and hold.ref() is array:
+            if hold is not None and hold() is array:
                 hold.holders[:] = [h for h in hold.holders if h is not entry]
                 if hold.holders:  # another call still reads it
                     continue

@@ -19,6 +19,16 @@ def checked(world, request):
     c.free()
 
 
+@pytest.fixture(params=["large", "check", "detail"])
+def guarded(world, request):
+    """A communicator at each level with the async read-only guard (every level but off)."""
+    c = world.dup()
+    c.debug = request.param
+    c.timeout = 60
+    yield c
+    c.free()
+
+
 def mismatch(comm, fn, *texts):
     """Every rank raises MismatchError with all ``texts``; the group still works after."""
     with pytest.raises(MismatchError) as info:
@@ -170,17 +180,17 @@ def test_layout_groups_requested_in_another_order(checked):
     groups.free()
 
 
-def test_async_buffers_are_read_only_until_wait(checked):
+def test_async_buffers_are_read_only_until_wait(guarded):
     x = np.ones(4)
-    work = checked.all_reduce(x, async_op=True)
+    work = guarded.all_reduce(x, async_op=True)
     with pytest.raises(ValueError, match="read-only"):
         x[0] = 7.0
     assert work.wait(timeout=60) is x
-    assert x.flags.writeable and (x == checked.size).all()
+    assert x.flags.writeable and (x == guarded.size).all()
 
 
 @pytest.mark.parametrize("size", [4, 1 << 18])  # MPI, and the shared-memory path (1 MiB)
-def test_an_array_in_use_by_an_async_call_is_refused_by_the_next(checked, size):
+def test_an_array_in_use_by_an_async_call_is_refused_by_the_next(guarded, size):
     # A second call given an array an async call still holds (not waited for) is refused
     # at once on every rank, naming the call that holds it; handed on read-only, its outcome
     # depended on whether the first wait() ran before the worker reached it (one rank
@@ -188,17 +198,17 @@ def test_an_array_in_use_by_an_async_call_is_refused_by_the_next(checked, size):
     import hpccomm
 
     x = np.ones(size, np.float32)
-    first = checked.all_reduce(x, async_op=True)
+    first = guarded.all_reduce(x, async_op=True)
     with pytest.raises(hpccomm.InvalidArgumentError, match=r"all_reduce #\d+ on .*: array "
                        r"is in use by all_reduce #\d+ on .*, an async_op call not waited for "
                        r"yet"):  # fmt: skip
-        checked.all_reduce(x, async_op=True)
-    assert first.wait(timeout=60) is x and (x == checked.size).all()
-    checked.all_reduce(x)
-    assert (x == checked.size**2).all()
+        guarded.all_reduce(x, async_op=True)
+    assert first.wait(timeout=60) is x and (x == guarded.size).all()
+    guarded.all_reduce(x)
+    assert (x == guarded.size**2).all()
 
 
-def test_an_array_freed_while_held_leaves_no_entry(checked):
+def test_an_array_freed_while_held_leaves_no_entry(guarded):
     # An async call never waited for whose array is then freed: the array's entry in the
     # in-use table goes with it (it stayed there for ever before: a leak per dropped call)
     import gc
@@ -210,11 +220,11 @@ def test_an_array_freed_while_held_leaves_no_entry(checked):
     key = id(x)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the UnwaitedWorkWarning is this test's premise
-        checked.all_reduce(x, async_op=True)  # the handle is dropped at once
+        guarded.all_reduce(x, async_op=True)  # the handle is dropped at once
         assert key in ReadOnlyWhileRunning.held
         del x
-        checked.all_reduce(np.ones(4))  # after the first on the same worker
-        checked.all_reduce(np.ones(4))  # its start lets go of the dropped call, done by now
+        guarded.all_reduce(np.ones(4))  # after the first on the same worker
+        guarded.all_reduce(np.ones(4))  # its start lets go of the dropped call, done by now
         gc.collect()
     assert key not in ReadOnlyWhileRunning.held
 
@@ -244,33 +254,33 @@ def test_an_array_in_use_on_one_rank_fails_the_call_on_every_rank(checked, secon
     assert (z == checked.size * (checked.size - 1) / 2).all()
 
 
-def test_an_array_in_use_is_named_so_on_a_description_not_seen_before(checked):
+def test_an_array_in_use_is_named_so_on_a_description_not_seen_before(guarded):
     # Validation of a new description ran first and called the held array read-only ("pass
     # a copy"), on the first such call only; the in-use check now comes first
     import hpccomm
 
     a = np.ones(7)
-    first = checked.all_reduce(a, async_op=True)
+    first = guarded.all_reduce(a, async_op=True)
     with pytest.raises(hpccomm.InvalidArgumentError, match=r"broadcast #\d+ on .*: array is in "
                        r"use by all_reduce #\d+"):  # fmt: skip
-        checked.broadcast(a, 0)
+        guarded.broadcast(a, 0)
     first.wait(timeout=60)
-    checked.broadcast(a, 0)
-    assert (a == checked.size).all()
+    guarded.broadcast(a, 0)
+    assert (a == guarded.size).all()
 
 
 @pytest.mark.parametrize("op", ["all_gather", "gather"])
-def test_an_in_place_async_gather_under_the_check(checked, op):
+def test_an_in_place_async_gather_under_the_guard(guarded, op):
     # The array is exactly this rank's block of out: the read-only guard of a running async
     # call released the array before out, which NumPy refuses for a view of a read-only
     # base (ValueError "cannot set WRITEABLE flag", out read-only for good)
-    n, r = checked.size, checked.rank
+    n, r = guarded.size, guarded.rank
     out = np.zeros(2 * n)
     out[2 * r : 2 * r + 2] = r + 1
     if op == "all_gather":
-        work = checked.all_gather(out[2 * r : 2 * r + 2], out=out, async_op=True)
+        work = guarded.all_gather(out[2 * r : 2 * r + 2], out=out, async_op=True)
     else:
-        work = checked.gather(out[2 * r : 2 * r + 2], dst=0, out=out if r == 0 else None,
+        work = guarded.gather(out[2 * r : 2 * r + 2], dst=0, out=out if r == 0 else None,
                               async_op=True)  # fmt: skip
     work.wait()
     assert out.flags.writeable
@@ -342,20 +352,20 @@ def test_two_ranks_that_irecv_then_send_large_messages(checked):
     assert w.wait() == other and (got == other).all()
 
 
-def test_two_reads_of_an_array_in_use_go_on(checked):
+def test_two_reads_of_an_array_in_use_go_on(guarded):
     # A buffer sent to two peers, or one input to two async collectives with outputs of
     # their own: both calls only read it, and the second was refused ("in use by")
     import hpccomm
 
-    n, r = checked.size, checked.rank
+    n, r = guarded.size, guarded.rank
     x = np.arange(6.0) + r
     outs = [np.empty(6 * n), np.empty(6 * n)]
-    works = [checked.all_gather(x, out=o, async_op=True) for o in outs]
+    works = [guarded.all_gather(x, out=o, async_op=True) for o in outs]
     if n > 1:  # the same buffer to both neighbours (and from them)
         right, left = (r + 1) % n, (r - 1) % n
         got = [np.empty(6), np.empty(6)]
-        works += [checked.isend(x, right, tag=1), checked.isend(x, left, tag=2)]
-        works += [checked.irecv(got[0], left, tag=1), checked.irecv(got[1], right, tag=2)]
+        works += [guarded.isend(x, right, tag=1), guarded.isend(x, left, tag=2)]
+        works += [guarded.irecv(got[0], left, tag=1), guarded.irecv(got[1], right, tag=2)]
     for w in works:
         w.wait(timeout=60)
     expect = np.concatenate([np.arange(6.0) + i for i in range(n)])
@@ -365,20 +375,20 @@ def test_two_reads_of_an_array_in_use_go_on(checked):
     assert x.flags.writeable
     # a call that writes an array in use is still refused (here: a receive into it)
     y = np.ones(4)
-    first = checked.all_reduce(y, async_op=True)
+    first = guarded.all_reduce(y, async_op=True)
     with pytest.raises(hpccomm.InvalidArgumentError, match="array is in use by all_reduce"):
-        checked.broadcast(y, 0)
+        guarded.broadcast(y, 0)
     first.wait(timeout=60)
 
 
-def test_overlapping_async_reads_complete_and_restore_the_arrays(checked):
+def test_overlapping_async_reads_complete_and_restore_the_arrays(guarded):
     # all_gather of x[:2], then of x, both async: the first wait() raised "cannot set
     # WRITEABLE flag to True" (x was read-only by then) and lost its result
-    n = checked.size
+    n = guarded.size
     x = np.arange(4.0)
     part = x[:2]
-    w1 = checked.all_gather(part, async_op=True)
-    w2 = checked.all_gather(x, async_op=True)
+    w1 = guarded.all_gather(part, async_op=True)
+    w2 = guarded.all_gather(x, async_op=True)
     first = w1.wait(timeout=60)
     second = w2.wait(timeout=60)
     assert first.tolist() == [0.0, 1.0] * n and second.tolist() == [0.0, 1.0, 2.0, 3.0] * n
@@ -387,7 +397,7 @@ def test_overlapping_async_reads_complete_and_restore_the_arrays(checked):
     assert x[0] == 9.0
 
 
-def test_a_dropped_works_arrays_are_writable_once_it_completed(checked):
+def test_a_dropped_works_arrays_are_writable_once_it_completed(guarded):
     # a Work dropped unwaited kept its arrays read-only for good, and every later call with
     # them was refused ("wait() for that call first", which could not be done)
     import gc
@@ -396,17 +406,17 @@ def test_a_dropped_works_arrays_are_writable_once_it_completed(checked):
     x = np.ones(5)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the UnwaitedWorkWarning is this test's premise
-        checked.all_reduce(x, async_op=True)  # the handle is dropped at once
+        guarded.all_reduce(x, async_op=True)  # the handle is dropped at once
         gc.collect()
-    checked.barrier()  # after the dropped call on the same worker: it has run
-    checked.all_reduce(x)  # accepted (it was refused)
-    assert x.flags.writeable and (x == checked.size**2).all()
+    guarded.barrier()  # after the dropped call on the same worker: it has run
+    guarded.all_reduce(x)  # accepted (it was refused)
+    assert x.flags.writeable and (x == guarded.size**2).all()
 
 
-def test_async_in_place_forms_in_a_group_of_one(checked):
+def test_async_in_place_forms_in_a_group_of_one(guarded):
     # out=x with x the input itself (a group of one): the check made x read-only and then
     # refused it as out ("out is read-only ... pass a copy")
-    alone = checked.split(checked.rank)
+    alone = guarded.split(guarded.rank)
     try:
         for name in ("all_gather", "gather", "reduce_scatter"):
             x = np.arange(3.0) + 1
@@ -419,13 +429,13 @@ def test_async_in_place_forms_in_a_group_of_one(checked):
         alone.free()
 
 
-def test_an_array_two_calls_read_stays_read_only_until_both_are_done(checked):
+def test_an_array_two_calls_read_stays_read_only_until_both_are_done(guarded):
     # the first wait() made it writable while the second call still read it: a write then
     # went into the second all_gather's result on every rank, with no error
-    n = checked.size
+    n = guarded.size
     x = np.ones(4)
-    w1 = checked.all_gather(x, async_op=True)
-    w2 = checked.all_gather(x, async_op=True)
+    w1 = guarded.all_gather(x, async_op=True)
+    w2 = guarded.all_gather(x, async_op=True)
     w1.wait(timeout=60)
     assert not x.flags.writeable
     with pytest.raises(ValueError, match="read-only"):
@@ -434,19 +444,19 @@ def test_an_array_two_calls_read_stays_read_only_until_both_are_done(checked):
     assert x.flags.writeable
 
 
-def test_views_released_out_of_order_are_all_writable(checked):
+def test_views_released_out_of_order_are_all_writable(guarded):
     # views of two held arrays (equal in value) released in another order: the retry list
     # removed a by equality with b, and a stayed read-only for good
     x, y = np.ones(4), np.ones(4)
     a, b = x[:1], y[:1]
-    works = [checked.all_reduce(v, async_op=True) for v in (a, b, x, y)]
+    works = [guarded.all_reduce(v, async_op=True) for v in (a, b, x, y)]
     for i in (0, 1, 3, 2):
         works[i].wait(timeout=60)
     assert all(v.flags.writeable for v in (a, b, x, y))
     a[0] = 0.0
 
 
-def test_dropped_works_release_their_arrays_when_done_without_a_later_call(checked):
+def test_dropped_works_release_their_arrays_when_done_without_a_later_call(guarded):
     # released only by a later call's look at dropped operations (16 per call): a direct
     # write after they had all completed raised, and the 17th array was refused
     import gc
@@ -457,11 +467,26 @@ def test_dropped_works_release_their_arrays_when_done_without_a_later_call(check
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the UnwaitedWorkWarning is this test's premise
         for a in arrs:
-            checked.all_reduce(a, async_op=True)  # dropped at once
+            guarded.all_reduce(a, async_op=True)  # dropped at once
         gc.collect()
         deadline = time.monotonic() + 30
         while not all(a.flags.writeable for a in arrs) and time.monotonic() < deadline:
             time.sleep(0.01)  # the worker runs them; no call of this rank meanwhile
     assert all(a.flags.writeable for a in arrs)
     arrs[0][0] = 5.0
-    checked.barrier()
+    guarded.barrier()
+
+
+def test_off_leaves_async_buffers_writable(world):
+    # the guard's opt-out: with debug "off" an async call's arrays stay writable (a write
+    # before wait() is the caller's race, as in raw MPI)
+    c = world.dup()
+    try:
+        c.debug = "off"
+        x = np.ones(4)
+        work = c.all_reduce(x, async_op=True)
+        assert x.flags.writeable
+        work.wait(timeout=60)
+        assert (x == c.size).all()
+    finally:
+        c.free()
