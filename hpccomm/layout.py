@@ -163,6 +163,10 @@ class Layout:
         self.world_size = world_size
         self.order = tokens
         self.sizes = {t: sizes[t] for t in tokens}
+        # "expert" for expert() layouts (Megatron's expert_decoder_rank_generator): its groups
+        # are named world/expert-tp etc., apart from the dense layout's world/tp. Not part of
+        # ==: it names groups, it does not change them.
+        self.kind = "dense"
 
     # -- the DeviceMesh convention -------------------------------------------------------
 
@@ -303,6 +307,7 @@ class Layout:
                 f"{expert_pp} (expert, tp={tp}, ep={ep}); a rank would be in different pipeline "
                 f"stages for its dense and expert parts (Megatron-LM refuses it too)"
             )
+        ex.kind = "expert"
         return ex
 
     # -- serialization and comparison -----------------------------------------------------
@@ -315,6 +320,8 @@ class Layout:
         }
         if self.given_order != doc["order"]:  # what expert() needs (see __init__)
             doc["order_given"] = self.given_order
+        if self.kind != "dense":
+            doc["kind"] = self.kind
         return doc
 
     def groups_json(self) -> str:
@@ -322,6 +329,7 @@ class Layout:
         building groups compare (the order as given only matters to expert())."""
         doc = self.to_dict()
         doc.pop("order_given", None)
+        doc.pop("kind", None)
         doc["order"] = "-".join(self._grouping())
         return json.dumps(doc, sort_keys=True)
 
@@ -363,6 +371,11 @@ class Layout:
             raise InvalidArgumentError(
                 f"layout: JSON has order_given {given!r}, expected a string such as 'tp-dp-pp'"
             )
+        kind = doc.get("kind", "dense")
+        if kind not in ("dense", "expert"):
+            raise InvalidArgumentError(
+                f"layout: JSON has kind {kind!r}, expected 'dense' or 'expert' (or none)"
+            )
         layout = cls(world, order=given, **sizes)
         full = cls(world, order=order, **sizes).order
         if layout.order != full:
@@ -370,6 +383,7 @@ class Layout:
                 f"layout: JSON has order {order!r} but order_given {given!r}, which gives "
                 f"{'-'.join(layout.order)!r}; expected orders that agree"
             )
+        layout.kind = kind
         return layout
 
     def differences(self, other: Layout) -> list[str]:
@@ -398,4 +412,5 @@ class Layout:
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{t}={s}" for t, s in self.sizes.items())
-        return f"Layout({self.world_size}, {sizes}, order={'-'.join(self.order)!r})"
+        kind = "" if self.kind == "dense" else f", kind={self.kind!r}"
+        return f"Layout({self.world_size}, {sizes}, order={'-'.join(self.order)!r}{kind})"

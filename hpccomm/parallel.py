@@ -65,6 +65,13 @@ class ParallelGroups:
         """Ranks (of ``comm``) in this rank's group along ``dims``."""
         return self.layout.group_of(self.comm.rank, dims)
 
+    def name(self, dims: str | Sequence[str]) -> str:
+        """The name of the group along ``dims`` below the communicator's: "tp", "dp-cp";
+        "expert-tp", "expert-dp", "expert-ep" for an expert layout (:meth:`Layout.expert`),
+        so that its groups are told apart from the dense layout's in errors and traces."""
+        joined = "-".join(self.layout.normalize(dims))
+        return joined if self.layout.kind == "dense" else f"{self.layout.kind}-{joined}"
+
     def group(self, dims: str | Sequence[str]) -> Communicator:
         """This rank's Communicator along ``dims`` ("tp", "dp-cp", "tp-pp", ...), members in
         rank order. Collective over ``comm`` on first use."""
@@ -77,7 +84,7 @@ class ParallelGroups:
                 key=self.comm.rank,
                 expect=f"layout group {'-'.join(key)} of {self.layout.groups_json()}",
             )
-            group.name = f"{self.comm.name}/{'-'.join(key)}"
+            group.name = f"{self.comm.name}/{self.name(key)}"
             got = group.translate(range(group.size), self.comm)  # local: no messages
             if got != members:
                 # debug "off" (else the split compared the layouts): the other ranks asked
@@ -85,7 +92,7 @@ class ParallelGroups:
                 # position but other members passed a check of size and rank alone)
                 group.free()
                 raise MismatchError(
-                    f"layout group {'-'.join(key)} on {self.comm.name} (rank {self.comm.rank} "
+                    f"layout group {self.name(key)} on {self.comm.name} (rank {self.comm.rank} "
                     f"of {self.comm.size}): the split gave ranks {got}, expected {members} by "
                     f"the layout; the ranks asked for different groups or built different "
                     f"layouts (HPCCOMM_DEBUG=check names them)"

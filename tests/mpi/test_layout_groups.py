@@ -105,3 +105,23 @@ def test_a_layout_and_sizes_beside_it_are_refused(comm):
                        r"'order': 'garbage'\} were given, expected one of them"):  # fmt: skip
         comm.layout(Layout(comm.size), tp=4, order="garbage")
     assert comm.layout(Layout(comm.size)).layout == Layout(comm.size)
+
+
+def test_dense_and_expert_groups_have_their_own_names(comm):
+    # Megatron's pair: the dense layout's groups and its expert layout's shared names
+    # (world/tp for both), so errors and flight recorder dumps could not tell them apart
+    if comm.size % 2:
+        pytest.skip("needs an even world size for ep=2")
+    dense = comm.layout(tp=1)
+    experts = comm.layout(dense.layout.expert(ep=2))
+    try:
+        assert dense.tp.name == f"{comm.name}/tp" and dense.dp.name == f"{comm.name}/dp"
+        assert experts.tp.name == f"{comm.name}/expert-tp"
+        assert experts.ep.name == f"{comm.name}/expert-ep"
+        assert experts.group("ep-dp").name == f"{comm.name}/expert-ep-dp"
+        x = np.ones(1)
+        experts.ep.all_reduce(x)
+        assert x[0] == 2
+    finally:
+        dense.free()
+        experts.free()

@@ -56,6 +56,20 @@ def test_expert_layout():
     assert L64.expert(ep=2).sizes["tp"] == 4  # Megatron: expert tp defaults to the dense tp
 
 
+def test_an_expert_layout_says_so_and_keeps_it_in_json():
+    # its groups are named apart from the dense layout's (world/expert-tp, not world/tp:
+    # the two shared names in errors and traces); the kind names groups, it is not in ==
+    ex = L64.expert(ep=4, tp=4)
+    assert L64.kind == "dense" and ex.kind == "expert"
+    assert "kind='expert'" in repr(ex) and "kind" not in repr(L64)
+    back = Layout.from_json(ex.to_json())
+    assert back.kind == "expert" and back == ex
+    assert json.loads(ex.to_json())["kind"] == "expert" and "kind" not in L64.to_json()
+    assert ex.groups_json() == Layout(64, tp=4, ep=4, pp=2).groups_json()
+    with pytest.raises(InvalidArgumentError, match="kind 'moe', expected 'dense' or 'expert'"):
+        Layout.from_json({**json.loads(ex.to_json()), "kind": "moe"})
+
+
 @pytest.mark.parametrize(
     ("world", "sizes", "order", "ep", "etp"),
     [
