@@ -932,6 +932,25 @@ def _rows(case: Case, everything: list[Any], sides: list[str], opts: BenchOption
     return rows
 
 
+def _avg_busbw(rows: list[dict[str, Any]], peers: list[str]) -> dict[str, float | None]:
+    """The mean bus bandwidth of the rows, per side (hpccomm and each peer)."""
+    avg = {}
+    for side in ["hpccomm", *peers]:
+        vals = [r["busbw"] if side == "hpccomm" else r["peers"][side].get("busbw")
+                for r in rows]  # fmt: skip
+        vals = [v for v in vals if v is not None]
+        avg[side] = statistics.fmean(vals) if vals else None
+    return avg
+
+
+def _avg_line(label: str, avg: dict[str, float | None], peers: list[str]) -> str:
+    """``label: 1.234 GB/s`` (``(hpccomm); ... GB/s (peer)`` with peers)."""
+    text = f"{label}: {_f(avg['hpccomm'], 0, 3).strip()} GB/s"
+    if peers:
+        text += " (hpccomm); " + "; ".join(f"{_f(avg[p], 0, 3).strip()} GB/s ({p})" for p in peers)
+    return text
+
+
 def _document(world: Any, opts: BenchOptions, rows: list[dict[str, Any]],
               everyone: list[list[int]], dim: str, notes: list[str],
               hosts: list[str]) -> dict[str, Any]:  # fmt: skip
@@ -940,14 +959,14 @@ def _document(world: Any, opts: BenchOptions, rows: list[dict[str, Any]],
     groups = []
     for gi, members in enumerate(everyone):
         mine = [{k: v for k, v in r.items() if k != "group"} for r in rows if r["group"] == gi]
-        avg = {}
-        for side in ["hpccomm", *opts.peers]:
-            vals = [r["busbw"] if side == "hpccomm" else r["peers"][side].get("busbw")
-                    for r in mine]  # fmt: skip
-            vals = [v for v in vals if v is not None]
-            avg[side] = statistics.fmean(vals) if vals else None
         name = "world" if not dim else f"{dim} {members}"
-        groups.append({"name": name, "members": members, "rows": mine, "avg_busbw": avg})
+        group = {"name": name, "members": members, "rows": mine}
+        group["avg_busbw"] = _avg_busbw(mine, opts.peers)
+        if len(opts.ops) > 1:  # nccl-tests' one line per binary is one op's: one per op too
+            group["avg_busbw_by_op"] = {
+                op: _avg_busbw([r for r in mine if r["op"] == op], opts.peers) for op in opts.ops
+            }
+        groups.append(group)
     o = {k: v for k, v in vars(opts).items() if k != "progress"}
     return {
         "schema": SCHEMA,
@@ -1020,13 +1039,11 @@ def format_table(doc: dict[str, Any]) -> str:
                 else:
                     line += f" | {'-':>12} {'-':>7} {'-':>6}"
             lines.append(line)
-        avg = g["avg_busbw"]
-        text = f"# Avg bus bandwidth    : {_f(avg['hpccomm'], 0, 3).strip()} GB/s"
-        if peers:
-            text += " (hpccomm); " + "; ".join(
-                f"{_f(avg[p], 0, 3).strip()} GB/s ({p})" for p in peers
-            )
-        lines.append(text)
+        by_op = g.get("avg_busbw_by_op", {})
+        for op, avg in by_op.items():
+            lines.append(_avg_line(f"# Avg bus bandwidth ({op})", avg, peers))
+        label = "# Avg bus bandwidth " + ("(all operations)" if by_op else "   ")
+        lines.append(_avg_line(label, g["avg_busbw"], peers))
         wrong = sum(r["wrong"] or 0 for r in g["rows"])
         if o["check"]:
             lines.append(f"# Out of bounds values : {wrong} {'OK' if not wrong else 'FAILED'}")

@@ -169,3 +169,19 @@ def test_device_without_cupy_or_gpu_skips_saying_why(world, capsys):
         assert "skipped" in bench.format_table(doc)
     else:
         assert doc is None
+
+
+def test_several_operations_get_an_average_each(world, capsys):
+    # one "Avg bus bandwidth" line averaged all_reduce and broadcast rows together (a figure
+    # of neither); nccl-tests' line is one operation's, as each of these is
+    argv = ["bench", "-o", "all_reduce,broadcast", "-b", "8", "-e", "64", "-f", "8", "-n", "2"]
+    assert main([*argv, "-w", "0", "--rounds", "1", "-q"]) == 0
+    out = capsys.readouterr().out
+    if world.rank != 0:
+        return
+    lines = [line for line in out.splitlines() if "Avg bus bandwidth" in line]
+    assert [line.split(":")[0] for line in lines] == [
+        "# Avg bus bandwidth (all_reduce)",
+        "# Avg bus bandwidth (broadcast)",
+        "# Avg bus bandwidth (all operations)",
+    ]
