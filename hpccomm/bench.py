@@ -960,7 +960,7 @@ def _document(world: Any, opts: BenchOptions, rows: list[dict[str, Any]],
     for gi, members in enumerate(everyone):
         mine = [{k: v for k, v in r.items() if k != "group"} for r in rows if r["group"] == gi]
         name = "world" if not dim else f"{dim} {members}"
-        group = {"name": name, "members": members, "rows": mine}
+        group: dict[str, Any] = {"name": name, "members": members, "rows": mine}
         group["avg_busbw"] = _avg_busbw(mine, opts.peers)
         if len(opts.ops) > 1:  # nccl-tests' one line per binary is one op's: one per op too
             group["avg_busbw_by_op"] = {
