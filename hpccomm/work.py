@@ -8,6 +8,7 @@ operation's result or one error, kept for every later ``wait()``/``exception()``
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 import warnings
@@ -52,19 +53,35 @@ class Pending(Protocol):
 def wait_bounded(
     test: Callable[[], bool], timeout: float, watch: Callable[[], None] | None = None
 ) -> bool:
-    """Poll ``test`` until it is true or ``timeout`` seconds pass (backing off from 1 us to
-    1 ms between polls); ``watch`` runs between polls and may raise (a peer's failure
-    notice). Returns whether ``test`` became true."""
-    deadline = time.monotonic() + timeout
-    pause = 1e-6
+    """Poll ``test`` until it is true or ``timeout`` seconds pass: for the first
+    SPIN_SECONDS without sleeping, then backing off from 50 us to 1 ms
+    between polls; ``watch`` runs between polls and may raise (a peer's failure notice).
+    Returns whether ``test`` became true. (Sleeping from the first poll made a bounded
+    8-byte send/recv round trip take 276-436 us against 6 us unbounded: Linux sleeps at
+    least about 50 us however short the pause asked.)"""
+    if test():
+        return True
+    now = time.monotonic()
+    deadline = now + timeout
+    spin_until = now + min(SPIN_SECONDS, timeout)
+    pause = 5e-5
     while not test():
         if watch is not None:
             watch()
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now >= deadline:
             return test()
+        if now < spin_until:  # (not sleep(0): Linux's nanosleep(0) takes 50-100 us too)
+            os.sched_yield()  # the CPU to a rank or thread that shares this core, as Open
+            continue  # MPI's mpi_yield_when_idle does in its own waits
         time.sleep(pause)
         pause = min(pause * 2, 1e-3)
     return True
+
+
+# How long a bounded wait polls without sleeping: a message between ranks of a node arrives
+# within tens of microseconds, and MPI's own blocking waits spin the same way.
+SPIN_SECONDS = 1e-3
 
 
 def wait_watching(pending: Pending, timeout: float, watch: Callable[[], None]) -> bool:
