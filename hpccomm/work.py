@@ -7,8 +7,10 @@ operation's result or one error, kept for every later ``wait()``/``exception()``
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
+import sys
 import threading
 import time
 import warnings
@@ -350,9 +352,20 @@ class Work:
         if closed is not None and closed():
             return
         how = "after its wait() timed out" if self._waited else "without wait()"
+        _DROPPED[0] += 1
+        if _DROPPED[0] > DROPS_SAID:  # counted, said once at exit (each text is new to
+            return  # warnings' registry: 40,000 drops were 160,000 stderr lines and memory)
+        more = (
+            f" (the {DROPS_SAID}th such warning of this process: further ones are counted and "
+            f"their number said at exit)"
+            if _DROPPED[0] == DROPS_SAID
+            else ""
+        )
+        if _DROPPED[0] == 1:
+            atexit.register(_say_dropped)
         warnings.warn(
             f"{self._where()}: Work handle dropped {how}, its operation still pending; its "
-            f"buffers may be read or written only after the operation completes",
+            f"buffers may be read or written only after the operation completes{more}",
             UnwaitedWorkWarning,
             stacklevel=1,
         )
@@ -360,6 +373,22 @@ class Work:
     def __repr__(self) -> str:
         state = "done" if self._done else "pending"
         return f"<Work {self._where()} {state}>"
+
+
+# UnwaitedWorkWarnings said one by one per process; the rest are counted (_DROPPED)
+DROPS_SAID = 20
+_DROPPED = [0]
+
+
+def _say_dropped() -> None:
+    """At exit: how many dropped Work handles were not reported one by one."""
+    unsaid = _DROPPED[0] - DROPS_SAID
+    if unsaid > 0:
+        sys.stderr.write(
+            f"hpccomm: {_DROPPED[0]} Work handles in all were dropped with their operation "
+            f"pending ({unsaid} not reported one by one; UnwaitedWorkWarning said the first "
+            f"{DROPS_SAID})\n"
+        )
 
 
 class _FinishedSource:
