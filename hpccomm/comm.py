@@ -27,7 +27,13 @@ from .cuda_aware import CPU_ONLY, DeviceConfig
 from .debug import level_from
 from .dispatch import Dispatcher
 from .dtypes import ReduceOp, dtype_info
-from .errors import ClosedError, HpccommError, InvalidArgumentError, MismatchError
+from .errors import (
+    BackendError,
+    ClosedError,
+    HpccommError,
+    InvalidArgumentError,
+    MismatchError,
+)
 from .layout import Layout
 from .notices import NoticeBoard
 from .ops import (
@@ -765,13 +771,34 @@ class Communicator:
         new group, so that local_rank & co never communicate later)."""
 
         def job() -> tuple[Any, NodeInfo | None]:
-            backend = create(*args)
+            try:
+                backend = create(*args)
+            except Exception as exc:  # mpi4py's MPI.Exception (MPI_ERR_INTERN, bare)
+                raise self._not_created(what, exc) from exc
             if backend is None:
                 return None, None
             keys = backend.mpi.allgather(self._node_key)
             return backend, node_info(keys, backend.rank)
 
         return self._dispatcher.collective(what, job, agree=agree)
+
+    def _not_created(self, what: str, exc: BaseException) -> BackendError:
+        """MPI refused to make a group's communicators: how many groups this process holds
+        (each has four: its own, the checks', the checked messages' data and mpi4py's for
+        objects; Open MPI 5 runs out of communicator ids at 65,532, about 16,380 groups).
+        Groups dropped without free() keep theirs for good."""
+        live, stack = 0, [self._world]
+        while stack:
+            c = stack.pop()
+            live += not c.freed
+            stack.extend(c._children)
+        return BackendError(
+            f"{self._here(what)}: MPI could not create the group's communicators: "
+            f"{type(exc).__name__}: {exc}; this process holds {live} groups not freed (the "
+            f"world included), each with 4 MPI communicators (Open MPI runs out at about "
+            f"16,380 groups): free() the groups no longer used (a group dropped without "
+            f"free() keeps its communicators for good)"
+        )
 
     def _adopt(
         self,
@@ -894,7 +921,10 @@ class Communicator:
             )
 
         def job() -> tuple[Any, list[Any]]:
-            made = self._backend.create_group(ranks, tag_value)
+            try:
+                made = self._backend.create_group(ranks, tag_value)
+            except Exception as exc:  # mpi4py's MPI.Exception (MPI_ERR_INTERN, bare)
+                raise self._not_created("create_group", exc) from exc
             return made, made.mpi.allgather(self._node_key)
 
         # the members only: not a step of this group's sequence, bounded by its timeout

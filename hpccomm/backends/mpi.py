@@ -731,19 +731,22 @@ class MPIBackend:
         # pkl5's object transfers use a duplicate of the communicator that mpi4py makes on
         # their first use, a collective that holds the GIL while it waits: made here, while
         # every member is creating the group, a rank that never joins a later object
-        # transfer cannot freeze this process past its timeout.
-        # (kept for the failure path's revoke)
+        # transfer cannot freeze this process past its timeout (kept for the failure path's
+        # revoke). The debug checks' exchanges run on a communicator of their own
+        # (``checks``): a rank checking a call can never match another rank's data (a
+        # mismatch that straddles the ``large`` level's threshold waits, or times out,
+        # instead of exchanging wrong bytes). Its point-to-point space carries
+        # send_object/recv_object (the checks are collectives, which never match
+        # point-to-point messages): on the array communicator an array send matched a
+        # recv_object, whose pkl5 took it for a header and waited in MPI for parts that
+        # never come, past any timeout; a send_object matched an array recv. ``data``
+        # carries the data of checked point-to-point messages, each with a tag of its own
+        # that its header names (see _CheckedRecv).
+        # (Where one of these fails, Open MPI out of communicator ids, the ones made are not
+        # freed: Open MPI 5.0.11 keeps the failed creation's id agreement running on them,
+        # and freeing them made its progress engine segfault at exit.)
         self._objects_comm = MPI._commctx_intra(self.mpi)[0]
-        # The debug checks' exchanges run on a communicator of their own: a rank checking a
-        # call can never match another rank's data (a mismatch that straddles the ``large``
-        # level's threshold waits, or times out, instead of exchanging wrong bytes). Its
-        # point-to-point space carries send_object/recv_object (the checks are collectives,
-        # which never match point-to-point messages): on the array communicator an array
-        # send matched a recv_object, whose pkl5 took it for a header and waited in MPI for
-        # parts that never come, past any timeout; a send_object matched an array recv.
         self.checks = self.mpi.Dup()
-        # the data of checked point-to-point messages, each with a tag of its own that its
-        # header names (see _CheckedRecv)
         self.data = self.mpi.Dup()
         self._data_tag = 0
         # the check's buffers, made once (a group's calls never check concurrently)

@@ -579,3 +579,27 @@ def test_freed_groups_are_let_go(comm, monkeypatch):
     assert all(r() is None for r in refs) and comm._children == []
     kept = list(comm._notices.freed_seqs)  # the latest: the last group after its dup
     assert len(kept) == 3 and kept[-1] == gids[-1] and gids[-2] in kept
+
+
+def test_a_group_mpi_cannot_make_is_named_with_the_groups_held(comm, monkeypatch):
+    # Open MPI runs out of communicator ids after about 16,380 groups not freed (4 MPI
+    # communicators each): the creation raised a bare mpi4py MPI_ERR_INTERN, naming no
+    # operation, rank or cause (a soak review)
+    from mpi4py import MPI
+
+    import hpccomm
+
+    def refused(*args):
+        raise MPI.Exception(MPI.ERR_INTERN)
+
+    monkeypatch.setattr(comm._backend, "split", refused)
+    with pytest.raises(hpccomm.BackendError, match=r"split .*rank \d+ of \d+.*MPI could not create "
+                       r"the group's communicators: Exception: MPI_ERR_INTERN.*holds \d+ groups "
+                       r"not freed.*free\(\) the groups no longer used"):  # fmt: skip
+        comm.split(0)
+    monkeypatch.undo()
+    g = comm.split(0)  # the group goes on
+    x = np.ones(2)
+    g.all_reduce(x)
+    assert (x == comm.size).all()
+    g.free()
