@@ -335,8 +335,12 @@ class Work:
             return
         try:
             parts = _posted(self._pending)
-            after, source = self._after, self._pending
-            if after is not None and isinstance(source, Future):  # the debug check's
+            after, source, rec = self._after, self._pending, self._record
+            if rec is not None:  # the flight recorder's and profiler's record ends when the
+                # operation does (it stayed "started": trace analyze said ranks waited in
+                # calls long complete, and the profiler kept it for good)
+                after = partial(_end_dropped, rec, source, after)
+            if after is not None and isinstance(source, Future):  # the async guard's
                 # read-only arrays, of a call on the worker: writable again once it has run
                 # (no wait() will release them)
                 source.add_done_callback(partial(after, None))
@@ -496,6 +500,18 @@ class _Release:
             return False
         self.after(None)
         return True
+
+
+def _end_dropped(rec: Any, source: Any, after: Callable[[Any], Any] | None, result: Any) -> Any:
+    """A dropped Work's operation has completed: its guard's release (``after``), then its
+    record ends (failed where the worker's job raised)."""
+    if after is not None:
+        after(result)
+    if rec.error is None and isinstance(source, Future):
+        rec.error = source.error
+    if record.listeners:
+        record.notify("end", rec)
+    return result
 
 
 def _done(part: Any) -> bool:

@@ -176,3 +176,29 @@ def test_dropped_works_past_the_first_ones_are_counted_and_said_at_exit(comm):
     said = [w for w in caught if issubclass(w.category, UnwaitedWorkWarning)]
     assert len(said) == work.DROPS_SAID and "further ones are counted" in str(said[-1].message)
     assert work._DROPPED[0] == work.DROPS_SAID + 5
+
+
+def test_a_dropped_works_record_ends_when_its_operation_does(comm):
+    # a dropped Work's record stayed "started" for good: the flight recorder's dumps had
+    # completed calls as running (trace analyze: "ranks 0-1 entered all_reduce #1 ... and
+    # wait"), and the profiler kept each one and listed it as not completed
+    import gc
+    import warnings
+
+    n, r = comm.size, comm.rank
+    with CallLog() as log, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the UnwaitedWorkWarning is this test's premise
+        comm.all_reduce(np.ones(3), async_op=True)  # dropped at once
+        if n > 1:
+            got = np.empty(2)
+            w = comm.irecv(got, (r - 1) % n, tag=9)
+            comm.isend(np.ones(2), (r + 1) % n, tag=9)  # dropped at once
+            w.wait()
+        gc.collect()
+        comm.barrier()  # after the dropped all_reduce on the worker, or inline after it
+        if n > 1:  # a later point-to-point call lets go of the finished send
+            comm.sendrecv(np.ones(1), dst=(r + 1) % n, src=(r - 1) % n, out=np.empty(1))
+    ended = [(rec["op"], rec["error"]) for rec in log.records]
+    assert ("all_reduce", None) in ended
+    if n > 1:
+        assert ("send", None) in ended
