@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import os
 import re
 import signal
@@ -48,6 +49,8 @@ __all__ = [
 ]
 
 ENV = "HPCCOMM_TRACE_DIR"
+# Seconds after an error's dump during which further errors write none (see note_error)
+ERROR_DUMP_GAP = 1.0
 SIGTERM_GRACE = 0.5  # seconds a rank waits after its SIGTERM dump before it exits
 recorder: FlightRecorder | None = None  # the process's recorder, when enabled
 
@@ -89,6 +92,8 @@ class FlightRecorder:
         self.size = size
         self.entries: collections.deque[Record] = collections.deque(maxlen=capacity)
         self.dumps = 0
+        self._last_error_dump = -math.inf  # time.monotonic() of the last dump for an error
+        self.errors_skipped = 0  # errors since it that wrote no dump (ERROR_DUMP_GAP)
         self._lock = threading.Lock()
         self._offset = time.time() - time.perf_counter()  # records use perf_counter
         self.job = job_identity()
@@ -131,6 +136,7 @@ class FlightRecorder:
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "reason": reason,
+                "errors_not_dumped": self.errors_skipped,
                 "time": time.time(),
                 "groups": self.groups(),
                 "entries": self.snapshot(),
@@ -143,8 +149,18 @@ class FlightRecorder:
             return path
 
     def note_error(self, exc: BaseException) -> None:
-        """An hpccomm error reached the caller: write the trace."""
+        """An hpccomm error reached the caller: write the trace, unless an error wrote it
+        less than ERROR_DUMP_GAP seconds ago (each dump writes the whole ring, about 0.7 MB:
+        a program retrying 10 ms receive timeouts took 19-45 ms per timeout, and would
+        write tens of GB a day). The next dump counts the errors that wrote none; SIGTERM,
+        SIGUSR1, hpccomm.dump() and an uncaught error always write."""
+        now = time.monotonic()
+        if now - self._last_error_dump < ERROR_DUMP_GAP:
+            self.errors_skipped += 1
+            return
+        self._last_error_dump = now
         self.try_dump(f"{type(exc).__name__}: {exc}")
+        self.errors_skipped = 0
 
     def try_dump(self, reason: str) -> None:
         """:meth:`dump`, saying on stderr why it failed instead of raising (never hide the

@@ -270,3 +270,27 @@ def test_ranks_waiting_for_each_other_in_point_to_point_calls_are_called_a_deadl
         e["peer"] = 1 - r
         pair.append(e)
     assert "deadlock" not in analyze({0: doc(0, 2, [pair[0]]), 1: doc(1, 2, [pair[1]])}, 2)
+
+
+def test_errors_close_together_write_one_dump(tmp_path, monkeypatch):
+    # every recoverable error wrote the whole ring (about 0.7 MB when full): a program
+    # retrying 10 ms receive timeouts took 19-45 ms per timeout (a soak review)
+    import json as _json
+
+    from hpccomm import flight as flight_mod
+
+    rec = flight_mod.FlightRecorder(tmp_path, 0, 2)
+    clock = [100.0]
+    monkeypatch.setattr(flight_mod.time, "monotonic", lambda: clock[0])
+    rec.note_error(RuntimeError("first"))
+    for i in range(5):
+        clock[0] += 0.1
+        rec.note_error(RuntimeError(f"again {i}"))
+    assert rec.dumps == 1 and rec.errors_skipped == 5
+    clock[0] += flight_mod.ERROR_DUMP_GAP
+    rec.note_error(RuntimeError("later"))
+    doc = _json.loads((tmp_path / "rank00000.json").read_text())
+    assert rec.dumps == 2 and doc["reason"] == "RuntimeError: later"
+    assert doc["errors_not_dumped"] == 5 and rec.errors_skipped == 0
+    rec.try_dump("SIGUSR1")  # asked for: always written
+    assert rec.dumps == 3
