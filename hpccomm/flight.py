@@ -248,6 +248,27 @@ def _ignore(signum: int, frame: Any) -> None:
     """The Python-level handler: the watcher thread does the work."""
 
 
+def undo_signals() -> None:
+    """In a fork() child: SIGTERM and SIGUSR1 back to their defaults where the watcher set
+    them, and no wakeup pipe (the parent's watcher thread reads it: the child has no
+    watcher, and a SIGTERM to the child ended the parent); no recorder (its dumps would
+    replace the parent's rank file)."""
+    global recorder
+    rec, recorder = recorder, None
+    if rec is None:
+        return
+    record.remove_listener(rec)
+    if rec.note_error in record.error_hooks:
+        record.error_hooks.remove(rec.note_error)
+    try:
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            if signal.getsignal(sig) is _ignore:
+                signal.signal(sig, signal.SIG_DFL)
+    except ValueError:  # pragma: no cover - forked from a thread that is not the main one
+        pass
+
+
 # -- analysis of every rank's dump --------------------------------------------------------
 
 

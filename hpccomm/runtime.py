@@ -13,7 +13,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import flight, memory, profiler
 from .backends.shm import settings as shm_settings
@@ -654,13 +654,56 @@ _exit_registered = False
 def _register_exit() -> None:
     """At exit, before mpi4py finalizes MPI: stop every worker thread; if a call is stuck in
     one (a collective a peer never joined), finalizing would hang or crash, so say which and
-    abort the job instead (every rank ends, with a non-zero status)."""
-    global _exit_registered
+    abort the job instead (every rank ends, with a non-zero status). A fork() child is told
+    apart (see _after_fork)."""
+    global _exit_registered, _init_pid
     if not _exit_registered:
+        _init_pid = os.getpid()
         atexit.register(_at_exit)
+        os.register_at_fork(after_in_child=_after_fork)
         if _abort_on_exception():
             _install_excepthook()
         _exit_registered = True
+
+
+_init_pid = 0  # the process that started MPI (a fork() child has another pid)
+_child_status: list[int] = []  # a fork() child's sys.exit() status, for its exit
+
+
+def _after_fork() -> None:
+    """In a fork() child of a rank (multiprocessing's default start method on Linux, e.g.
+    a DataLoader worker): MPI cannot be used there (the child's messages go out as the
+    parent's: a collective in the child gave the parent's next all_reduce 101 instead of 1),
+    so every group refuses calls, naming the cause; its exit tells nobody that the rank has
+    left (it did: the peers got a false PeerError and the job aborted) and skips MPI_Finalize
+    (which hung in the child); the flight recorder's SIGTERM/SIGUSR1 handling is undone (a
+    SIGTERM to the child, e.g. Pool.terminate(), went through the shared pipe to the
+    parent's watcher thread, which ended the training rank)."""
+    world = _world
+    why = (
+        f"the group is unusable: this process is a fork() child of "
+        f"{'a rank' if world is None else f'rank {world.rank} of {world.size}'} (pid "
+        f"{_init_pid}), where MPI cannot be used (its messages would go out as the parent's); "
+        f"communicate from the parent, or start workers with the 'spawn' method"
+    )
+    stack = [] if world is None else [world]
+    while stack:
+        c = stack.pop()
+        d = c._dispatcher
+        d.notices = None  # nothing goes out as the parent: no failure notices either
+        c._notices = None
+        if d.broken is None:
+            d.broken = why
+            d._update_slow()
+        stack.extend(c._children)
+    flight.undo_signals()  # and no dumps over the parent's rank file
+    real_exit = sys.exit
+
+    def child_exit(status: Any = None) -> NoReturn:  # the status the child's exit keeps
+        _child_status[:] = [0 if status is None else status if isinstance(status, int) else 1]
+        real_exit(status)
+
+    sys.exit = child_exit
 
 
 _uncaught: str | None = None  # the exception nobody caught, if one ends this rank
@@ -686,6 +729,10 @@ def _install_excepthook() -> None:
 
 
 def _at_exit() -> None:
+    if _init_pid and os.getpid() != _init_pid:  # a fork() child (see _after_fork): leave
+        # with its status, after the other atexit handlers, without MPI_Finalize
+        _exit_before_finalize(_child_status[0] if _child_status else 1 if _uncaught else 0)
+        return
     if _init_failed:  # (also on a second init after free(): _world is the freed one)
         _abort_failed_init()
         return

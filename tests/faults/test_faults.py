@@ -3,6 +3,7 @@ class expected on every rank that should see it, and a message naming the op, th
 sequence number and, where known, the culprit rank. Each runs in its own MPI job."""
 
 import os
+import signal
 
 import pytest
 
@@ -906,3 +907,51 @@ def test_init_refused_alike_on_every_rank_and_caught_ends_normally(launch):
             f"init (rank {rank} of 2): device_backend is 'bogus', expected 'auto', 'nccl' or 'mpi'"
         ), got
     assert job.rc == 0 and "aborting" not in job.stderr, job.stderr[-2000:]
+
+
+@pytest.mark.parametrize("trace", [False, True])
+def test_a_fork_child_cannot_disturb_its_rank_or_the_job(launch, tmp_path, trace):
+    # A fork() child of rank 0 (multiprocessing's default start method: a DataLoader worker)
+    # that used hpccomm sent as rank 0 (rank 0's next all_reduce got 101 instead of 1), and
+    # its normal exit told the other ranks rank 0 had left (a false PeerError, the job
+    # aborted) and then hung in MPI_Finalize; with a trace directory a SIGTERM to the child
+    # (Pool.terminate()) reached rank 0's watcher and ended the training rank with 143.
+    env = {"HPCCOMM_TRACE_DIR": str(tmp_path / "trace")} if trace else {}
+    job = launch(
+        2,
+        """
+        import signal
+        c = hpccomm.init(timeout=10)
+        c.all_reduce(np.ones(1))
+        if c.rank == 0:
+            pid = os.fork()
+            if pid == 0:  # the child
+                try:
+                    c.all_reduce(np.full(1, 100.0))
+                except Exception as e:
+                    print(f"CHILD {type(e).__name__}: {e}", flush=True)
+                sys.exit(3)
+            _, status = os.waitpid(pid, 0)
+            report(c, "child", status=os.waitstatus_to_exitcode(status))
+            pid = os.fork()
+            if pid == 0:  # a child ended by SIGTERM, as Pool.terminate() does
+                time.sleep(30)
+                os._exit(0)
+            time.sleep(0.2)
+            os.kill(pid, signal.SIGTERM)
+            _, status = os.waitpid(pid, 0)
+            report(c, "terminated", status=os.waitstatus_to_exitcode(status))
+        time.sleep(0.5)  # a departure notice from the child would be here by now
+        outcome(c, "after", lambda: c.all_reduce(np.ones(1)).tolist())
+        """,
+        env=env,
+        bound=90,
+    )
+    assert job.rc == 0, job.stderr[-3000:]
+    assert job.of(0, "child")["status"] == 3
+    assert job.of(0, "terminated")["status"] == -signal.SIGTERM
+    for rank in (0, 1):
+        assert job.of(rank, "after")["value"] == "[2.0]"
+    assert "CHILD ClosedError: all_reduce #2 on world (rank 0 of 2): the group is unusable: " \
+        "this process is a fork() child of rank 0 of 2" in job.stdout  # fmt: skip
+    assert not job.crashed()
