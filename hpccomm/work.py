@@ -143,7 +143,8 @@ class Work:
     ) -> None:
         self._call = call
         self._seq = seq
-        self._pending = pending
+        # point-to-point requests: tested and waited for by one thread at a time
+        self._pending = _OneAtATime(pending) if call.spec.p2p else pending
         self._timeout = timeout  # the communicator's, for wait() without an argument
         self._watch = watch
         self._record = rec
@@ -482,6 +483,59 @@ def _posted(pending: Any) -> list[Any]:
     if parts is not None:
         return [q for p in parts for q in _posted(p)]
     return [pending] if getattr(pending, "posted", True) else []
+
+
+class _OneAtATime:
+    """A point-to-point Work's requests, tested or waited for by one thread at a time and
+    never again once complete. MPI forbids two threads on one request, and a completed
+    request tested again reads back an empty status: wait() on two threads, or wait()
+    against is_completed() polling, made a received message a false MismatchError ("got 0
+    elements from rank -1 (tag -1)", kept for good) in 6-10 of 10 runs, or hung a thread in
+    MPI_Wait, or segfaulted (an outside review)."""
+
+    __slots__ = ("source", "lock", "done")
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+        self.lock = threading.Lock()
+        self.done = False
+
+    def test(self) -> bool:
+        if self.done:
+            return True
+        if not self.lock.acquire(blocking=False):
+            return False  # another thread is testing or waiting: it finishes the Work
+        try:
+            if not self.done:
+                self.done = bool(self.source.test())
+            return self.done
+        finally:
+            self.lock.release()
+
+    def wait(self, timeout: float | None) -> bool:
+        if self.done:
+            return True
+        if timeout is None:
+            with self.lock:  # behind another thread's wait, until its request completes
+                if not self.done:
+                    self.source.wait(None)
+                    self.done = True
+            return True
+        deadline = time.monotonic() + timeout
+        if not self.lock.acquire(timeout=timeout):
+            return self.done
+        try:  # the source's own bounded wait (a blocking checked receive withdraws its
+            if not self.done:  # header receive when it times out)
+                self.done = bool(self.source.wait(max(0.0, deadline - time.monotonic())))
+            return self.done
+        finally:
+            self.lock.release()
+
+    def outcome(self) -> Any:
+        return self.source.outcome()
+
+    def __getattr__(self, name: str) -> Any:  # parts, posted, seq, cancel: the source's
+        return getattr(self.source, name)
 
 
 class _Release:

@@ -189,6 +189,17 @@ def _in_pieces(body: Callable[..., Any], call: Call, x: Any, out: Any, stream: A
 
 
 _PROC_FAILED = (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING, MPI.ERR_REVOKED)
+_NULL = MPI.REQUEST_NULL
+
+
+def _completed(reqs: list[MPI.Request]) -> bool:
+    """Whether MPI has completed (and let go of) every request already. A completed request
+    is MPI_REQUEST_NULL, whose test or wait empties its status: tested again (a wait()
+    retried after a Ctrl-C that came as MPI returned), the receive's source, tag and count
+    read as -1, -1, 0 (a false MismatchError, kept for good)."""
+    return all(r == _NULL for r in reqs)
+
+
 _ANY_SOURCE = MPI.ANY_SOURCE
 _ANY_TAG = MPI.ANY_TAG
 _mpi_types = _MPI_TYPES
@@ -220,6 +231,8 @@ class Requests:
         self.keep = keep  # the arrays MPI reads or writes until completion
 
     def test(self) -> bool:
+        if _completed(self.reqs):  # (tested again, MPI would empty the statuses)
+            return True
         try:
             return MPI.Request.Testall(self.reqs, self.statuses)
         except MPI.Exception as exc:
@@ -227,6 +240,8 @@ class Requests:
 
     def wait(self, timeout: float | None) -> bool:
         if timeout is None:
+            if _completed(self.reqs):
+                return True
             try:
                 MPI.Request.Waitall(self.reqs, self.statuses)
             except MPI.Exception as exc:
@@ -303,11 +318,13 @@ class _Received:
         self.count = keep.size  # the buffer's elements
 
     def test(self) -> bool:
-        return self.req.Test(self.status)
+        req = self.req
+        return req == _NULL or req.Test(self.status)  # (see _completed)
 
     def wait(self, timeout: float | None) -> bool:
         if timeout is None:
-            self.req.Wait(self.status)
+            if self.req != _NULL:
+                self.req.Wait(self.status)
             return True
         return wait_bounded(self.test, timeout)
 
@@ -389,7 +406,7 @@ class _ProbedRecv(_Received):
                 self.done = True
                 return True
             self.req = msg.Irecv([self.keep, self.mt])
-        self.done = self.req.Test(self.status)
+        self.done = self.req == _NULL or self.req.Test(self.status)
         return self.done
 
     def wait(self, timeout: float | None) -> bool:
@@ -398,7 +415,8 @@ class _ProbedRecv(_Received):
         if self.done:
             return True
         if self.matched:
-            self.req.Wait(self.status)
+            if self.req != _NULL:
+                self.req.Wait(self.status)
         else:
             msg = self.comm.Mprobe(self.src, self.tag, self.status)
             if self._fits(msg):
@@ -556,10 +574,11 @@ class _CheckedRecv:
         if self.cancelled:
             return True
         if self.dreq is None:
-            if not self.hreq.Test(self.hstatus):
+            if self.hreq != _NULL and not self.hreq.Test(self.hstatus):
                 return False
             self._start_data()
-        return bool(self.dreq.Test(self.dstatus)) if self.dreq is not None else False
+        dreq = self.dreq
+        return dreq is not None and (dreq == _NULL or bool(dreq.Test(self.dstatus)))
 
     def wait(self, timeout: float | None) -> bool:
         if timeout is not None:
@@ -568,9 +587,10 @@ class _CheckedRecv:
                 self.cancel()
             return done
         if self.dreq is None:
-            self.hreq.Wait(self.hstatus)
+            if self.hreq != _NULL:
+                self.hreq.Wait(self.hstatus)
             self._start_data()
-        if self.dreq is not None:
+        if self.dreq is not None and self.dreq != _NULL:
             self.dreq.Wait(self.dstatus)
         return True
 

@@ -603,3 +603,53 @@ def test_a_group_mpi_cannot_make_is_named_with_the_groups_held(comm, monkeypatch
     g.all_reduce(x)
     assert (x == comm.size).all()
     g.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_receive_completed_before_an_interrupt_is_waited_for_again(comm):
+    # A Ctrl-C that comes as MPI returns raises after the request completed: the wait()
+    # retried tested MPI_REQUEST_NULL, whose status is empty, and the message that had
+    # arrived became "MismatchError: ... got 0 elements from rank -1 (tag -1)" for good
+    n, r = comm.size, comm.rank
+    got = np.empty(5)
+    work = comm.irecv(got, (r - 1) % n, tag=21)
+    comm.send(np.full(5, float(r)), (r + 1) % n, tag=21)
+    source = getattr(work._pending, "source", work._pending)
+    while not source.test():  # completed by MPI; the caller never saw it (the interrupt)
+        pass
+    assert work.wait() == (r - 1) % n and (got == (r - 1) % n).all()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_receive_waited_for_on_two_threads_and_polled(comm):
+    # wait() against is_completed() polling, or wait() on two threads: a false
+    # MismatchError ("got 0 elements from rank -1"), a hang in MPI_Wait or a segfault
+    import threading
+
+    n, r = comm.size, comm.rank
+    errors = []
+    for i in range(100):
+        got = np.empty(64)
+        work = comm.irecv(got, (r - 1) % n, tag=22)
+
+        def poll(work=work):
+            try:
+                while not work.is_completed():
+                    pass
+            except Exception as exc:  # noqa: BLE001 - counted below
+                errors.append(repr(exc))
+
+        def wait(work=work):
+            try:
+                work.wait(timeout=60)
+            except Exception as exc:  # noqa: BLE001 - counted below
+                errors.append(repr(exc))
+
+        threads = [threading.Thread(target=f) for f in (poll, wait, wait)]
+        for t in threads:
+            t.start()
+        comm.send(np.full(64, float(i)), (r + 1) % n, tag=22)
+        for t in threads:
+            t.join(60)
+        assert (got == i).all() and work.wait(timeout=60) == (r - 1) % n
+    assert errors == []
