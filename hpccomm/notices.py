@@ -11,6 +11,7 @@ rank and the error; a waiting rank acts only on a notice for the very call it wa
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -45,6 +46,7 @@ class NoticeBoard:
         self.received: dict[str, list[tuple[int, str, int, int, str, str]]] = {}
         self._sent: list[Any] = []
         self._monitor: dict[int, list[tuple]] = {}  # monitor messages that came early
+        self._monitor_lock = threading.Lock()  # (threads in monitored barriers at once)
         self._last = 0.0
         # world rank -> (its last call number per group id, why it left): see depart
         self.departed: dict[int, tuple[dict[str, int], str]] = {}
@@ -202,22 +204,31 @@ class NoticeBoard:
 
     def _wait_for(self, source: int, key: tuple, deadline: float) -> tuple | None:
         """The first monitor message from ``source`` whose first fields equal ``key``
-        (others are kept for later), or None at the deadline."""
+        (others are kept for later), or None at the deadline. Threads share the kept
+        messages (monitored barriers of several groups at once): each looks through them at
+        every poll, under a lock, and takes messages with a matched probe (an iprobe then a
+        recv let another thread take the probed message; a message of another group taken
+        by one thread was never seen by the thread it was for, which then named a rank that
+        had arrived as missing)."""
         kept = self._monitor.setdefault(source, [])
-        for msg in kept:
-            if msg[: len(key)] == key:
-                kept.remove(msg)
-                return msg
         got: list[tuple] = []
 
         def arrived() -> bool:
-            while self.comm.iprobe(source=source, tag=MONITOR_TAG):
-                msg = self.comm.recv(source=source, tag=MONITOR_TAG)
-                if msg[: len(key)] == key:
-                    got.append(msg)
-                    return True
-                kept.append(msg)
-            return False
+            with self._monitor_lock:
+                for msg in kept:
+                    if msg[: len(key)] == key:
+                        kept.remove(msg)
+                        got.append(msg)
+                        return True
+                while True:
+                    matched = self.comm.improbe(source=source, tag=MONITOR_TAG)
+                    if matched is None:
+                        return False
+                    msg = matched.recv()
+                    if msg[: len(key)] == key:
+                        got.append(msg)
+                        return True
+                    kept.append(msg)
 
         # polled as bounded waits are (sleeping from the first poll, from 0.1 ms up to
         # 10 ms, made every monitored_barrier take 26-30 ms with every rank there)

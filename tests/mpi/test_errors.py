@@ -399,3 +399,28 @@ def test_monitored_barriers_keep_no_finished_sends(comm):
         comm.monitored_barrier(timeout=60)
     comm.barrier()
     assert len(notices._sent) <= 2 * comm.size
+
+
+def test_monitored_barriers_on_two_threads_at_once(comm):
+    # one thread per group (a training loop and a loader): the groups' early messages
+    # shared one list, and a message one thread took for the other was never seen by it,
+    # which named a rank that had arrived as missing (7 of 7 runs in an outside review)
+    import threading
+
+    other = comm.dup()
+    errors = []
+
+    def loop(c, name):
+        for i in range(40):
+            try:
+                c.monitored_barrier(timeout=30)
+            except Exception as exc:  # noqa: BLE001 - counted below
+                errors.append(f"{name} {i}: {exc}")
+                return
+
+    t = threading.Thread(target=loop, args=(other, "other"))
+    t.start()
+    loop(comm, "main")
+    t.join(120)
+    other.free()
+    assert errors == []
