@@ -4,6 +4,7 @@ binds the GPU (before CUDA or NCCL are touched)."""
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import os
 import select
@@ -13,7 +14,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
 
 from . import flight, memory, profiler
 from .backends.shm import settings as shm_settings
@@ -174,7 +175,39 @@ def _start_mpi_bounded(info: LaunchInfo, timeout: float) -> None:
     try:
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
     finally:
-        disarm()
+        # A Ctrl-C that came while MPI_Init held the GIL is raised at some Python step
+        # after it, maybe inside disarm() (whose steps run once each): retried until done,
+        # then raised (left armed, the watchdog SIGKILLed a retried init 60 s later)
+        # (no call before the try: Python raises a pending signal at a call)
+        interrupted: BaseException | None = None
+        while True:
+            try:
+                disarm()
+                break
+            except KeyboardInterrupt as exc:
+                interrupted = exc
+        if interrupted is not None:
+            raise interrupted
+
+
+_THREAD_LEVELS = ("MPI_THREAD_SINGLE", "MPI_THREAD_FUNNELED", "MPI_THREAD_SERIALIZED")
+
+
+def _thread_level(mpi: Any, info: LaunchInfo) -> None:
+    """MPI must run at MPI_THREAD_MULTIPLE: a communicator's worker thread, the failure
+    notices and the caller's own threads call MPI at once. hpccomm asks for it when it
+    starts MPI; where mpi4py started it first with a lower level (``mpi4py.rc.thread_level``)
+    the job hung now and then (an outside review: 3 of 6 runs with two threads), silently."""
+    provided = mpi.Query_thread()
+    if provided < mpi.THREAD_MULTIPLE:
+        raise InvalidArgumentError(
+            f"init (rank {info.rank} of {info.size}): MPI runs at thread level "
+            f"{_THREAD_LEVELS[provided] if 0 <= provided < 3 else provided}, expected "
+            f"MPI_THREAD_MULTIPLE (hpccomm's worker threads call MPI beside the caller's); "
+            f"MPI was started before hpccomm.init with a lower level: leave "
+            f"mpi4py.rc.thread_level at 'multiple', or call hpccomm.init before importing "
+            f"mpi4py.MPI"
+        )
 
 
 def _watchdog(timeout: float, message: str) -> Callable[[], None]:
@@ -182,6 +215,9 @@ def _watchdog(timeout: float, message: str) -> Callable[[], None]:
     returned function, or by this process ending)."""
     read_end, write_end = os.pipe()
     parent = os.getpid()
+    # Ctrl-C (SIGINT to the whole process group) must neither end the watchdog nor make
+    # its Python run on: blocked across the fork (the watchdog keeps it blocked)
+    held = _block_sigint()
     pid = os.fork()
     if pid == 0:  # the watchdog: no Python state of the parent is used past this point
         try:
@@ -192,14 +228,39 @@ def _watchdog(timeout: float, message: str) -> Callable[[], None]:
                 os.kill(parent, signal.SIGKILL)
         finally:
             os._exit(0)
+    _unblock(held)
     os.close(read_end)
 
-    def disarm() -> None:
-        os.write(write_end, b"x")
-        os.close(write_end)
-        os.waitpid(pid, 0)
+    done: list[str] = []
 
-    return disarm
+    def step() -> None:  # disarm: each step once, however often it is interrupted
+        if "write" not in done:
+            try:
+                os.write(write_end, b"x")
+            except OSError:  # (it has ended)
+                pass
+            done.append("write")
+        if "close" not in done:
+            os.close(write_end)
+            done.append("close")
+        if "wait" not in done:
+            os.waitpid(pid, 0)
+            done.append("wait")
+
+    return step
+
+
+def _block_sigint() -> set[int] | None:
+    """Block SIGINT in this thread; returns the previous mask (None where not possible)."""
+    try:
+        return set(signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}))
+    except (AttributeError, OSError, ValueError):  # pragma: no cover - not POSIX threads
+        return None
+
+
+def _unblock(previous: set[int] | None) -> None:
+    if previous is not None and signal.SIGINT not in previous:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 SM_EAGER_LIMIT = 32768
@@ -417,6 +478,24 @@ def _device_config(
     return DeviceConfig(info.gpu, mode, path, auto=device_backend == "auto")
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_init_lock = threading.RLock()
+
+
+def _one_at_a_time(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """init from several threads at once: one runs, the others then get its world (both
+    ran MPI_Init and init's collectives at once: a hang, or a bare MPI_ERR_OTHER)."""
+
+    @functools.wraps(fn)
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with _init_lock:
+            return fn(*args, **kwargs)
+
+    return run
+
+
+@_one_at_a_time
 def init(
     *,
     timeout: float | None = None,
@@ -535,6 +614,7 @@ def init(
         MPI.Init_thread()
     _register_exit()  # an error on one rank only in the rest of init ends the job at exit
     info, node, nodes = verify_launch(info, MPI.COMM_WORLD)
+    _checked(problems, _thread_level, MPI, info)
     # Every rank's bad settings, raised alike on every rank (then it is safe to exit):
     # before binding a GPU (a mistyped HPCCOMM_ALLOW_GPU_SHARING is named, not taken for off)
     _refuse_alike(problems, MPI.COMM_WORLD)

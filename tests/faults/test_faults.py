@@ -955,3 +955,79 @@ def test_a_fork_child_cannot_disturb_its_rank_or_the_job(launch, tmp_path, trace
     assert "CHILD ClosedError: all_reduce #2 on world (rank 0 of 2): the group is unusable: " \
         "this process is a fork() child of rank 0 of 2" in job.stdout  # fmt: skip
     assert not job.crashed()
+
+
+def test_init_from_two_threads_at_once(launch):
+    # both ran MPI_Init and init's collectives at once: a hang (3 of 3 in an outside review)
+    # or, with a timeout, a bare MPI_ERR_OTHER
+    job = launch(
+        2,
+        """
+        import threading
+        got = []
+        threads = [threading.Thread(target=lambda: got.append(hpccomm.init(timeout=20)))
+                   for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        c = got[0]
+        report(c, "same", value=len(got) == 2 and got[0] is got[1])
+        outcome(c, "sum", lambda: c.all_reduce(np.ones(1)).tolist())
+        """,
+    )
+    assert job.rc == 0, job.stderr[-3000:]
+    for rank in (0, 1):
+        assert job.of(rank, "same")["value"] is True
+        assert job.of(rank, "sum")["value"] == "[2.0]"
+
+
+def test_mpi_started_below_thread_multiple_is_refused(launch):
+    # mpi4py started MPI first with a lower thread level: hpccomm's worker threads then
+    # called MPI beside the caller's, and jobs hung now and then, silently
+    job = launch(
+        2,
+        """
+        import mpi4py
+        mpi4py.rc.thread_level = "serialized"
+        from mpi4py import MPI
+        try:
+            hpccomm.init()
+        except Exception as e:
+            print(f"R{MPI.COMM_WORLD.rank} init " + json.dumps({"cls": type(e).__name__,
+                  "msg": str(e)}), flush=True)
+        """,
+    )
+    for rank in (0, 1):
+        got = job.of(rank, "init")
+        assert got["cls"] == "InvalidArgumentError", got
+        assert "MPI runs at thread level MPI_THREAD_SERIALIZED, expected MPI_THREAD_MULTIPLE" \
+            in got["msg"]  # fmt: skip
+
+
+def test_a_ctrl_c_during_init_leaves_no_watchdog_armed(launch):
+    # The Ctrl-C that came while MPI_Init held the GIL was raised inside the watchdog's
+    # disarming: left armed, it SIGKILLed the rank 60 s (init_timeout) later, after init()
+    # was called again and the rank was training (2 of 2 in an outside review)
+    job = launch(
+        2,
+        """
+        import signal, threading
+        rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+        if rank == 0:
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        else:
+            time.sleep(2)  # rank 0 waits in MPI_Init meanwhile
+        try:
+            c = hpccomm.init(timeout=10, init_timeout=8)
+        except KeyboardInterrupt:
+            c = hpccomm.init(timeout=10, init_timeout=8)
+        time.sleep(9)  # past init_timeout: an armed watchdog kills the rank by now
+        outcome(c, "sum", lambda: c.all_reduce(np.ones(1)).tolist())
+        """,
+        bound=60,
+    )
+    assert job.rc == 0, job.stderr[-3000:]
+    assert "MPI_Init did not complete" not in job.stderr
+    for rank in (0, 1):
+        assert job.of(rank, "sum")["value"] == "[2.0]"
