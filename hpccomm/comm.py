@@ -1100,6 +1100,7 @@ class Communicator:
         if ex is not None and ex.pending:
             running = ex.oldest() or "a queued call"
             busy.append(f"{ex.pending} operation(s) on {self.name} still running ({running})")
+        busy += [f"{c} still running" for c in self._dispatcher.calls_elsewhere()]
         p2p = self._dispatcher.running_p2p()
         if p2p:
             more = ", ..." if len(p2p) > 3 else ""

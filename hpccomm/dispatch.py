@@ -954,6 +954,27 @@ class Dispatcher:
     def _is_closed(self) -> bool:
         return self.closed
 
+    def calls_elsewhere(self) -> list[str]:
+        """The calls of this group that threads other than this one are inside now (a plain
+        call runs on its caller's thread, not the worker's): found from the threads' frames,
+        so nothing is counted on the calls' own path. free() refuses while one runs (it
+        freed the communicator under a blocking recv: a fatal MPI_ERR_COMM; the shared
+        segment under a fast-path all_reduce: the peer hung), and exit waits for them."""
+        me = threading.get_ident()
+        names = {t.ident: t.name for t in threading.enumerate()}
+        out = []
+        for ident, frame in sys._current_frames().items():
+            f: Any = frame
+            while ident != me and f is not None:
+                if f.f_code in _ENTRY_CODES and f.f_locals.get("self") is self:
+                    local = f.f_locals
+                    spec = local.get("spec")
+                    what = spec.name if spec is not None else local.get("what", "a call")
+                    out.append(f"{what} on {self.group.name} (thread {names.get(ident, ident)})")
+                    break
+                f = f.f_back
+        return out
+
     def close(self) -> str | None:
         """Stop the worker thread; returns what is stuck in it, if anything."""
         self.closed = True
@@ -1101,6 +1122,10 @@ class ReadOnlyWhileRunning:
 
 
 _HELD = ReadOnlyWhileRunning.held  # (the class's table: empty unless async calls run)
+
+
+# the dispatcher's entry points whose frames mean "a call of this group runs on this thread"
+_ENTRY_CODES = frozenset({Dispatcher.dispatch.__code__, Dispatcher._collective.__code__})
 
 
 def _restorable(array: np.ndarray) -> bool:

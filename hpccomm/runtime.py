@@ -1016,6 +1016,14 @@ def _stuck_calls(comm: Communicator) -> list[str]:
             out.append(ex.stuck or "a call")
     if comm._dispatcher.interrupted is not None:
         out.append(comm._dispatcher.interrupted)
+    # a daemon thread still inside a plain call (its caller's thread, not the worker):
+    # MPI_Finalize under it segfaulted (5 of 11 runs in an outside review)
+    deadline = time.monotonic() + _EXIT_GRACE
+    elsewhere = comm._dispatcher.calls_elsewhere()
+    while elsewhere and time.monotonic() < deadline:
+        time.sleep(0.01)
+        elsewhere = comm._dispatcher.calls_elsewhere()
+    out += elsewhere
     for child in comm._children:
         out.extend(_stuck_calls(child))
     return out

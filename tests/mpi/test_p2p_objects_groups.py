@@ -653,3 +653,31 @@ def test_a_receive_waited_for_on_two_threads_and_polled(comm):
             t.join(60)
         assert (got == i).all() and work.wait(timeout=60) == (r - 1) % n
     assert errors == []
+
+
+@pytest.mark.mpi(min_size=2)
+def test_free_refuses_while_another_thread_is_inside_a_call(world):
+    # a plain call runs on its caller's thread: free() on another thread freed the
+    # communicator under a blocking recv (a fatal MPI_ERR_COMM, no Python error) or the
+    # shared segment under a fast-path all_reduce (the peer hung)
+    import threading
+    import time
+
+    import hpccomm
+
+    c = world.dup()
+    n, r = c.size, c.rank
+    got = np.empty(3)
+    t = threading.Thread(target=lambda: c.recv(got, (r - 1) % n, tag=31))
+    t.start()
+    deadline = time.monotonic() + 30
+    while not c._dispatcher.calls_elsewhere() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(hpccomm.InvalidArgumentError, match=r"free .*recv on world/dup \(thread "
+                       r"Thread-\d+.*\) still running.*nothing was freed"):  # fmt: skip
+        c.free()
+    world.barrier()  # every rank has tried free() before any message releases a thread
+    c.send(np.full(3, float(r)), (r + 1) % n, tag=31)
+    t.join(30)
+    assert not t.is_alive() and (got == (r - 1) % n).all()
+    c.free()
