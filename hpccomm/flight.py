@@ -213,7 +213,11 @@ def _watch_signals(rec: FlightRecorder) -> None:
     """SIGTERM and SIGUSR1 reach a thread that writes the trace even when the main thread is
     inside MPI: Python's signal handler writes the signal number to a pipe, the thread reads
     it. SIGTERM then ends the process at once (status 143, as SIGTERM's own default would:
-    MPI is not finalized, the launcher ends the job)."""
+    MPI is not finalized, the launcher ends the job), unless the program had a handler of
+    its own for it (a checkpoint on SIGTERM, a requeue on SIGUSR1): that one is kept, run
+    after the dump on the main thread, and decides (it was replaced, or cut short 0.5 s
+    after the dump)."""
+    global _wakeup_fd
     if threading.current_thread() is not threading.main_thread():
         return  # signals can only be set up from the main thread
     read_fd, write_fd = os.pipe()
@@ -222,7 +226,9 @@ def _watch_signals(rec: FlightRecorder) -> None:
         signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
     except ValueError:  # pragma: no cover - not the main thread of the main interpreter
         return
+    _wakeup_fd = write_fd
     for sig in (signal.SIGTERM, signal.SIGUSR1):
+        _previous[sig] = signal.getsignal(sig)
         signal.signal(sig, _ignore)
 
     def watch() -> None:
@@ -232,6 +238,10 @@ def _watch_signals(rec: FlightRecorder) -> None:
                 if signum == signal.SIGUSR1:
                     rec.try_dump("SIGUSR1")
                 elif signum == signal.SIGTERM:
+                    kept = _previous.get(signal.SIGTERM)
+                    if callable(kept) or kept == signal.SIG_IGN:
+                        rec.try_dump("SIGTERM")  # the program's handler decides
+                        continue
                     try:
                         rec.try_dump("SIGTERM")
                         # The launcher signalled every rank at once; the first rank to exit
@@ -244,8 +254,26 @@ def _watch_signals(rec: FlightRecorder) -> None:
     threading.Thread(target=watch, name="hpccomm-signals", daemon=True).start()
 
 
+_wakeup_fd = -1  # the watcher's pipe
+_previous: dict[int, Any] = {}  # the program's handlers of SIGTERM and SIGUSR1 before init
+
+
 def _ignore(signum: int, frame: Any) -> None:
-    """The Python-level handler: the watcher thread does the work."""
+    """The Python-level handler (main thread): where another wakeup fd took the watcher's
+    place (asyncio's add_signal_handler, left after remove_signal_handler: SIGTERM was then
+    swallowed, no trace, the rank ran on), the signal goes to the watcher from here; then
+    the program's own handler, if it had one, runs."""
+    if _wakeup_fd >= 0:
+        try:
+            current = signal.set_wakeup_fd(_wakeup_fd, warn_on_full_buffer=False)
+            if current != _wakeup_fd:  # not ours: this signal did not reach the watcher
+                signal.set_wakeup_fd(current)  # (the other's stays)
+                os.write(_wakeup_fd, bytes([signum]))
+        except (OSError, ValueError):
+            pass
+    kept = _previous.get(signum)
+    if callable(kept):
+        kept(signum, frame)
 
 
 def undo_signals() -> None:
@@ -253,7 +281,7 @@ def undo_signals() -> None:
     them, and no wakeup pipe (the parent's watcher thread reads it: the child has no
     watcher, and a SIGTERM to the child ended the parent); no recorder (its dumps would
     replace the parent's rank file)."""
-    global recorder
+    global recorder, _wakeup_fd
     rec, recorder = recorder, None
     if rec is None:
         return
@@ -261,10 +289,12 @@ def undo_signals() -> None:
     if rec.note_error in record.error_hooks:
         record.error_hooks.remove(rec.note_error)
     try:
-        signal.set_wakeup_fd(-1)
+        if _wakeup_fd >= 0:
+            signal.set_wakeup_fd(-1)
+            _wakeup_fd = -1
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             if signal.getsignal(sig) is _ignore:
-                signal.signal(sig, signal.SIG_DFL)
+                signal.signal(sig, _previous.get(sig, signal.SIG_DFL) or signal.SIG_DFL)
     except ValueError:  # pragma: no cover - forked from a thread that is not the main one
         pass
 

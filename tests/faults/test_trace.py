@@ -232,3 +232,35 @@ def test_dumps_of_an_earlier_job_in_the_same_directory_are_left_out(launch, tmp_
     assert ", 3 ranks, its newest dump" in left_out and left_out.rstrip().endswith(", 2 ranks)"), (
         verdict
     )
+
+
+def test_the_programs_own_signal_handlers_are_kept(launch, tmp_path):
+    # With a trace directory, a SIGTERM handler of the program's (a checkpoint before the
+    # time limit) was replaced, or cut short 0.5 s after the dump, and a SIGUSR1 handler (a
+    # requeue) replaced: now the dump is written and then the program's handler runs
+    trace = tmp_path / "trace"
+    job = launch(
+        2,
+        """
+        import signal
+        got = []
+        signal.signal(signal.SIGTERM, lambda s, f: got.append("TERM"))
+        signal.signal(signal.SIGUSR1, lambda s, f: got.append("USR1"))
+        c = hpccomm.init(timeout=20)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while len(got) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)  # the watcher would have ended the process by now
+        dumped = os.path.exists(os.path.join(os.environ["HPCCOMM_TRACE_DIR"],
+                                             f"rank{c.rank:05d}.json"))
+        report(c, "handlers", got=sorted(got), dumped=dumped)
+        outcome(c, "after", lambda: c.all_reduce(np.ones(1)).tolist())
+        """,
+        env={"HPCCOMM_TRACE_DIR": str(trace)},
+    )
+    assert job.rc == 0, job.stderr[-3000:]
+    for rank in (0, 1):
+        assert job.of(rank, "handlers") == {"got": ["TERM", "USR1"], "dumped": True}
+        assert job.of(rank, "after")["value"] == "[2.0]"
