@@ -10,11 +10,16 @@ from hpccomm import MismatchError, ReduceOp
 pytestmark = pytest.mark.mpi(min_size=2)
 
 
+def _dup_at(world, level):
+    c = world.dup()
+    c.debug = level
+    c.timeout = 60
+    return c
+
+
 @pytest.fixture(params=["check", "detail"])
 def checked(world, request):
-    c = world.dup()
-    c.debug = request.param
-    c.timeout = 60
+    c = _dup_at(world, request.param)
     yield c
     c.free()
 
@@ -22,9 +27,7 @@ def checked(world, request):
 @pytest.fixture(params=["large", "check", "detail"])
 def guarded(world, request):
     """A communicator at each level with the async read-only guard (every level but off)."""
-    c = world.dup()
-    c.debug = request.param
-    c.timeout = 60
+    c = _dup_at(world, request.param)
     yield c
     c.free()
 
