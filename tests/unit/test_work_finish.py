@@ -5,6 +5,7 @@ another Work on another thread."""
 import threading
 import time
 
+from hpccomm import ops as O
 from hpccomm.errors import PeerError
 from hpccomm.work import Work
 
@@ -22,6 +23,8 @@ class _SlowBackend:
 
 
 class _Call:
+    spec = O.ALL_REDUCE  # what a Work reads of its call: the op (a collective here)
+
     def __init__(self, backend) -> None:
         self.backend = backend
 
