@@ -782,16 +782,21 @@ class Communicator:
 
         return self._dispatcher.collective(what, job, agree=agree)
 
+    def _tree(self) -> Iterator[Communicator]:
+        """This group and every group made from it, at any depth (freed ones included
+        until they are let go)."""
+        stack = [self]
+        while stack:
+            c = stack.pop()
+            yield c
+            stack.extend(c._children)
+
     def _not_created(self, what: str, exc: BaseException) -> BackendError:
         """MPI refused to make a group's communicators: how many groups this process holds
         (each has four: its own, the checks', the checked messages' data and mpi4py's for
         objects; Open MPI 5 runs out of communicator ids at 65,532, about 16,380 groups).
         Groups dropped without free() keep theirs for good."""
-        live, stack = 0, [self._world]
-        while stack:
-            c = stack.pop()
-            live += not c.freed
-            stack.extend(c._children)
+        live = sum(not c.freed for c in self._world._tree())
         return BackendError(
             f"{self._here(what)}: MPI could not create the group's communicators: "
             f"{type(exc).__name__}: {exc}; this process holds {live} groups not freed (the "

@@ -1020,9 +1020,10 @@ def _forget(hold: _Hold) -> None:
 
 class ReadOnlyWhileRunning:
     """The guard of async calls (every debug level but "off"): while the operation runs, the
-    caller's NumPy arrays are read-only (MPI gets writable views of the same memory), so writing one before
-    ``wait()`` raises at the write instead of racing with MPI; ``release`` restores them
-    and maps the result back to the caller's arrays. An array still held so (its call not
+    caller's NumPy arrays are read-only (MPI gets writable views of the same memory), so
+    writing one before ``wait()`` raises at the write instead of racing with MPI;
+    ``release`` restores them and maps the result back to the caller's arrays. An array
+    still held so (its call not
     waited for) given to another call is refused there, on every rank alike, where either
     call writes it: handed on read-only, the second call's outcome depended on whether the
     first's wait() ran before the worker reached it. Two calls that only read it (one buffer

@@ -71,6 +71,10 @@ class NoticeBoard:
         for w in members:
             if w != self.world_rank:
                 self._sent.append(self.comm.isend(msg, dest=w, tag=NOTICE_TAG))
+        self._drop_sent()
+
+    def _drop_sent(self) -> None:
+        """Let go of the notices MPI has sent (the rest are cancelled at close)."""
         self._sent = [r for r in self._sent if not r.Test()]
 
     def poll(self, force: bool = False) -> None:
@@ -102,7 +106,7 @@ class NoticeBoard:
                 self._sent.append(self.comm.isend(msg, dest=w, tag=NOTICE_TAG))
         deadline = time.monotonic() + DEPART_WAIT
         while self._sent and time.monotonic() < deadline:
-            self._sent = [r for r in self._sent if not r.Test()]
+            self._drop_sent()
             time.sleep(0.001)
 
     def check(self, gid: str, seq: int, where: str, members: Sequence[int] = ()) -> None:
@@ -176,7 +180,7 @@ class NoticeBoard:
         root = members[0]
         deadline = time.monotonic() + timeout
         if group_rank != 0:
-            self._sent = [r for r in self._sent if not r.Test()]  # (one more per call, kept)
+            self._drop_sent()  # (one more per call was kept for good)
             self._sent.append(self.comm.isend((gid, seq, "arrived"), dest=root, tag=MONITOR_TAG))
             # rank 0 may spend the whole timeout waiting for others: give it that and more
             msg = self._wait_for(root, (gid, seq, "release"), deadline + timeout + 1.0)
@@ -192,7 +196,7 @@ class NoticeBoard:
                 if self._wait_for(w, (gid, seq, "arrived"), deadline) is None:
                     missing.append(i)
             came = [w for i, w in enumerate(members) if i > 0 and i not in missing]
-            self._sent = [r for r in self._sent if not r.Test()]
+            self._drop_sent()
             for w in came:
                 self._sent.append(
                     self.comm.isend((gid, seq, "release", missing), dest=w, tag=MONITOR_TAG)

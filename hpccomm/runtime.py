@@ -27,6 +27,7 @@ from .gpuselect import choose_on_node, format_uuid, sharing_allowed
 from .notices import NoticeBoard
 from .ops import check_timeout
 from .switches import switch
+from .work import wait_bounded
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -766,16 +767,13 @@ def _after_fork() -> None:
         f"{_init_pid}), where MPI cannot be used (its messages would go out as the parent's); "
         f"communicate from the parent, or start workers with the 'spawn' method"
     )
-    stack = [] if world is None else [world]
-    while stack:
-        c = stack.pop()
+    for c in [] if world is None else world._tree():
         d = c._dispatcher
         d.notices = None  # nothing goes out as the parent: no failure notices either
         c._notices = None
         if d.broken is None:
             d.broken = why
             d._update_slow()
-        stack.extend(c._children)
     flight.undo_signals()  # and no dumps over the parent's rank file
     real_exit = sys.exit
 
@@ -869,12 +867,9 @@ def _depart(world: Communicator) -> None:
     if notices is None or world.size > DEPART_MAX_RANKS:
         return
     seqs = dict(notices.freed_seqs)
-    stack = [world]
-    while stack:
-        c = stack.pop()
+    for c in world._tree():
         if not c.freed:
             seqs[c._dispatcher.gid] = c._group.seq
-        stack.extend(c._children)
     node = world._node_backend  # the world's node group, made at init, if never adopted
     if node is not None:  # (no step of the world made it: listed with no call, as node()
         # would name it) so that a peer waiting in its first call hears of this departure
@@ -1018,12 +1013,9 @@ def _stuck_calls(comm: Communicator) -> list[str]:
         out.append(comm._dispatcher.interrupted)
     # a daemon thread still inside a plain call (its caller's thread, not the worker):
     # MPI_Finalize under it segfaulted (5 of 11 runs in an outside review)
-    deadline = time.monotonic() + _EXIT_GRACE
-    elsewhere = comm._dispatcher.calls_elsewhere()
-    while elsewhere and time.monotonic() < deadline:
-        time.sleep(0.01)
-        elsewhere = comm._dispatcher.calls_elsewhere()
-    out += elsewhere
+    calls_elsewhere = comm._dispatcher.calls_elsewhere
+    if not wait_bounded(lambda: not calls_elsewhere(), _EXIT_GRACE):
+        out += calls_elsewhere()
     for child in comm._children:
         out.extend(_stuck_calls(child))
     return out
