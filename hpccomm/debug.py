@@ -48,6 +48,7 @@ __all__ = [
     "crc_base",
     "with_seq",
     "disagreement",
+    "out_of_step",
     "call_site",
     "HEADER_WORDS",
     "encode_header",
@@ -229,6 +230,33 @@ def disagreement(fps: Sequence[dict[str, Any]]) -> str:
     if sites:
         parts.append("called at " + "; ".join(f"rank {r}: {s}" for r, s in sites))
     return "; ".join(parts) or "the ranks' calls differ"
+
+
+def out_of_step(fps: Sequence[dict[str, Any]]) -> str | None:
+    """Where the fingerprints' sequence numbers differ, in words: which ranks have made how
+    many calls more on the group than the ranks behind (None when they agree). The numbers
+    count every call of the group on every rank alike (a refused call too), so a difference
+    never goes away: every later call would differ as well."""
+    seqs = [fp.get("seq") for fp in fps]
+    known = [s for s in seqs if isinstance(s, int)]
+    if len(set(known)) < 2:
+        return None
+    low = min(known)
+    behind = [r for r, s in enumerate(seqs) if s == low]
+    ahead: dict[int, list[int]] = {}
+    for r, s in enumerate(seqs):
+        if isinstance(s, int) and s != low:
+            ahead.setdefault(s - low, []).append(r)
+    more = "; ".join(
+        f"{_ranks(rs)} {'has' if len(rs) == 1 else 'have'} made {k} call{'s' if k > 1 else ''} "
+        f"more on it than {_ranks(behind)}"
+        for k, rs in sorted(ahead.items())
+    )
+    return f"the ranks are out of step on this group: {more}"
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {list(ranks)}"
 
 
 # -- point-to-point headers ----------------------------------------------------------------

@@ -43,6 +43,7 @@ from .debug import (
     disagreement,
     fingerprint,
     large_bytes,
+    out_of_step,
     with_seq,
 )
 from .dtypes import ReduceOp
@@ -170,9 +171,27 @@ class Dispatcher:
         )
 
     def set_debug(self, level: str) -> None:
+        """Collective over the group: a step of its sequence, as a group creation is, in
+        which the ranks compare the level they set (at every level, "off" included); where
+        it differs every rank raises MismatchError and keeps its level. Set on one rank only
+        (it used to be a plain assignment), its point-to-point messages carried headers the
+        other side took for the data: a receive of 16 int64 got the header's words, with no
+        error anywhere."""
+        self.collective("debug", self._same_level, level)
         self.debug = level
         self.cache.clear()  # cached calls hold whether the "large" level checks them
         self._update_slow()
+
+    def _same_level(self, level: str) -> None:
+        group = self.group
+        levels = self.backend.allgather_object(level)
+        if len(set(levels)) > 1:
+            said = disagreement([{"level": lv} for lv in levels])
+            raise MismatchError(
+                f"debug #{group.seq} on {group.name} (rank {group.rank} of {group.size}): "
+                f"the ranks set different debug levels: {said}; the level is unchanged on "
+                f"every rank (set the same level on every rank of the group)"
+            )
 
     # -- the path ---------------------------------------------------------------------------
 
@@ -393,10 +412,15 @@ class Dispatcher:
             self.debug == "large"
             and (backend is self.backend or backend is self.shm)  # the fast path too: a
             # rank whose call differs may be on MPI (another size), where no header is seen
-            and spec.arrays
             and not spec.p2p
-            # every rank must decide alike: an uneven all_to_all's totals differ by rank
-            and ((spec.name == "all_to_all" and call.uneven) or call.largest_bytes() > self.large)
+            and (
+                # an object collective: every call (only the source knows the pickled size,
+                # and two calls' sizes or roots that differ hang in mpi4py's exchange)
+                spec.objects
+                # every rank must decide alike: an uneven all_to_all's totals differ by rank
+                or (spec.arrays and spec.name == "all_to_all" and call.uneven)
+                or (spec.arrays and call.largest_bytes() > self.large)
+            )
         )
         return call, data, out
 
@@ -767,9 +791,28 @@ class Dispatcher:
             raise self._differ(where_, fp)
 
     def _differ(self, where_: str, fp: dict[str, Any]) -> MismatchError:
-        """The fingerprints differ somewhere: gather them all and say how (every rank)."""
+        """The fingerprints differ somewhere: gather them all and say how (every rank).
+
+        Sequence numbers that differ mean some rank made a call on the group that another
+        did not meet in the same place (one made on some ranks only, or one that the
+        "large" level did not compare on some rank: a rooted call's message goes out eagerly
+        and the call completes there): every later call would differ too, so every rank
+        (each gets the same fingerprints) makes the group unusable, saying why, instead of
+        raising a MismatchError per call for good."""
         fps = self.backend.allgather_object(fp)
-        return MismatchError(f"{where_}: the ranks' calls differ: {disagreement(fps)}")
+        said = disagreement(fps)
+        step = out_of_step(fps)
+        if step is not None:
+            said = (
+                f"{said}; {step} (a call made on some ranks only, or one the default level "
+                f"did not compare: {self.large:,} bytes or less in every buffer on some rank "
+                f"and more on another), so every later call would differ too: the group is "
+                f"unusable (free() it and make another; debug='check' on every rank compares "
+                f"every call and names the first that differs)"
+            )
+            self.broken = f"the group is unusable: {where_}: {step}"
+            self._update_slow()
+        return MismatchError(f"{where_}: the ranks' calls differ: {said}")
 
     def check_splits(self, call: Call, where_: str) -> None:
         """all_to_all_single: what rank i sends to j must be what j expects from i."""

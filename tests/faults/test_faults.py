@@ -692,7 +692,7 @@ def test_a_larger_broadcast_than_the_buffer_is_refused_by_default(launch):
             assert "shape is (2097152,) on rank 0 but (1048576,) on rank 1" in got["msg"]
     got = job.of(1, "off")
     assert got["cls"] == "BackendError", got
-    assert got["msg"].startswith("broadcast #1 on world/dup")
+    assert got["msg"].startswith("broadcast #2 on world/dup")  # #1 set the level
     assert "MPI_ERR_TRUNCATE" in got["msg"] and "debug='check' names it" in got["msg"]
     assert "may have been copied past the buffer" in got["msg"] and "end the job" in got["msg"]
 
@@ -1003,6 +1003,10 @@ def test_mpi_started_below_thread_multiple_is_refused(launch):
         assert got["cls"] == "InvalidArgumentError", got
         assert "MPI runs at thread level MPI_THREAD_SERIALIZED, expected MPI_THREAD_MULTIPLE" \
             in got["msg"]  # fmt: skip
+        # said once, not once per rank ("refused on rank 0: init (rank 0 of 2): ...; on
+        # rank 1: init (rank 1 of 2): ..."): the same problem on every rank
+        assert got["msg"].startswith(f"init (rank {rank} of 2): MPI runs at"), got["msg"]
+        assert got["msg"].count("MPI runs at thread level") == 1, got["msg"]
 
 
 def test_a_ctrl_c_during_init_leaves_no_watchdog_armed(launch):

@@ -52,7 +52,8 @@ def test_all_reduce_shapes(checked):
         lambda: checked.all_reduce(np.ones(8 if r == 0 else 4)),
         "the ranks' calls differ: shape is (8,) on rank 0 but (4,) on rank",
     )
-    assert msg.startswith(f"all_reduce #1 on {checked.name} (rank {r} of {checked.size})")
+    # call #1 of the group set its level (a step of its sequence, as a group creation is)
+    assert msg.startswith(f"all_reduce #2 on {checked.name} (rank {r} of {checked.size})")
     if checked.debug == "detail":
         assert "called at rank 0: " in msg and "test_debug.py" in msg
 
@@ -491,5 +492,43 @@ def test_off_leaves_async_buffers_writable(world):
         assert x.flags.writeable
         work.wait(timeout=60)
         assert (x == c.size).all()
+    finally:
+        c.free()
+
+
+def test_levels_set_differently_raise_on_every_rank_and_change_nothing(world):
+    # set on one rank only, its point-to-point messages carried headers that a receive at
+    # another level took for the data (16 int64 received as the header's words, silently)
+    c = world.dup()
+    c.timeout = 60
+    try:
+        with pytest.raises(MismatchError) as info:
+            c.debug = "check" if c.rank == 0 else "off"
+        msg = str(info.value)
+        assert msg.startswith(f"debug #1 on {c.name} (rank {c.rank} of {c.size})"), msg
+        assert "level is 'check' on rank 0 but 'off' on rank" in msg
+        assert c.debug == "large"
+        c.debug = "check"  # alike on every rank: set
+        assert c.debug == "check"
+        x = np.ones(2)
+        c.all_reduce(x)
+        assert (x == c.size).all()
+    finally:
+        c.free()
+
+
+def test_a_level_set_on_one_rank_meets_the_others_checked_call(world):
+    c = world.dup()
+    c.timeout = 60
+    try:
+        big = np.ones(c._dispatcher.large, np.float32)
+        with pytest.raises(MismatchError, match="the call is 'debug' on rank 0 but 'all_reduce'"):
+            if c.rank == 0:
+                c.debug = "check"
+            else:
+                c.all_reduce(big)
+        assert c.debug == "large"
+        c.all_reduce(big)  # in step: both calls took the same sequence number
+        assert (big == c.size).all()
     finally:
         c.free()
