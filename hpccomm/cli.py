@@ -438,6 +438,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HpccommError as exc:
         print(f"hpccomm: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `hpccomm layout ... | head`: the reader left; no traceback
+        # (Python's own advice: stdout to /dev/null, so the exit's flush cannot fail again)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

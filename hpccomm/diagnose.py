@@ -13,6 +13,7 @@ import ml_dtypes
 import numpy as np
 
 from . import memory
+from .backends.shm import settings as shm_settings
 from .comm import Communicator
 from .debug import EAGER_ENV, large_bytes
 from .dtypes import ReduceOp
@@ -45,7 +46,17 @@ def _shm(comm: Communicator) -> str:
     rank of the job runs ``hpccomm info``)."""
     shm = comm._shm()
     if shm is None:
-        why = "one rank" if comm.size < 2 else "HPCCOMM_SHM=0 or too small a chunk"
+        chunk = shm_settings().chunk
+        if comm.size < 2:
+            why = "one rank"
+        elif not shm_settings().enabled:
+            why = "HPCCOMM_SHM=0"
+        elif comm.num_nodes == 1 and chunk // 16 < comm.size:
+            why = (
+                f"a chunk of {chunk:,} bytes is too small for {comm.size} ranks (HPCCOMM_SHM_CHUNK)"
+            )
+        else:  # pragma: no cover - for_group makes one in every other case
+            why = "not made"
         return f"shared-memory fast path: off ({why})"
     return f"shared-memory fast path: {shm.describe('hpccomm info')}"
 

@@ -7,6 +7,7 @@ import atexit
 import functools
 import gc
 import os
+import re
 import select
 import signal
 import sys
@@ -686,11 +687,12 @@ def _refuse_alike(problems: list[HpccommError], comm: Any) -> None:
 
 
 def _unprefixed(text: str) -> str:
-    """A setting's message without its own ``init: `` or ``hpccomm: `` start (init's prefix
-    with the rank replaces it)."""
+    """A setting's message without its own ``init: ``, ``init (rank 1 of 2): `` or
+    ``hpccomm: `` start (init's prefix with the rank replaces it; the rank left in, every
+    rank's text differed and the message said the same thing once per rank)."""
     for start in ("init: ", "hpccomm: "):
         text = text.removeprefix(start)
-    return text
+    return re.sub(r"^init \(rank \d+ of \d+\): ", "", text)
 
 
 def _checked(problems: list[HpccommError], check: Callable[..., Any], *args: Any) -> Any:

@@ -331,3 +331,16 @@ def test_a_debug_level_that_differs_across_ranks_is_refused_at_init(mpiexec, ven
         f"'large' on ranks 1,2); set the same init(debug=...) or HPCCOMM_DEBUG on every rank"
         for r in range(3)
     ], out.stdout
+
+
+def test_output_into_a_pipe_closed_early_ends_without_a_traceback():
+    # `hpccomm layout ... | head -1`: the reader leaves after one line
+    cmd = [sys.executable, "-m", "hpccomm.cli", "layout", "--world", "65536", "--tp", "2"]  # 1.5 MB
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 1
+    assert first.startswith(b"world 65536: tp=2")
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err, err.decode()
