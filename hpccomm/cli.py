@@ -434,7 +434,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hpccomm`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()  # here, where a reader gone is caught (not at exit: status 120)
+        return status
     except HpccommError as exc:
         print(f"hpccomm: {exc}", file=sys.stderr)
         return 2

@@ -260,7 +260,14 @@ class Communicator:
 
     @debug.setter
     def debug(self, value: str) -> None:
-        self._dispatcher.set_debug(level_from(value, self._here("debug")))
+        """Collective over the group (see Dispatcher.set_debug); a value refused here still
+        takes part, so the other ranks raise naming it instead of waiting for this one."""
+        try:
+            level = level_from(value, self._here("debug"))
+        except HpccommError as exc:
+            self._dispatcher.set_debug(None, refused=exc)
+            raise
+        self._dispatcher.set_debug(level)
 
     @property
     def local_rank(self) -> int:

@@ -170,13 +170,25 @@ class Dispatcher:
             or (ex is not None and ex.pending > 0)
         )
 
-    def set_debug(self, level: str) -> None:
+    def set_debug(self, level: str | None, refused: BaseException | None = None) -> None:
         """Collective over the group: a step of its sequence, as a group creation is, in
         which the ranks compare the level they set (at every level, "off" included); where
         it differs every rank raises MismatchError and keeps its level. Set on one rank only
         (it used to be a plain assignment), its point-to-point messages carried headers the
         other side took for the data: a receive of 16 int64 got the header's words, with no
-        error anywhere."""
+        error anywhere. ``refused``: the value was refused on this rank (a misspelt level):
+        it takes part all the same, so the others raise naming it, and the caller raises
+        its own error (a group creation refused on one rank does the same)."""
+        if refused is not None:
+            why = f"{type(refused).__name__}: {refused}"
+            try:
+                self.collective(
+                    "debug", self._same_level, f"refused ({why})", agree={"refused": why}
+                )
+            except HpccommError:
+                pass  # this rank raises its own error
+            return
+        assert level is not None
         self.collective("debug", self._same_level, level)
         self.debug = level
         self.cache.clear()  # cached calls hold whether the "large" level checks them
@@ -592,7 +604,9 @@ class Dispatcher:
         where_ = where(spec.name, g.rank, g.size, group=g.name, seq=seq)
         if self.closed:  # freed here: nothing to agree on (its communicators are gone)
             return
-        if self.debug in CHECKING:  # the others compare fingerprints: join with the reason
+        if self.debug in CHECKING or (self.debug == "large" and spec.objects):
+            # the others compare fingerprints (every object collective at "large"): join
+            # with the reason
             fp = {"op": spec.name, "seq": seq, "refused": f"{type(exc).__name__}: {exc}"}
             try:
                 self.bounded(where_, self.agree, where_, fp)
@@ -903,6 +917,13 @@ class Dispatcher:
                 return CommTimeoutError(
                     f"{exc}; it is queued behind {running.what}, which has not completed"
                 )
+        if self._checking == seq and self.debug == "large" and call.spec.objects:
+            return CommTimeoutError(
+                f"{exc}; this rank waits in the check that compares the call across ranks "
+                f"(object collectives are compared at every size): some rank has not reached "
+                f"this call, or is in a collective of this group that is not compared (an "
+                f"array call of {self.large:,} bytes or less)"
+            )
         if self._checking == seq and self.debug == "large":
             return CommTimeoutError(
                 f"{exc}; this rank waits in the check that compares the call across ranks, "

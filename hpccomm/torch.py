@@ -355,7 +355,6 @@ class _TorchWork(dist.Work):
         self._lock = threading.Lock()
         self._finished = threading.Event()  # set once results are in torch's tensors
         self.source: HWork | None = None  # recv from any source: the hpccomm receive
-        self._profiled: threading.Event | None = None  # set when its profiler event ended
         self._driven = False  # a thread of its own waits for it (a point-to-point Future)
         self._op: str | None = getattr(_calling, "op", None)  # the torch operation, errors name
         if work is None:
@@ -429,9 +428,7 @@ class _TorchWork(dist.Work):
                 pass  # delivered below, once the completion ran
             self._complete(self._work)
         self._finished.wait()
-        self._delivered()
-        if self._profiled is not None:
-            self._profiled.wait()  # its profiler event ends on the profiler's thread
+        self._delivered()  # (under torch's profiler: its event has ended then, see after())
         if self._error is not None:
             raise self._error
         return True
@@ -896,14 +893,16 @@ class _ProfilerEnds:
     as torch's own backends' events are (their worker thread ends them)."""
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[tuple[Future[None], threading.Event]] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Future[None]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
     def after(self, record: Any, work: _TorchWork) -> None:
         """Make ``work``'s Future complete (with the same value or error) once ``record``
-        ended, and its ``wait()`` return only then (an event ended after the profiler
-        stopped would be lost)."""
+        ended, and its ``wait()`` return only then, as it waits for that Future (an event
+        ended after the profiler stopped would be lost). A callback of that Future may call
+        ``wait()``: the Future is complete by then (an event of its own that wait() waited
+        for was set only after the callbacks returned: a deadlock)."""
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -914,15 +913,12 @@ class _ProfilerEnds:
         with torch._C.DisableTorchFunctionSubclass():
             ended = torch.ops.profiler._call_end_callbacks_on_jit_fut._RecordFunction(record, gate)
         future = work.get_future()
-        settled = work._profiled = threading.Event()
         work._future = ended.then(lambda _: future.value())
-        future.add_done_callback(lambda _: self._queue.put((gate, settled)))
+        future.add_done_callback(lambda _: self._queue.put(gate))
 
     def _run(self) -> None:
         while True:
-            gate, settled = self._queue.get()
-            gate.set_result(None)
-            settled.set()
+            self._queue.get().set_result(None)
 
 
 _profiler_ends = _ProfilerEnds()

@@ -5,6 +5,7 @@ naming the field and the ranks, before anything reaches MPI; the group stays usa
 import numpy as np
 import pytest
 
+import hpccomm
 from hpccomm import MismatchError, ReduceOp
 
 pytestmark = pytest.mark.mpi(min_size=2)
@@ -530,5 +531,31 @@ def test_a_level_set_on_one_rank_meets_the_others_checked_call(world):
         assert c.debug == "large"
         c.all_reduce(big)  # in step: both calls took the same sequence number
         assert (big == c.size).all()
+    finally:
+        c.free()
+
+
+@pytest.mark.parametrize("level", ["large", "off"])
+def test_a_level_refused_on_one_rank_is_named_on_every_rank(world, level):
+    # a misspelt level on rank 0: it raised there before the collective step, and the
+    # others waited for it in the setter for ever (or until the timeout, unnamed)
+    c = world.dup()
+    c.timeout = 60
+    try:
+        if level != "large":
+            c.debug = level
+        with pytest.raises(hpccomm.HpccommError) as info:
+            c.debug = "chek" if c.rank == 0 else "check"
+        msg = str(info.value)
+        if c.rank == 0:
+            assert type(info.value) is hpccomm.InvalidArgumentError, msg
+            assert "debug is 'chek', expected one of off, large, check, detail" in msg
+        else:
+            assert type(info.value) is MismatchError, msg
+            assert "refused" in msg and "'chek'" in msg, msg
+        assert c.debug == level
+        x = np.ones(2)
+        c.all_reduce(x)  # in step
+        assert (x == c.size).all()
     finally:
         c.free()

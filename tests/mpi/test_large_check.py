@@ -186,3 +186,21 @@ def test_ranks_out_of_step_make_the_group_unusable_on_every_rank(comm):
     for call in (lambda: comm.all_reduce(np.ones(3)), lambda: comm.barrier()):
         with pytest.raises(hpccomm.ClosedError, match="the group is unusable: .*out of step"):
             call()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_an_object_collective_refused_on_one_rank_is_named_on_every_rank(comm):
+    # a scatter_object list of the wrong length on the source: refused there, and the
+    # others, in the check that every object collective gets, waited for it (at "check" the
+    # refusing rank joined the comparison; at "large" it did not)
+    r = comm.rank
+    objs = list(range(comm.size + 1)) if r == 0 else None
+    with pytest.raises(hpccomm.HpccommError) as info:
+        comm.scatter_object(objs, src=0)
+    msg = str(info.value)
+    if r == 0:
+        assert type(info.value) is hpccomm.InvalidArgumentError, msg
+    else:
+        assert type(info.value) is hpccomm.MismatchError, msg
+        assert "rank 0 refused it: InvalidArgumentError" in msg, msg
+    assert comm.all_gather_object(r) == list(range(comm.size))  # the group goes on

@@ -393,9 +393,11 @@ def at_debug(comm, level, restore=True):
     setting the level is a collective step of the group, which every rank must make)."""
     before = comm.debug
     comm.debug = level
-    yield
-    if restore:
-        comm.debug = before
+    try:
+        yield
+    finally:  # (an assertion failing on one rank: it restores too, meeting the others)
+        if restore:
+            comm.debug = before
 
 
 @pytest.mark.parametrize("against", ["size", "broadcast"])

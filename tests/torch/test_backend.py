@@ -424,6 +424,31 @@ def test_profiler_events_are_async_and_futures_keep_errors(tdist):
     assert all(e.is_async for e in events[:10])
 
 
+def test_a_futures_callback_may_wait_for_its_work_under_the_profiler(tdist):
+    # Under torch's profiler, wait() also waited for an event set only after the Future's
+    # callbacks had returned: a callback that called work.wait() (a DDP comm hook written
+    # so) hung the profiler's thread, and every later profiled Future with it.
+    seen = {}
+    with torch.autograd.profiler.profile():
+        t = torch.ones(4)
+        work = tdist.all_reduce(t, async_op=True)
+
+        def callback(fut):
+            seen["wait"] = work.wait()
+            seen["completed"] = work.is_completed()
+            return fut.value()
+
+        chained = work.get_future().then(callback)
+        box = {}
+        waiter = threading.Thread(target=lambda: box.update(value=chained.wait()), daemon=True)
+        waiter.start()
+        waiter.join(30)
+        assert not waiter.is_alive(), "the Future's callback hung in work.wait()"
+        assert seen == {"wait": True, "completed": True}
+        tdist.all_reduce(torch.ones(1), async_op=True).wait()  # the profiler still ends events
+    assert torch.equal(t, torch.full((4,), float(tdist.get_world_size())))
+
+
 @pytest.mark.mpi(min_size=2)
 def test_batch_isend_irecv_subgroups_and_premul_sum(tdist):
     n, r = tdist.get_world_size(), tdist.get_rank()

@@ -333,14 +333,22 @@ def test_a_debug_level_that_differs_across_ranks_is_refused_at_init(mpiexec, ven
     ], out.stdout
 
 
-def test_output_into_a_pipe_closed_early_ends_without_a_traceback():
-    # `hpccomm layout ... | head -1`: the reader leaves after one line
-    cmd = [sys.executable, "-m", "hpccomm.cli", "layout", "--world", "65536", "--tp", "2"]  # 1.5 MB
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+@pytest.mark.parametrize("world", [65536, 8])  # 1.5 MB, and what stdout's buffer holds
+def test_output_into_a_pipe_closed_early_ends_without_a_traceback(world):
+    # `hpccomm layout ... | head -1`: the reader leaves after one line (a small output is
+    # written by the exit's flush: block-buffered, as on a pipe without PYTHONUNBUFFERED,
+    # the reader gone before it: status 120 and "Exception ignored ... BrokenPipeError")
+    cmd = [sys.executable, "-m", "hpccomm.cli", "layout", "--world", str(world), "--tp", "2"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     assert proc.stdout is not None and proc.stderr is not None
-    first = proc.stdout.readline()
-    proc.stdout.close()
+    if world == 8:
+        proc.stdout.close()  # before anything is written
+        first = b"world 8: tp=2"
+    else:
+        first = proc.stdout.readline()
+        proc.stdout.close()
     err = proc.stderr.read()
     assert proc.wait(timeout=60) == 1
-    assert first.startswith(b"world 65536: tp=2")
+    assert first.startswith(f"world {world}: tp=2".encode())
     assert b"Traceback" not in err and b"BrokenPipeError" not in err, err.decode()
