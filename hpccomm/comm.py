@@ -254,8 +254,9 @@ class Communicator:
     def debug(self) -> str:
         """The debug level: "off", "large" (the default: collectives whose buffers exceed
         MPI's eager limit compared across ranks before MPI), "check" (every collective, and
-        headers on point-to-point messages) or "detail" (plus call sites). Set it to the
-        same level on every rank of the group."""
+        headers on point-to-point messages) or "detail" (plus call sites). Setting it is
+        collective over the group (a step of its sequence): every rank sets the same level,
+        else every rank raises MismatchError and keeps its level."""
         return self._dispatcher.debug
 
     @debug.setter
