@@ -106,6 +106,9 @@ def call_site() -> str:
 
 
 _FULL_SHAPE = frozenset({"all_reduce", "reduce", "broadcast", "reduce_scatter"})
+# a fingerprint has one of these (the full shape, or the row shape where sizes may differ):
+# one given on one rank and the other elsewhere is said by the field that decides it (sizes)
+_FORMS = frozenset({"shape", "row shape"})
 
 
 def fingerprint(call: Call | None, op: str, seq: int, site: str | None = None) -> dict[str, Any]:
@@ -210,17 +213,30 @@ def disagreement(fps: Sequence[dict[str, Any]]) -> str:
     parts = [f"rank {r} refused it: {why}" for r, why in refused]
     fields = ["op", "seq", "dtype", "device", "shape", "row shape", "src", "dst", "reduce op"]
     fields += ["sizes", "elements per rank", "ranks", "expect"]
+    # one op on every rank (none refused): a field given on some ranks only is a difference
+    # too (sizes= on one rank, none on another), said as "not given"
+    alike = not refused and len({fp.get("op") for fp in fps}) == 1
     for field in fields:
         said = _differs(
             "the call" if field == "op" else field,
             (
-                (r, repr(fp[field]))
+                (r, repr(fp[field]) if field in fp else "not given")
                 for r, fp in enumerate(fps)
-                if field in fp and ("refused" not in fp or field in ("op", "seq"))
+                if (field in fp or (alike and field not in _FORMS and any(field in f for f in fps)))
+                and ("refused" not in fp or field in ("op", "seq"))
             ),
         )
         if said is not None:
             parts.append(said)
+    if alike and not parts:  # the full shape on some ranks, the row shape on others:
+        # uneven sizes given on some ranks only (all_to_all_single's split sizes)
+        given = [r for r, fp in enumerate(fps) if "row shape" in fp]
+        if given and len(given) < len(fps):
+            others = [r for r in range(len(fps)) if r not in given]
+            parts.append(
+                f"uneven sizes (sizes=, split sizes) given on {_ranks(given)} but not on "
+                f"{_ranks(others)} (pass them on every rank or on none)"
+            )
     if not parts:  # a field the list above does not name: say which, in the same form
         for key in sorted({k for fp in fps for k in fp} - {"site", "refused", *fields}):
             said = _differs(key, ((r, repr(_canonical(fp.get(key)))) for r, fp in enumerate(fps)))
@@ -229,7 +245,7 @@ def disagreement(fps: Sequence[dict[str, Any]]) -> str:
     sites = [(r, fp["site"]) for r, fp in enumerate(fps) if "site" in fp]
     if sites:
         parts.append("called at " + "; ".join(f"rank {r}: {s}" for r, s in sites))
-    return "; ".join(parts) or "the ranks' calls differ"
+    return "; ".join(parts) or "in a field not named here (debug='detail' adds the call sites)"
 
 
 def out_of_step(fps: Sequence[dict[str, Any]]) -> str | None:

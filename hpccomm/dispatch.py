@@ -604,14 +604,20 @@ class Dispatcher:
         where_ = where(spec.name, g.rank, g.size, group=g.name, seq=seq)
         if self.closed:  # freed here: nothing to agree on (its communicators are gone)
             return
-        if self.debug in CHECKING or (self.debug == "large" and spec.objects):
-            # the others compare fingerprints (every object collective at "large"): join
-            # with the reason
-            fp = {"op": spec.name, "seq": seq, "refused": f"{type(exc).__name__}: {exc}"}
+        fp = {"op": spec.name, "seq": seq, "refused": f"{type(exc).__name__}: {exc}"}
+        if self.debug in CHECKING:  # the others compare fingerprints: join with the reason
             try:
                 self.bounded(where_, self.agree, where_, fp)
             except HpccommError:
                 pass  # this rank raises its own error
+            return
+        if self.debug == "large" and spec.objects:  # (compared at "large" too) as a refused
+            # group creation does: on the worker, waited for REFUSAL_GRACE at most (where the
+            # others never make the call, it waits there for their next compared one)
+            fut = self.worker().submit(where_, self._agree_refused, where_, fp)
+            self._slow = True
+            grace = REFUSAL_GRACE if self._timeout is None else min(self._timeout, REFUSAL_GRACE)
+            fut.wait(grace)
             return
         if (
             self.notices is None

@@ -556,8 +556,7 @@ def _v_all_gather(call: Call, b: Buffer | None, o: Buffer | None) -> None:
                 f"{call}: sizes[{me}] is {out_rows[me]}, expected {rows} (this rank's array "
                 f"has {rows} rows)"
             )
-        call.sizes = out_rows
-        call.uneven = True
+        _set_sizes(call, out_rows)
     if call.spec.root is not None:
         _check_root(call)
         if me != call.peer:  # gather: only the destination receives
@@ -612,8 +611,7 @@ def _v_scatter(call: Call, b: Buffer | None, o: Buffer | None) -> None:
         blocks = [shape[0]] * n if sizes is None else _check_sizes(call, sizes, "sizes", None)
         template = o
     if sizes is not None:
-        call.sizes = blocks
-        call.uneven = True
+        _set_sizes(call, blocks)
     out_shape = (blocks[me], *rest)
     _check_out(call, o, out_shape, template)
     if me != call.peer:
@@ -621,6 +619,18 @@ def _v_scatter(call: Call, b: Buffer | None, o: Buffer | None) -> None:
     call.counts = _counts(blocks, row_elems)
     if me == call.peer and o is not None and b is not None:
         call.in_place = _check_block(call, b, o, "out", "the array")
+
+
+def _set_sizes(call: Call, blocks: list[int]) -> None:
+    """``sizes=`` as given: a call with uneven blocks; all equal, the plain call, as where
+    no sizes are given (one rank passing ``sizes=[4, 4]`` and another none is a correct
+    call: the ranks then ran different MPI collectives, and hung, or differed in the debug
+    check's comparison)."""
+    if len(set(blocks)) > 1:
+        call.sizes = blocks
+        call.uneven = True
+    else:
+        call.sizes = None
 
 
 def _v_reduce_scatter(call: Call, b: Buffer | None, o: Buffer | None) -> None:
@@ -631,8 +641,8 @@ def _v_reduce_scatter(call: Call, b: Buffer | None, o: Buffer | None) -> None:
     if call.sizes is None:
         blocks = [_equal_blocks(call, rows)] * n
     else:
-        blocks = call.sizes = _check_sizes(call, call.sizes, "sizes", rows)
-        call.uneven = True
+        blocks = _check_sizes(call, call.sizes, "sizes", rows)
+        _set_sizes(call, blocks)
     _check_out(call, o, (blocks[call.group.rank], *rest), b)
     call.counts = _counts(blocks, row_elems)
 
@@ -659,6 +669,9 @@ def _v_all_to_all(call: Call, b: Buffer | None, o: Buffer | None) -> None:
             )
     else:
         recv = call.out_splits = _check_sizes(call, out_splits, "output_split_sizes", None)
+    # (split sizes all equal stay uneven: a rank's splits may be equal in a correct call
+    # whose other ranks' are not, and every rank of it must take the same MPI collective;
+    # pass split sizes on every rank or on none)
     call.uneven = in_splits is not None or out_splits is not None
     _check_out(call, o, (sum(recv), *rest), b)
     _check_disjoint(call, b, o)

@@ -265,7 +265,7 @@ class Requests:
             got = st.Get_count(mt)
             if got != expected:
                 raise MismatchError(
-                    f"{self.call.where(self.seq)}: {what} got {got} elements from rank {st.Get_source()} (tag "
+                    f"{self.call.where(self.seq)}: {what} got {_received(st, mt, got)} from rank {st.Get_source()} (tag "
                     f"{st.Get_tag()}), expected {expected} (the buffer's size); the sender sent "
                     f"a shorter message and the rest of the buffer is unchanged"
                 )
@@ -335,11 +335,21 @@ class _Received:
         expected = self.count
         if got != expected:
             raise MismatchError(
-                f"{self.call.where(self.seq)}: the receive got {got} elements from rank "
+                f"{self.call.where(self.seq)}: the receive got {_received(st, self.mt, got)} from rank "
                 f"{st.Get_source()} (tag {st.Get_tag()}), expected {expected} (the buffer's "
                 f"size); the sender sent a shorter message and the rest of the buffer is unchanged"
             )
         return st.Get_source()
+
+
+def _received(st: Any, mt: Any, got: int) -> str:
+    """What a receive got, in words: ``got`` elements of ``mt``, or where the message is not
+    a whole number of them (MPI_Get_count is MPI_UNDEFINED: it was printed as -32766
+    elements) its size in bytes."""
+    if got != MPI.UNDEFINED:
+        return f"{got} elements"
+    nbytes = st.Get_count(MPI.BYTE)
+    return f"{nbytes:,} bytes (not a whole number of its {mt.Get_size()}-byte elements)"
 
 
 class _ProbedRecv(_Received):

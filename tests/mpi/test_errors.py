@@ -211,6 +211,9 @@ def test_scatter_object_length(comm):
             + rf": objects has {comm.size + 1} entries, expected {comm.size}",
         ):
             comm.scatter_object(list(range(comm.size + 1)), src=0)
+    else:  # every rank makes the call (compared at the default level: the others hear why)
+        with pytest.raises(hpccomm.MismatchError, match="rank 0 refused it: InvalidArgument"):
+            comm.scatter_object(None, src=0)
 
 
 def test_new_group_bad_ranks(comm):
@@ -305,6 +308,29 @@ def test_a_longer_message_never_reaches_a_blocking_sendrecvs_buffer(comm):
             ):
                 comm.sendrecv(np.ones(4, np.uint8), dst=peer, src=peer, out=block[: 4 << 20])
             assert not block.any()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("form", ["recv", "irecv", "batch"])
+def test_a_receive_of_part_of_an_element_names_its_bytes(comm, form):
+    # 3 float32 (12 bytes) into 3 float64: not a whole number of elements, where MPI's count
+    # is MPI_UNDEFINED: the message said "got -32766 elements"
+    from hpccomm import MismatchError, P2POp
+
+    if comm.rank == 0:
+        comm.send(np.ones(3, np.float32), 1, tag=3)
+    elif comm.rank == 1:
+        buf = np.zeros(3)
+        with pytest.raises(MismatchError) as info:
+            if form == "recv":
+                comm.recv(buf, 0, tag=3)
+            elif form == "irecv":
+                comm.irecv(buf, 0, tag=3).wait()
+            else:
+                comm.batch_isend_irecv([P2POp("recv", buf, 0, tag=3)]).wait()
+        msg = str(info.value)
+        assert "got 12 bytes (not a whole number of its 8-byte elements) from rank 0" in msg, msg
+    comm.barrier()
 
 
 @pytest.mark.mpi(min_size=2)

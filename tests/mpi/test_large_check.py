@@ -204,3 +204,52 @@ def test_an_object_collective_refused_on_one_rank_is_named_on_every_rank(comm):
         assert type(info.value) is hpccomm.MismatchError, msg
         assert "rank 0 refused it: InvalidArgumentError" in msg, msg
     assert comm.all_gather_object(r) == list(range(comm.size))  # the group goes on
+
+
+@pytest.mark.parametrize("size", ["small", "large"])
+@pytest.mark.parametrize("op", ["all_gather", "gather", "scatter", "reduce_scatter"])
+def test_equal_sizes_given_on_some_ranks_only_are_the_plain_call(comm, op, size):
+    # sizes= (or split sizes) whose blocks are all equal, on rank 0 only: the same data
+    # movement as the plain call, so a correct call. The ranks used to run different MPI
+    # collectives (allgatherv against allgather: a hang) or, above the threshold, differ in
+    # the comparison ("the ranks' calls differ: the ranks' calls differ")
+    p, r = comm.size, comm.rank
+    width = 2 if size == "small" else comm._dispatcher.large // 8
+    given = [3] * p if r == 0 else None
+    x = np.full((3, width), r + 1.0, F32)
+    if op == "all_gather":
+        got = comm.all_gather(x, sizes=given)
+        want = np.repeat(np.arange(1.0, p + 1), 3)
+    elif op == "gather":
+        got = comm.gather(x, dst=0, sizes=given)
+        want = np.repeat(np.arange(1.0, p + 1), 3) if r == 0 else None
+    elif op == "scatter":
+        full = np.repeat(np.arange(1.0, p + 1), 3)[:, None] * np.ones((1, width), F32)
+        got = comm.scatter(full.astype(F32) if r == 0 else None, src=0, sizes=given,
+                           out=np.empty((3, width), F32))  # fmt: skip
+        want = np.full(3, r + 1.0)
+    else:
+        got = comm.reduce_scatter(np.full((3 * p, width), r + 1.0, F32), sizes=given)
+        want = np.full(3, p * (p + 1) / 2)
+    if want is None:
+        assert got is None
+    else:
+        assert np.array_equal(np.asarray(got)[:, 0], want), (op, np.asarray(got)[:, 0], want)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_split_sizes_given_on_some_ranks_only_are_named(comm):
+    # all_to_all_single: split sizes on rank 0 only (equal blocks, so the same data); every
+    # rank must run the same MPI collective, so hpccomm asks for them on every rank or on
+    # none; above the threshold the message said "the ranks' calls differ: the ranks' calls
+    # differ"
+    p, r = comm.size, comm.rank
+    x = np.ones((2 * p, comm._dispatcher.large // 8), F32)
+    splits = [2] * p if r == 0 else None
+    with pytest.raises(hpccomm.MismatchError) as info:
+        comm.all_to_all_single(x, input_split_sizes=splits, output_split_sizes=splits)
+    others = "rank 1" if p == 2 else f"ranks {list(range(1, p))}"
+    assert (
+        f"uneven sizes (sizes=, split sizes) given on rank 0 but not on {others} (pass them "
+        f"on every rank or on none)" in str(info.value)
+    ), str(info.value)

@@ -102,6 +102,20 @@ def test_a_disagreement_of_three_ranks_reads_as_a_list():
     assert disagreement(fps) == "shape is (4,) on rank 0, (8,) on rank 1 but (12,) on rank 2"
 
 
+def test_a_field_given_on_some_ranks_only_is_named():
+    # sizes= on rank 0 only: the message was "the ranks' calls differ: the ranks' calls
+    # differ" (a field was compared only where every rank had it)
+    from hpccomm.debug import disagreement
+
+    fps = [
+        {"op": "all_gather", "seq": 1, "row shape": (2,), "sizes": (4, 5)},
+        {"op": "all_gather", "seq": 1, "shape": (5, 2)},
+    ]
+    assert disagreement(fps) == "sizes is (4, 5) on rank 0 but not given on rank 1"
+    other = [{"op": "all_gather", "seq": 1}, {"op": "broadcast", "seq": 1, "src": 0}]
+    assert disagreement(other) == "the call is 'all_gather' on rank 0 but 'broadcast' on rank 1"
+
+
 def test_info_no_mpi_in_process(monkeypatch, capsys):
     monkeypatch.setenv("SLURM_JOB_ID", "9")
     monkeypatch.delenv("SLURM_STEP_NUM_TASKS", raising=False)
