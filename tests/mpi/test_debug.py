@@ -33,6 +33,15 @@ def guarded(world, request):
     c.free()
 
 
+@pytest.fixture
+def fresh(world):
+    """A duplicate of the world at the default level, each call bounded by 60 s."""
+    c = world.dup()
+    c.timeout = 60
+    yield c
+    c.free()
+
+
 def mismatch(comm, fn, *texts):
     """Every rank raises MismatchError with all ``texts``; the group still works after."""
     with pytest.raises(MismatchError) as info:
@@ -482,80 +491,64 @@ def test_dropped_works_release_their_arrays_when_done_without_a_later_call(guard
     guarded.barrier()
 
 
-def test_off_leaves_async_buffers_writable(world):
+def test_off_leaves_async_buffers_writable(fresh):
     # the guard's opt-out: with debug "off" an async call's arrays stay writable (a write
     # before wait() is the caller's race, as in raw MPI)
-    c = world.dup()
-    try:
-        c.debug = "off"
-        x = np.ones(4)
-        work = c.all_reduce(x, async_op=True)
-        assert x.flags.writeable
-        work.wait(timeout=60)
-        assert (x == c.size).all()
-    finally:
-        c.free()
+    fresh.debug = "off"
+    x = np.ones(4)
+    work = fresh.all_reduce(x, async_op=True)
+    assert x.flags.writeable
+    work.wait(timeout=60)
+    assert (x == fresh.size).all()
 
 
-def test_levels_set_differently_raise_on_every_rank_and_change_nothing(world):
+def test_levels_set_differently_raise_on_every_rank_and_change_nothing(fresh):
     # set on one rank only, its point-to-point messages carried headers that a receive at
     # another level took for the data (16 int64 received as the header's words, silently)
-    c = world.dup()
-    c.timeout = 60
-    try:
-        with pytest.raises(MismatchError) as info:
-            c.debug = "check" if c.rank == 0 else "off"
-        msg = str(info.value)
-        assert msg.startswith(f"debug #1 on {c.name} (rank {c.rank} of {c.size})"), msg
-        assert "level is 'check' on rank 0 but 'off' on rank" in msg
-        assert c.debug == "large"
-        c.debug = "check"  # alike on every rank: set
-        assert c.debug == "check"
-        x = np.ones(2)
-        c.all_reduce(x)
-        assert (x == c.size).all()
-    finally:
-        c.free()
+    c = fresh
+    with pytest.raises(MismatchError) as info:
+        c.debug = "check" if c.rank == 0 else "off"
+    msg = str(info.value)
+    assert msg.startswith(f"debug #1 on {c.name} (rank {c.rank} of {c.size})"), msg
+    assert "level is 'check' on rank 0 but 'off' on rank" in msg
+    assert c.debug == "large"
+    c.debug = "check"  # alike on every rank: set
+    assert c.debug == "check"
+    x = np.ones(2)
+    c.all_reduce(x)
+    assert (x == c.size).all()
 
 
-def test_a_level_set_on_one_rank_meets_the_others_checked_call(world):
-    c = world.dup()
-    c.timeout = 60
-    try:
-        big = np.ones(c._dispatcher.large, np.float32)
-        with pytest.raises(MismatchError, match="the call is 'debug' on rank 0 but 'all_reduce'"):
-            if c.rank == 0:
-                c.debug = "check"
-            else:
-                c.all_reduce(big)
-        assert c.debug == "large"
-        c.all_reduce(big)  # in step: both calls took the same sequence number
-        assert (big == c.size).all()
-    finally:
-        c.free()
+def test_a_level_set_on_one_rank_meets_the_others_checked_call(fresh):
+    c = fresh
+    big = np.ones(c._dispatcher.large, np.float32)
+    with pytest.raises(MismatchError, match="the call is 'debug' on rank 0 but 'all_reduce'"):
+        if c.rank == 0:
+            c.debug = "check"
+        else:
+            c.all_reduce(big)
+    assert c.debug == "large"
+    c.all_reduce(big)  # in step: both calls took the same sequence number
+    assert (big == c.size).all()
 
 
 @pytest.mark.parametrize("level", ["large", "off"])
-def test_a_level_refused_on_one_rank_is_named_on_every_rank(world, level):
+def test_a_level_refused_on_one_rank_is_named_on_every_rank(fresh, level):
     # a misspelt level on rank 0: it raised there before the collective step, and the
     # others waited for it in the setter for ever (or until the timeout, unnamed)
-    c = world.dup()
-    c.timeout = 60
-    try:
-        if level != "large":
-            c.debug = level
-        with pytest.raises(hpccomm.HpccommError) as info:
-            c.debug = "chek" if c.rank == 0 else "check"
-        msg = str(info.value)
-        if c.rank == 0:
-            assert type(info.value) is hpccomm.InvalidArgumentError, msg
-            assert "debug is 'chek', expected one of off, large, check, detail" in msg
-        else:
-            assert type(info.value) is MismatchError, msg
-            assert "refused" in msg and "'chek'" in msg, msg
-        assert c.debug == level
-        x = np.ones(2)
-        c.all_reduce(x)  # in step
-        assert (x == c.size).all()
-    finally:
-        c.free()
+    c = fresh
+    if level != "large":
+        c.debug = level
+    with pytest.raises(hpccomm.HpccommError) as info:
+        c.debug = "chek" if c.rank == 0 else "check"
+    msg = str(info.value)
+    if c.rank == 0:
+        assert type(info.value) is hpccomm.InvalidArgumentError, msg
+        assert "debug is 'chek', expected one of off, large, check, detail" in msg
+    else:
+        assert type(info.value) is MismatchError, msg
+        assert "refused" in msg and "'chek'" in msg, msg
+    assert c.debug == level
+    x = np.ones(2)
+    c.all_reduce(x)  # in step
+    assert (x == c.size).all()
