@@ -598,7 +598,10 @@ class Dispatcher:
             return
         self.group.seq += 1
         seq = self.group.seq
-        if self.notices is not None:
+        # an object collective at "large": the others are in the comparison, told there
+        # (the notice after it: seen first, a bounded peer raised a PeerError instead)
+        objects = self.debug == "large" and spec.objects
+        if self.notices is not None and not objects:
             self._post(spec.name, seq, exc, REFUSED)
         g = self.group
         where_ = where(spec.name, g.rank, g.size, group=g.name, seq=seq)
@@ -611,13 +614,15 @@ class Dispatcher:
             except HpccommError:
                 pass  # this rank raises its own error
             return
-        if self.debug == "large" and spec.objects:  # (compared at "large" too) as a refused
-            # group creation does: on the worker, waited for REFUSAL_GRACE at most (where the
-            # others never make the call, it waits there for their next compared one)
+        if objects:  # (compared at "large" too) as a refused group creation does: on the
+            # worker, waited for REFUSAL_GRACE at most (where the others never make the call,
+            # it waits there for their next compared one)
             fut = self.worker().submit(where_, self._agree_refused, where_, fp)
             self._slow = True
             grace = REFUSAL_GRACE if self._timeout is None else min(self._timeout, REFUSAL_GRACE)
             fut.wait(grace)
+            if self.notices is not None:
+                self._post(spec.name, seq, exc, REFUSED)
             return
         if (
             self.notices is None

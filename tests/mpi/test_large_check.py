@@ -200,7 +200,7 @@ def test_an_object_collective_refused_on_one_rank_is_named_on_every_rank(comm):
     msg = str(info.value)
     if r == 0:
         assert type(info.value) is hpccomm.InvalidArgumentError, msg
-    else:
+    else:  # (its notice comes after the comparison: no PeerError first where bounded)
         assert type(info.value) is hpccomm.MismatchError, msg
         assert "rank 0 refused it: InvalidArgumentError" in msg, msg
     assert comm.all_gather_object(r) == list(range(comm.size))  # the group goes on
