@@ -46,10 +46,11 @@ def _shm(comm: Communicator) -> str:
     rank of the job runs ``hpccomm info``)."""
     shm = comm._shm()
     if shm is None:
-        chunk = shm_settings().chunk
+        settings = shm_settings()
+        chunk = settings.chunk
         if comm.size < 2:
             why = "one rank"
-        elif not shm_settings().enabled:
+        elif not settings.enabled:
             why = "HPCCOMM_SHM=0"
         elif comm.num_nodes == 1 and chunk // 16 < comm.size:
             why = (

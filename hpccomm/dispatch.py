@@ -614,13 +614,10 @@ class Dispatcher:
             except HpccommError:
                 pass  # this rank raises its own error
             return
-        if objects:  # (compared at "large" too) as a refused group creation does: on the
-            # worker, waited for REFUSAL_GRACE at most (where the others never make the call,
-            # it waits there for their next compared one)
-            fut = self.worker().submit(where_, self._agree_refused, where_, fp)
-            self._slow = True
-            grace = REFUSAL_GRACE if self._timeout is None else min(self._timeout, REFUSAL_GRACE)
-            fut.wait(grace)
+        if objects:  # (compared at "large" too) joined as a refused group creation joins
+            # its comparison (where the others never make the call, it waits there for
+            # their next compared one)
+            self._join_refused(where_, fp)
             if self.notices is not None:
                 self._post(spec.name, seq, exc, REFUSED)
             return
@@ -658,11 +655,16 @@ class Dispatcher:
             return
         name = where(what, group.rank, group.size, group=group.name, seq=seq)
         fp = {"op": what, "seq": seq, "refused": f"{type(exc).__name__}: {exc}"}
+        self._join_refused(name, fp)
+
+    def _join_refused(self, name: str, fp: dict[str, Any]) -> None:
+        """Join the others' comparison with a refusal's fingerprint, on the worker, waited
+        for REFUSAL_GRACE seconds at most: done at once where the others are in it (free()
+        then finds nothing running); else it stays queued for their next compared call."""
         fut = self.worker().submit(name, self._agree_refused, name, fp)
         self._slow = True  # later calls queue behind it, in order on the checks' communicator
         bound = REFUSAL_GRACE if self._timeout is None else min(self._timeout, REFUSAL_GRACE)
-        fut.wait(bound)  # done at once where the others are in the creation (free() then
-        # finds nothing running); else it stays queued
+        fut.wait(bound)
 
     def _agree_refused(self, name: str, fp: dict[str, Any]) -> None:
         try:
