@@ -267,6 +267,7 @@ class Dispatcher:
                     out.dtype,
                     out.shape,
                     out.strides,
+                    out.flags.writeable,
                     _overlap(data, out) if spec in OVERLAP_CHECKED else None,
                 ),
                 # the arguments' types: True == 1 == 1.0 and 2.0 == 2+0j as keys, but not
@@ -278,6 +279,9 @@ class Dispatcher:
                 None
                 if sizes is None and in_splits is None and out_splits is None
                 else (_types(sizes), _types(in_splits), _types(out_splits)),
+                # validation refuses a read-only array the call writes into: seen cached, a
+                # receive matched its message before mpi4py refused the buffer (lost)
+                data.flags.writeable,
             )
             try:
                 call = self.cache.get(key)

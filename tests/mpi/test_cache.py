@@ -322,3 +322,43 @@ def test_a_library_error_on_the_worker_thread_is_validated_again(world):
         assert (y == c.size).all()
     finally:
         c.free()
+
+
+@pytest.mark.parametrize("bound", [None, 30.0])
+def test_a_cached_receive_into_a_read_only_array_keeps_the_message(world, bound):
+    # The cache key left out the writeable flag: a receive of a cached description into a
+    # read-only array skipped validation, matched its message, and then mpi4py refused the
+    # buffer ("dlpack: buffer is not writable"): the message was lost (the retry got the
+    # next one) and, for a message above the eager limit, the sender waited for ever.
+    if world.size < 2:
+        pytest.skip("needs 2 ranks")
+    c = world.dup()
+    c.timeout = bound
+    try:
+        if c.rank == 0:
+            for value in (1.0, 2.0):
+                c.send(np.full(4, value), 1)
+        elif c.rank == 1:
+            got = np.zeros(4)
+            c.recv(got, 0)  # caches the description
+            read_only = np.zeros(4)
+            read_only.flags.writeable = False
+            with pytest.raises(hpccomm.InvalidArgumentError, match=r"array is read-only"):
+                c.recv(read_only, 0)
+            c.recv(got, 0)
+            assert (got == 2.0).all(), got
+        # sendrecv into a read-only out= on every rank: refused before MPI on every rank
+        # (bounded, it was "BackendError: ... dlpack: buffer is not writable")
+        if c.rank < 2:
+            peer = 1 - c.rank
+            out = np.zeros(4)
+            c.sendrecv(np.full(4, 10.0 + c.rank), dst=peer, src=peer, out=out)
+            read_only = np.zeros(4)
+            read_only.flags.writeable = False
+            with pytest.raises(hpccomm.InvalidArgumentError, match=r"out is read-only"):
+                c.sendrecv(np.full(4, 20.0), dst=peer, src=peer, out=read_only)
+            c.sendrecv(np.full(4, 30.0 + c.rank), dst=peer, src=peer, out=out)
+            assert (out == 30.0 + peer).all(), out
+        c.barrier()
+    finally:
+        c.free()
