@@ -19,13 +19,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Executor", "Future"]
+__all__ = ["Executor", "Future", "on_worker"]
 
 # A worker thread with nothing to do for this long ends; the group's next call on the worker
 # starts another (a thread start, about 0.1 ms). Kept for good, every group that had made a
 # bounded or async call held a thread while it lived: 4,003 threads after 4,000 groups
 # (dropped without free()) in a soak review.
 IDLE_SECONDS = 5.0
+
+_thread_kind = threading.local()
+
+
+def on_worker() -> bool:
+    """Whether the calling thread is a communicator's worker thread (a done-callback runs
+    there: the torch backend completes its Futures elsewhere from it, see hpccomm.torch)."""
+    return getattr(_thread_kind, "worker", False)
 
 
 class Future:
@@ -97,6 +105,7 @@ class Executor:
         return fut
 
     def _loop(self) -> None:
+        _thread_kind.worker = True
         while True:
             try:
                 item = self._queue.get(timeout=IDLE_SECONDS)

@@ -52,6 +52,7 @@ from . import ops as O
 from .comm import Communicator
 from .dtypes import ReduceOp
 from .errors import CommTimeoutError, DtypeError, HpccommError, InvalidArgumentError, where
+from .executor import on_worker
 from .ops import P2POp
 from .runtime import init as hpccomm_init
 from .work import Work as HWork
@@ -312,6 +313,73 @@ class _Watchdog:
 
 _watchdog = _Watchdog()
 
+
+class _Settler:
+    """Completes the Futures of Works that hpccomm's own threads finish (the group's worker
+    thread, the watchdog), on threads of its own. Completing a torch Future runs its
+    callbacks in the completing thread, and a callback may start another collective of the
+    group and wait for it (torch's PowerSGD DDP hook does): run on the worker thread, that
+    collective waited behind the callback until the group's timeout. A settling thread
+    blocked in a callback gets company: the next Future goes to an idle thread or a new one.
+    Threads idle for IDLE seconds end."""
+
+    IDLE = 5.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: list[_SettleSlot] = []
+        self.busy: set[threading.Thread] = set()  # joined at exit (see _join_drivers)
+
+    def run(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            slot = self._idle.pop() if self._idle else None
+        if slot is None:
+            slot = _SettleSlot(fn)
+            threading.Thread(
+                target=self._serve, args=(slot,), name="hpccomm-torch-future", daemon=True
+            ).start()
+        else:
+            slot.fn = fn
+            slot.ready.set()
+
+    def _serve(self, slot: _SettleSlot) -> None:
+        me = threading.current_thread()
+        while True:
+            fn, slot.fn = slot.fn, None
+            with self._lock:
+                self.busy.add(me)
+            try:
+                if fn is not None:
+                    fn()
+            finally:  # (an error here ends the thread, reported by threading's excepthook)
+                with self._lock:
+                    self.busy.discard(me)
+                    slot.ready.clear()
+                    self._idle.append(slot)
+            if not slot.ready.wait(self.IDLE):
+                with self._lock:
+                    if slot in self._idle:  # not taken meanwhile: the thread ends
+                        self._idle.remove(slot)
+                        return
+                slot.ready.wait()  # taken just as it timed out: its fn is on the way
+
+
+class _SettleSlot:
+    __slots__ = ("fn", "ready")
+
+    def __init__(self, fn: Callable[[], None] | None) -> None:
+        self.fn = fn
+        self.ready = threading.Event()
+
+
+_settler = _Settler()
+
+
+def _on_service_thread() -> bool:
+    """Whether the calling thread is one that other Works need to make progress."""
+    return on_worker() or threading.current_thread() is _watchdog._thread
+
+
 # the threads of point-to-point Futures (_TorchWork._drive) still running, with their Works
 _drivers: dict[threading.Thread, _TorchWork] = {}
 
@@ -326,6 +394,8 @@ def _join_drivers() -> None:
     for thread, work in list(_drivers.items()):
         if work._finished.is_set():
             thread.join(5.0)
+    for thread in list(_settler.busy):  # inside a Future's callbacks: the same
+        thread.join(5.0)
 
 
 class _TorchWork(dist.Work):
@@ -380,11 +450,9 @@ class _TorchWork(dist.Work):
                 error = _in_torch_op(error, self._op)
             self._error = error
             self._finished.set()
+            elsewhere = self._future is not None and _on_service_thread()
         _watchdog.done(self)
-        if error is not None:
-            self._base.set_result(_Failed(error))
-        else:
-            self._base.set_result(self._result)
+        self._settle(_Failed(error) if error is not None else self._result, elsewhere)
 
     def _fail(self, error: BaseException) -> None:
         error = _in_torch_op(error, self._op)
@@ -393,8 +461,20 @@ class _TorchWork(dist.Work):
                 return
             self._error = error
             self._finished.set()
+            elsewhere = self._future is not None and _on_service_thread()
         _watchdog.done(self)
-        self._base.set_result(_Failed(error))
+        self._settle(_Failed(error), elsewhere)
+
+    def _settle(self, value: Any, elsewhere: bool) -> None:
+        """Complete the private Future, and through it the one handed out (running its
+        callbacks): on a settling thread where this is a thread other Works need and a
+        Future was handed out (its callbacks may wait for another call of the group, see
+        _Settler); else here (no callbacks but wait()'s: a synchronous torch call then
+        costs no extra thread hand-over)."""
+        if elsewhere:
+            _settler.run(lambda: self._base.set_result(value))
+        else:
+            self._base.set_result(value)
 
     def _expire(self) -> None:
         """Past the group's timeout (the watchdog): fail with hpccomm's timeout error."""
@@ -462,6 +542,8 @@ class _TorchWork(dist.Work):
     def get_future(self) -> Future:
         with self._lock:
             if self._future is None:
+                if self._finished.is_set():  # settling here, without a handed-out Future:
+                    self._base.wait()  # then()'s callback runs in this thread, not there
                 self._future = self._base.then(_deliver)
                 work = self._work
                 if work is not None and not self._finished.is_set():
@@ -553,6 +635,35 @@ class HpccommProcessGroup(dist.ProcessGroup):
 
     def name(self) -> str:
         return self.backend_name
+
+    # -- devices ------------------------------------------------------------------------
+    # torch asks a group which devices it serves, and for each its c10d Backend. Registered
+    # from Python, a group is its own backend and torch registers none with it, so its
+    # device list was empty: FSDP2's set_model_state_dict(broadcast_from_rank0=True)
+    # (IndexError), dcp.async_save ("A CPU backend must be enabled") and FSDP1's sharded
+    # state dicts ("Default device not found") failed where gloo works.
+
+    @property
+    def _device_types(self) -> list[torch.device]:
+        return [torch.device("cpu")]
+
+    def _get_backend(self, device: torch.device | str) -> HpccommProcessGroup:
+        kind = torch.device(device).type
+        if kind != "cpu":
+            raise RuntimeError(
+                f"No backend type associated with device type {kind}: hpccomm's torch "
+                f"backend serves CPU tensors (group {self.comm.name})"
+            )
+        return self
+
+    # what torch asks of the backend _get_backend returns: none of these c10d features
+    supports_splitting = False
+    supports_coalescing = False
+    supports_time_estimate = False
+    supports_shrinking = False
+
+    def supports_tensor_alloc(self, device: torch.device) -> bool:
+        return False
 
     def shutdown(self) -> None:
         """torch's ``destroy_process_group``: frees the hpccomm communicator (its worker

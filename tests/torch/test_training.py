@@ -167,3 +167,99 @@ def test_dtensor_redistribute(tdist):
     assert torch.equal(d.redistribute(mesh, [Shard(1)]).full_tensor(), big)  # all_to_all
     summed = (d * 2).sum()  # a partial sum reduced across the mesh
     assert summed.full_tensor().item() == pytest.approx(2 * big.sum().item())
+
+
+def test_fsdp2_loads_a_full_state_dict_broadcast_from_rank0(tdist):
+    # torch looks up the group's devices (pg._device_types[0]): the hpccomm group reported
+    # none, and this raised IndexError where gloo works
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        set_model_state_dict,
+    )
+    from torch.distributed.fsdp import fully_shard
+
+    base = make_model()
+    full = {k: v.clone() * 2 for k, v in base.state_dict().items()}
+    model = make_model()
+    fully_shard(model)
+    given = {k: v.clone() for k, v in full.items()} if tdist.get_rank() == 0 else {}
+    set_model_state_dict(
+        model, given, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    )
+    got = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    assert all(torch.equal(got[k], full[k]) for k in full)
+
+
+def test_the_groups_device_is_cpu(tdist):
+    c10d = tdist.distributed_c10d
+    assert c10d._device_capability() == ["cpu"]
+    assert c10d._get_object_coll_device() == "cpu"
+    pg = c10d._get_default_group()
+    assert pg._device_types == [torch.device("cpu")]
+    assert pg._get_backend(torch.device("cpu")) is pg
+    with pytest.raises(RuntimeError, match="device type cuda: hpccomm's torch backend serves CPU"):
+        pg._get_backend(torch.device("cuda"))
+
+
+def test_dcp_async_save_then_load(tdist, tmp_path_factory):
+    # dcp.async_save asserts a CPU backend on the default group ("A CPU backend must be
+    # enabled for async save; try ... 'cpu:gloo,cuda:nccl'") and failed on hpccomm
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.fsdp import fully_shard
+
+    path = [str(tmp_path_factory.mktemp("dcp")) if tdist.get_rank() == 0 else None]
+    tdist.broadcast_object_list(path, 0)
+    model = make_model()
+    fully_shard(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3)
+    saved = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    dcp.async_save({"model": model.state_dict()}, checkpoint_id=path[0]).result()
+    other = make_model(seed=5)
+    fully_shard(other)
+    state = {"model": other.state_dict()}
+    dcp.load(state, checkpoint_id=path[0])
+    other.load_state_dict(state["model"])
+    loaded = {k: v.full_tensor() for k, v in other.state_dict().items()}
+    assert all(torch.equal(loaded[k], saved[k]) for k in saved)
+
+
+def test_a_future_callback_may_run_a_collective_and_wait_for_it(tdist):
+    # A Future's callbacks ran on the group's worker thread: a callback that starts another
+    # collective of the group and waits for it (torch's PowerSGD DDP hook does) waited
+    # behind itself until the group's timeout (CommTimeoutError "some rank of the group has
+    # not joined it"); gloo returns at once
+    n = tdist.get_world_size()
+    a = torch.ones(4) * (tdist.get_rank() + 1)
+    b = torch.ones(4) * (tdist.get_rank() + 1)
+
+    def then(fut):
+        inner = tdist.all_reduce(b, async_op=True).get_future().wait()[0]
+        return fut.value()[0] + inner
+
+    got = tdist.all_reduce(a, async_op=True).get_future().then(then).wait()
+    total = n * (n + 1) / 2
+    assert torch.equal(got, torch.full((4,), 2 * total))
+
+
+def test_ddp_with_the_powersgd_hook(tdist):
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+    r, n = tdist.get_rank(), tdist.get_world_size()
+    model = make_model()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                   start_powerSGD_iter=2)  # fmt: skip
+    ddp.register_comm_hook(state, powersgd.powerSGD_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    x, y = data()
+    for _ in range(4):  # two plain all_reduce steps, then compressed ones
+        opt.zero_grad()
+        ((ddp(shard(x, r, n)) - shard(y, r, n)) ** 2).mean().backward()
+        opt.step()
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    first = flat.clone()
+    tdist.broadcast(first, 0)
+    assert torch.isfinite(flat).all() and torch.equal(flat, first)
