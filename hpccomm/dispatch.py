@@ -267,7 +267,7 @@ class Dispatcher:
                     out.dtype,
                     out.shape,
                     out.strides,
-                    out.flags.writeable,
+                    out.flags.writeable if spec.p2p else None,
                     _overlap(data, out) if spec in OVERLAP_CHECKED else None,
                 ),
                 # the arguments' types: True == 1 == 1.0 and 2.0 == 2+0j as keys, but not
@@ -279,9 +279,12 @@ class Dispatcher:
                 None
                 if sizes is None and in_splits is None and out_splits is None
                 else (_types(sizes), _types(in_splits), _types(out_splits)),
-                # validation refuses a read-only array the call writes into: seen cached, a
-                # receive matched its message before mpi4py refused the buffer (lost)
-                data.flags.writeable,
+                # a receive into a read-only array is refused by validation: seen cached, it
+                # matched its message before mpi4py refused the buffer (the message was
+                # lost). Collectives find it at the call: the shared-memory path's header
+                # makes every rank raise (tests/mpi/test_shm.py), mpi4py refuses it before
+                # MPI, and the precise error follows
+                data.flags.writeable if spec.p2p else None,
             )
             try:
                 call = self.cache.get(key)
