@@ -411,13 +411,25 @@ def _check_root(call: Call) -> None:
 C_INT_MAX = 2**31 - 1  # MPI's tags, split colours and keys are C ints (Open MPI's MPI_TAG_UB)
 
 
-def _check_tag(call: Call) -> None:
+def _check_tag(call: Call, *, sends: bool = False, what: str = "tag") -> None:
+    """``call.tag``: an integer in 0..C_INT_MAX; None (any tag) where nothing is sent with
+    it (a send took None to MPI: "an integer is required", after a batch's receives were
+    posted)."""
     tag = call.tag
-    if tag is None or type(tag) is int and 0 <= tag <= C_INT_MAX:
+    if type(tag) is int and 0 <= tag <= C_INT_MAX:
         return
+    if tag is None:
+        if not sends:
+            return
+        raise InvalidArgumentError(
+            f"{call}: {what} is None, expected an integer in 0..{C_INT_MAX} (None, any tag, "
+            f"is for receives: a send gives its message one tag)"
+        )
     value = as_int(tag)
     if value is None or not 0 <= value <= C_INT_MAX:
-        raise InvalidArgumentError(f"{call}: tag is {tag!r}, expected an integer in 0..{C_INT_MAX}")
+        raise InvalidArgumentError(
+            f"{call}: {what} is {tag!r}, expected an integer in 0..{C_INT_MAX}"
+        )
     call.tag = value
 
 
@@ -688,7 +700,7 @@ def _v_barrier(call: Call, b: Buffer | None, o: Buffer | None) -> None:
 
 def _v_send(call: Call, b: Buffer | None, o: Buffer | None) -> None:
     call.peer = _check_rank(call, call.peer, "dst")
-    _check_tag(call)
+    _check_tag(call, sends=True)
     b = _need(call, b)
     _describe(call, b, _check_array(call, b))
 
@@ -704,7 +716,7 @@ def _v_recv(call: Call, b: Buffer | None, o: Buffer | None) -> None:
 def _v_sendrecv(call: Call, b: Buffer | None, o: Buffer | None) -> None:
     call.peer = _check_rank(call, call.peer, "dst")
     call.src = _check_rank(call, call.src, "src", allow_any=True)
-    _check_tag(call)
+    _check_tag(call, sends=True)
     b = _need(call, b)
     call.out_shape = _describe(call, b, _check_array(call, b))
     if o is not None:
@@ -764,7 +776,7 @@ def check_batch(call: Call, items: Any) -> list[P2POp]:
     for i, p in enumerate(items):
         p.peer = _check_rank(call, p.peer, f"ops[{i}].peer")
         call.tag = p.tag
-        _check_tag(call)
+        _check_tag(call, sends=p.op == "send", what=f"ops[{i}].tag")
         p.tag = call.tag
         p.buf = resolve(p.array, call, f"ops[{i}].array")
         info = _check_array(call, p.buf, f"ops[{i}].array")
@@ -806,7 +818,7 @@ def _v_object(call: Call, obj: Any, o: Any) -> None:
 def _v_p2p_object(call: Call, obj: Any, o: Any) -> None:
     is_recv = call.spec is RECV_OBJECT
     call.peer = _check_rank(call, call.peer, "src" if is_recv else "dst", allow_any=is_recv)
-    _check_tag(call)
+    _check_tag(call, sends=not is_recv)
 
 
 def check_scatter_objects(call: Call, objs: Any) -> None:

@@ -481,8 +481,9 @@ _CODES = {dt: i for i, dt in enumerate(SUPPORTED_DTYPES)}  # dtype <-> number in
 _DTYPES = list(SUPPORTED_DTYPES)
 
 
-# tags of checked data messages: MPI guarantees tags up to 32767 everywhere; Open MPI's is
-# 2**31 - 1. Unique per sender among its last 32,768 checked sends.
+# tags of checked data messages: MPI guarantees tags up to 32767 everywhere (the least
+# cycle); a group uses all its MPI allows (MPI_TAG_UB; Open MPI's is 2**31 - 1), so a tag is
+# unique per sender among its last 2**31 checked sends.
 _DATA_TAGS = 32768
 # checked sends up to this size send the caller's array itself (within any eager limit:
 # they complete without the receiver); larger ones a copy (see MPIBackend._send_checked)
@@ -610,6 +611,17 @@ class _CheckedRecv:
         return self.result
 
 
+def _withdraw(req: MPI.Request) -> None:
+    """Cancel a posted receive of a batch that failed to post (one that a message has
+    matched meanwhile completes: its data is in the buffer, which the caller was told
+    nothing of; the next receive does not lose a message to it)."""
+    try:
+        req.Cancel()
+        req.Wait()
+    except MPI.Exception:  # pragma: no cover - a receive MPI cannot cancel
+        pass
+
+
 class _All:
     """Several pendings as one (a checked sendrecv or batch)."""
 
@@ -633,7 +645,12 @@ class _All:
 
     def wait(self, timeout: float | None) -> bool:
         if timeout is not None:
-            return wait_bounded(self.test, timeout)
+            done = wait_bounded(self.test, timeout)
+            if not done:  # a blocking checked sendrecv's receive withdraws its header
+                for p in self.parts:  # receive, as a checked recv's (else it took the
+                    if isinstance(p, _CheckedRecv) and p.blocking:  # next message)
+                        p.cancel()
+            return done
         for p in self.parts:
             p.wait(None)
         return True
@@ -779,6 +796,11 @@ class MPIBackend:
         self.checks = self.mpi.Dup()
         self.data = self.mpi.Dup()
         self._data_tag = 0
+        # tags of checked data messages cycle through every tag MPI allows here (Open MPI:
+        # 2**31): through 32,768, two unreceived messages of one sender shared a tag after
+        # 32,768 sends, and a receive by tag took the other's data
+        bound = self.data.Get_attr(MPI.TAG_UB)
+        self._data_tags = max(_DATA_TAGS, int(bound) + 1 if bound else 0)
         # the check's buffers, made once (a group's calls never check concurrently)
         self._mine = np.zeros(2, np.int64)
         self._most = np.zeros(2, np.int64)
@@ -911,15 +933,21 @@ class MPIBackend:
                 self.mpi, self.data, call, out, src, call.tag, "the receive", blocking
             )
             return _All([recv, self._send_checked(call, seq, data, call.peer, call.tag)], out)
-        parts = []
-        for i, p in enumerate(data):  # batch_isend_irecv
-            b = p.buffer()
-            if p.op == "send":
-                parts.append(self._send_checked(call, seq, b.array, p.peer, p.tag))
-            else:
-                parts.append(
-                    _CheckedRecv(self.mpi, self.data, call, b.array, p.peer, p.tag, f"ops[{i}]")
-                )
+        parts: list[Any] = []
+        try:
+            for i, p in enumerate(data):  # batch_isend_irecv
+                b = p.buffer()
+                if p.op == "send":
+                    parts.append(self._send_checked(call, seq, b.array, p.peer, p.tag))
+                else:
+                    parts.append(
+                        _CheckedRecv(self.mpi, self.data, call, b.array, p.peer, p.tag, f"ops[{i}]")
+                    )
+        except BaseException:  # withdraw the receives posted (they took later messages)
+            for part in parts:
+                if isinstance(part, _CheckedRecv):
+                    part.cancel()
+            raise
         return _All(parts, None)
 
     def _send_checked(self, call: Call, seq: int, x: np.ndarray, dst: int, tag: int) -> Any:
@@ -929,7 +957,7 @@ class MPIBackend:
         so a sender waiting for the data to be taken could wait for a receiver that is
         itself waiting in a send to it (two ranks that irecv and then send), or in a
         collective. The copy is kept (work.ORPHANS) until MPI has sent it."""
-        self._data_tag = data_tag = (self._data_tag + 1) % _DATA_TAGS
+        self._data_tag = data_tag = (self._data_tag + 1) % self._data_tags
         words = encode_header(seq, _CODES[x.dtype], x.size, x.shape, data_tag)
         header = np.array(words, np.int64)
         head = self.mpi.Isend([header, MPI.INT64_T], dst, tag)
@@ -1126,14 +1154,20 @@ class MPIBackend:
     def _batch(self, call: Call, items: list[P2POp], out: Any, stream: Any) -> Requests:
         reqs: list[MPI.Request] = []
         checks: list[tuple[int, int, MPI.Datatype, str]] = []
-        for i, p in enumerate(items):
-            b = p.buffer()
-            mt = _mpi_types[b.dtype]
-            if p.op == "send":
-                reqs.append(self.mpi.Isend([b.array, mt], p.peer, p.tag))
-            else:
-                checks.append((len(reqs), b.elements, mt, f"ops[{i}] (recv)"))
-                reqs.append(self.mpi.Irecv([b.array, mt], p.peer, p.tag))
+        try:
+            for i, p in enumerate(items):
+                b = p.buffer()
+                mt = _mpi_types[b.dtype]
+                if p.op == "send":
+                    reqs.append(self.mpi.Isend([b.array, mt], p.peer, p.tag))
+                else:
+                    checks.append((len(reqs), b.elements, mt, f"ops[{i}] (recv)"))
+                    reqs.append(self.mpi.Irecv([b.array, mt], p.peer, p.tag))
+        except BaseException:  # withdraw the receives posted (they took later messages)
+            for at, *_ in checks:
+                if at < len(reqs):
+                    _withdraw(reqs[at])
+            raise
         return Requests(call, reqs, None, checks=checks, keep=items)
 
     # -- Python objects (pickle protocol 5, out-of-band buffers) -------------------------

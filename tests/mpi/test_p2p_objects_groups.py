@@ -474,12 +474,15 @@ def test_an_object_that_fails_to_unpickle_is_the_receivers_own_error(comm):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_a_sendrecv_that_timed_out_leaves_its_receive_unposted(comm):
+@pytest.mark.parametrize("level", ["large", "check"])
+def test_a_sendrecv_that_timed_out_leaves_its_receive_unposted(comm, level):
     # Its probed receive was kept and driven on after the timeout, and took the next
-    # message into the dropped out= (the next recv then timed out)
+    # message into the dropped out= (the next recv then timed out). Under the debug check
+    # the same: its header receive stayed posted (a checked recv's was withdrawn)
     from hpccomm import CommTimeoutError
 
     c = comm.dup()
+    c.debug = level
     if c.rank == 0:
         c.timeout = 0.5
         o = np.zeros(2)
@@ -680,4 +683,87 @@ def test_free_refuses_while_another_thread_is_inside_a_call(world):
     c.send(np.full(3, float(r)), (r + 1) % n, tag=31)
     t.join(30)
     assert not t.is_alive() and (got == (r - 1) % n).all()
+    c.free()
+
+
+def test_a_send_with_no_tag_is_refused_before_anything_is_posted(comm):
+    # tag=None (any tag) is for receives: a send took it to MPI ("BackendError: ... mpi
+    # failed: an integer is required"), in a batch after its receives were posted
+    from hpccomm import InvalidArgumentError
+
+    r, n = comm.rank, comm.size
+    said = r"tag is None, expected an integer in 0\.\.2147483647 \(None, any tag, is for receives"
+    x = np.ones(2)
+    for call in (
+        lambda: comm.send(x, r, tag=None),
+        lambda: comm.isend(x, r, tag=None),
+        lambda: comm.sendrecv(x, dst=r, src=r, tag=None),
+        lambda: comm.send_object("x", r, tag=None),
+        lambda: comm.batch_isend_irecv(
+            [P2POp("recv", np.zeros(2), r, 5), P2POp("send", x, r, None)]
+        ),
+    ):
+        with pytest.raises(InvalidArgumentError, match=said):
+            call()
+    right, left = (r + 1) % n, (r - 1) % n  # nothing was left posted: the next exchange is right
+    got = np.zeros(2)
+    comm.sendrecv(np.full(2, float(r)), dst=right, src=left, out=got, tag=5)
+    assert list(got) == [float(left)] * 2
+
+
+class _FailingSend(P2POp):
+    """A send whose buffer cannot be had when the batch posts it (validation passed)."""
+
+    def buffer(self):
+        raise RuntimeError("this send cannot be posted")
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("level", ["large", "check"])
+def test_a_batch_that_fails_to_post_withdraws_its_receives(comm, level):
+    # ops[0] (a receive) was posted, ops[1] failed: the receive stayed posted and took the
+    # next message with its tag into the failed batch's buffer (a later recv timed out)
+    c = comm.dup()
+    c.debug = level
+    if c.rank == 0:
+        dropped = np.zeros(4)
+        with pytest.raises(hpccomm.HpccommError, match="this send cannot be posted"):
+            c.batch_isend_irecv(
+                [P2POp("recv", dropped, 1, 5), _FailingSend("send", np.ones(4), 1, 5)]
+            )
+        c.barrier()
+        got = np.zeros(4)
+        c.recv(got, 1, tag=5)
+        assert list(got) == [1.5, 2.5, 3.5, 4.5] and not dropped.any()
+    else:
+        c.barrier()
+        if c.rank == 1:
+            c.send(np.array([1.5, 2.5, 3.5, 4.5]), 0, tag=5)
+    c.barrier()
+    c.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_checked_data_tags_do_not_repeat_among_unreceived_messages(comm):
+    # Under the debug check each message's data goes with a tag of the sender's; the tags
+    # cycled through 32,768, so after 32,768 unreceived sends a receive by tag took another
+    # message's data (tag 2 got tag 1's first message, no error)
+    c = comm.dup()
+    c.debug = "check"
+    m = 32_768
+    b = np.empty(1, np.int64)
+    if c.rank == 0:
+        for i in range(m):
+            c.send(np.array([i], np.int64), 1, tag=1)
+        c.send(np.array([10**9], np.int64), 1, tag=2)
+    c.barrier()
+    if c.rank == 1:
+        c.recv(b, 0, tag=2)
+        assert b[0] == 10**9
+        wrong = 0
+        for i in range(m):
+            c.recv(b, 0, tag=1)
+            wrong += int(b[0] != i)
+        assert wrong == 0
+    c.barrier()
     c.free()
