@@ -59,6 +59,14 @@ class Group:
         self.p2p_seq = 0
         self.world_ranks: list[int] = []  # the members' world ranks (set with the group)
 
+    def peer(self, rank: int | None) -> str:
+        """A group rank as messages name it: ``"rank 1"`` on the world (or where group and
+        world ranks agree), ``"rank 0 (world rank 2)"`` elsewhere."""
+        ranks = self.world_ranks
+        if rank is None or not 0 <= rank < len(ranks) or ranks[rank] == rank:
+            return f"rank {rank}"
+        return f"rank {rank} (world rank {ranks[rank]})"
+
     def here(self, op: str) -> str:
         """The prefix of messages about ``op`` on this group before it runs: ``"op (rank r
         of n)"`` on the world, ``"op on world/tp (rank r of n)"`` elsewhere (the rank is the

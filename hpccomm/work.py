@@ -417,7 +417,7 @@ def _always() -> bool:
 def _p2p_left(call: Call, pending: Any) -> str:
     """What a point-to-point call that timed out leaves behind (the end of its error)."""
     name = call.spec.name
-    peer = "any rank" if call.peer is None else f"rank {call.peer}"
+    peer = "any rank" if call.peer is None else call.group.peer(call.peer)
     tag = "any tag" if call.tag is None else f"tag {call.tag}"
     if name in ("recv", "recv_object") and not getattr(pending, "posted", True):
         return (
@@ -438,7 +438,7 @@ def _p2p_left(call: Call, pending: Any) -> str:
         )
     parts = getattr(pending, "parts", None)
     if name == "sendrecv" and parts is not None and not getattr(parts[0], "posted", True):
-        src = "any rank" if call.src is None else f"rank {call.src}"
+        src = "any rank" if call.src is None else call.group.peer(call.src)
         return (
             f"; no message from {src} with {tag} arrived, and nothing of the receive stays "
             f"posted (a later receive may take that message); the send to {peer} stays "
@@ -464,7 +464,7 @@ def _other_tag(call: Call) -> str:
         if mpi.Iprobe(source=source, tag=MPI.ANY_TAG, status=status):
             if status.Get_tag() != call.tag:
                 return (
-                    f"; a message from rank {status.Get_source()} with tag {status.Get_tag()} "
+                    f"; a message from {call.group.peer(status.Get_source())} with tag {status.Get_tag()} "
                     f"is waiting (do the tags differ?)"
                 )
     except Exception:  # noqa: BLE001 - only a hint: the timeout is the error

@@ -265,7 +265,7 @@ class Requests:
             got = st.Get_count(mt)
             if got != expected:
                 raise MismatchError(
-                    f"{self.call.where(self.seq)}: {what} got {_received(st, mt, got)} from rank {st.Get_source()} (tag "
+                    f"{self.call.where(self.seq)}: {what} got {_received(st, mt, got)} from {self.call.group.peer(st.Get_source())} (tag "
                     f"{st.Get_tag()}), expected {expected} (the buffer's size); the sender sent "
                     f"a shorter message and the rest of the buffer is unchanged"
                 )
@@ -335,8 +335,8 @@ class _Received:
         expected = self.count
         if got != expected:
             raise MismatchError(
-                f"{self.call.where(self.seq)}: the receive got {_received(st, self.mt, got)} from rank "
-                f"{st.Get_source()} (tag {st.Get_tag()}), expected {expected} (the buffer's "
+                f"{self.call.where(self.seq)}: the receive got {_received(st, self.mt, got)} from "
+                f"{self.call.group.peer(st.Get_source())} (tag {st.Get_tag()}), expected {expected} (the buffer's "
                 f"size); the sender sent a shorter message and the rest of the buffer is unchanged"
             )
         return st.Get_source()
@@ -395,7 +395,7 @@ class _ProbedRecv(_Received):
         except MemoryError:
             raise MismatchError(
                 f"{self.call.where(self.seq)}: the receive matched a message of {size:,} bytes "
-                f"from rank {self.status.Get_source()} (tag {self.status.Get_tag()}), longer "
+                f"from {self.call.group.peer(self.status.Get_source())} (tag {self.status.Get_tag()}), longer "
                 f"than the buffer's {self.count * self.mt.Get_size():,} bytes, and there is not "
                 f"enough memory to receive and drop it: the message stays matched and "
                 f"unreceived (its sender may wait for it until its timeout); the buffer is "
@@ -442,8 +442,8 @@ class _ProbedRecv(_Received):
             n = self.count
             raise MismatchError(
                 f"{self.call.where(self.seq)}: the receive matched a message of "
-                f"{self.longer // item:,} elements ({self.longer:,} bytes) from rank "
-                f"{st.Get_source()} (tag {st.Get_tag()}), longer than the buffer's {n:,} "
+                f"{self.longer // item:,} elements ({self.longer:,} bytes) from "
+                f"{self.call.group.peer(st.Get_source())} (tag {st.Get_tag()}), longer than the buffer's {n:,} "
                 f"elements ({n * item:,} bytes); the message was received into scratch memory "
                 f"and dropped, the buffer is unchanged"
             )
@@ -544,7 +544,7 @@ class _CheckedRecv:
         buf = self.buf
         if head is None:
             self.error = (
-                f"{self.what} got a message from rank {src} without hpccomm's debug header: "
+                f"{self.what} got a message from {self.call.group.peer(src)} without hpccomm's debug header: "
                 f"the sender does not run with debug checks (set the same level everywhere)"
             )
             self.dreq = MPI.REQUEST_NULL  # that message was the data: nothing more to take
@@ -555,7 +555,7 @@ class _CheckedRecv:
             sent = f"{dtype.name if dtype is not None else code} {shape}"
             self.error = (
                 f"{self.what} expects {buf.dtype.name} {tuple(buf.shape)} ({buf.size} "
-                f"elements), but rank {src} sent {sent} ({count} elements) with its "
+                f"elements), but {self.call.group.peer(src)} sent {sent} ({count} elements) with its "
                 f"point-to-point call #{seq}; the buffer was not written"
             )
             scratch = np.empty(count, dtype if dtype is not None else np.uint8)
@@ -756,7 +756,7 @@ def _buffer_of(call: Call) -> str:
         return ""
     try:
         src = call.peer if call.spec.name == "recv" else call.src
-        who = "any rank's" if src is None else f"rank {src}'s"
+        who = "any rank's" if src is None else f"{call.group.peer(src)}'s"
         tag = "any tag" if call.tag is None else f"tag {call.tag}"
         return f" (this rank's buffer: {call.count:,} {call.dtype()} for {who} message, {tag})"
     except Exception:  # noqa: BLE001 - only detail for the message
@@ -966,7 +966,9 @@ class MPIBackend:
             return Requests(call, [head, data], None, keep=(header, x))
         copy = np.array(x, copy=True)
         sent = _Sent(self.data.Isend([copy, _mpi_types[copy.dtype]], dst, data_tag), copy)
-        ORPHANS.append((sent, f"{call.where(seq)}: its data to rank {dst} (debug check)"))
+        ORPHANS.append(
+            (sent, f"{call.where(seq)}: its data to {call.group.peer(dst)} (debug check)")
+        )
         return Requests(call, [head], None, keep=(header,))
 
     # -- small exchanges for the debug checks -------------------------------------------

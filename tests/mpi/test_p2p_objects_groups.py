@@ -767,3 +767,28 @@ def test_checked_data_tags_do_not_repeat_among_unreceived_messages(comm):
         assert wrong == 0
     c.barrier()
     c.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_point_to_point_errors_on_a_subgroup_name_the_peers_world_rank(comm):
+    # Collectives' errors said "rank 1 (world rank 1)"; point-to-point ones gave the group
+    # rank alone ("from rank 0"), which on a split group is another process
+    from hpccomm import CommTimeoutError, MismatchError
+
+    g = comm.split(0, key=-comm.rank)  # every rank, in reverse: group rank 0 is the last
+    g.timeout = 0.5 if g.rank == 1 else 30
+    sender = g.world_rank(0)
+    if g.rank == 0:
+        g.send(np.ones(3), 1, tag=6)
+    elif g.rank == 1:
+        with pytest.raises(
+            MismatchError, match=rf"got 3 elements from rank 0 \(world rank {sender}\)"
+        ):
+            g.recv(np.empty(5), 0, tag=6)
+        with pytest.raises(
+            CommTimeoutError, match=rf"no message from rank 0 \(world rank {sender}\) with tag 7"
+        ):
+            g.recv(np.empty(5), 0, tag=7)
+    g.timeout = 30
+    g.barrier()
+    g.free()
