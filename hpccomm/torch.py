@@ -40,6 +40,7 @@ import time
 import types
 import warnings
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import ml_dtypes
@@ -321,18 +322,29 @@ class _Settler:
     group and wait for it (torch's PowerSGD DDP hook does): run on the worker thread, that
     collective waited behind the callback until the group's timeout. A settling thread
     blocked in a callback gets company: the next Future goes to an idle thread or a new one.
-    Threads idle for IDLE seconds end."""
+    Threads idle for IDLE seconds end.
+
+    At exit (atexit, registered at the first use, so after hpccomm's own exit handler and
+    run before it) the process waits, 5 s at most, until no thread is inside callbacks: a
+    callback still running a collective while the interpreter ended aborted the process
+    (std::terminate) or met the group already closed."""
 
     IDLE = 5.0
+    EXIT_WAIT = 5.0
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._idle: list[_SettleSlot] = []
-        self.busy: set[threading.Thread] = set()  # joined at exit (see _join_drivers)
+        self._busy = 0  # threads inside a fn
+        self._quiet = threading.Condition(self._lock)  # notified when _busy drops to 0
+        self._registered = False
 
     def run(self, fn: Callable[[], None]) -> None:
         with self._lock:
             slot = self._idle.pop() if self._idle else None
+            if not self._registered:
+                self._registered = True
+                atexit.register(self.drain)
         if slot is None:
             slot = _SettleSlot(fn)
             threading.Thread(
@@ -342,18 +354,29 @@ class _Settler:
             slot.fn = fn
             slot.ready.set()
 
+    def drain(self) -> None:
+        """Wait (EXIT_WAIT seconds at most) until no thread runs a Future's callbacks."""
+        deadline = time.monotonic() + self.EXIT_WAIT
+        with self._quiet:
+            while self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._quiet.wait(left)
+
     def _serve(self, slot: _SettleSlot) -> None:
-        me = threading.current_thread()
         while True:
             fn, slot.fn = slot.fn, None
             with self._lock:
-                self.busy.add(me)
+                self._busy += 1
             try:
                 if fn is not None:
                     fn()
             finally:  # (an error here ends the thread, reported by threading's excepthook)
                 with self._lock:
-                    self.busy.discard(me)
+                    self._busy -= 1
+                    if not self._busy:
+                        self._quiet.notify_all()
                     slot.ready.clear()
                     self._idle.append(slot)
             if not slot.ready.wait(self.IDLE):
@@ -394,8 +417,6 @@ def _join_drivers() -> None:
     for thread, work in list(_drivers.items()):
         if work._finished.is_set():
             thread.join(5.0)
-    for thread in list(_settler.busy):  # inside a Future's callbacks: the same
-        thread.join(5.0)
 
 
 class _TorchWork(dist.Work):
@@ -1028,8 +1049,9 @@ class _ProfilerEnds:
         future.add_done_callback(lambda _: self._queue.put(gate))
 
     def _run(self) -> None:
-        while True:
-            self._queue.get().set_result(None)
+        while True:  # completing a gate runs the handed-out Future's callbacks: on a
+            gate = self._queue.get()  # settling thread, as elsewhere (one that waited
+            _settler.run(partial(gate.set_result, None))  # here for another Work hung)
 
 
 _profiler_ends = _ProfilerEnds()

@@ -431,3 +431,35 @@ def test_a_tensor_of_the_wrong_size_on_one_rank_is_named_and_the_others_told(lau
     assert other["cls"] == "PeerError", other
     assert "rank 1 (world rank 1) failed" in other["msg"] and said in other["msg"], other
     assert other["s"] < 30, other  # told, not timed out
+
+
+def test_exit_while_a_future_callback_runs_a_collective(launch):
+    # The main thread exits while a callback of a Work's Future (on a settling thread) still
+    # runs one more all_reduce: the process aborted now and then (std::terminate, rc 134, or
+    # a segfault in MPI: 6 of 24 runs in a review) and every exit waited 5 s more
+    for attempt in range(4):
+        job = launch(
+            2,
+            """
+            import time, torch, torch.distributed as dist
+            import hpccomm.torch as ht
+            ht.init_process_group(timeout=30)
+            done = []
+
+            def then(fut):
+                time.sleep(0.002)  # still running when the main thread has left
+                u = torch.ones(2)
+                dist.all_reduce(u, async_op=True).get_future().wait()
+                done.append(u.tolist())
+                return u
+
+            dist.all_reduce(torch.ones(1_000_000), async_op=True)
+            work = dist.all_reduce(torch.ones(4), async_op=True)
+            work.get_future().then(then)
+            work.wait()
+            report(hpccomm.init(), "left")
+            """,
+            bound=60,
+        )
+        assert job.rc == 0, f"attempt {attempt}: rc {job.rc}\n{job.stderr[-2000:]}"
+        assert "terminate called" not in job.stderr, job.stderr[-2000:]

@@ -604,3 +604,17 @@ def test_a_short_wait_that_expires_leaves_the_work_running(tdist):
     assert work.wait()
     assert work.is_success()
     assert torch.equal(t, torch.full((4,), n * (n + 1) / 2))
+
+
+def test_under_the_profiler_a_callback_may_wait_for_another_works_future(tdist):
+    # Under torch's profiler every handed-out Future was completed on the profiler's one
+    # thread: a callback there that waited for another Work's Future (completed by the same
+    # thread) hung for ever, past the group's timeout
+    a, b = torch.ones(4), torch.ones(4)
+    with torch.profiler.profile():
+        w1 = tdist.all_reduce(a, async_op=True)
+        w2 = tdist.all_reduce(b, async_op=True)
+        later = w2.get_future()
+        got = w1.get_future().then(lambda fut: later.wait()[0] + fut.value()[0]).wait()
+    n = tdist.get_world_size()
+    assert torch.equal(got, torch.full((4,), 2.0 * n))
