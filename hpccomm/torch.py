@@ -137,9 +137,41 @@ def as_numpy(t: torch.Tensor, what: str = "tensor", copied: bool = False) -> np.
                 f"writes into it (all_reduce, broadcast, recv, an output) copy the result back: "
                 f"c = t.contiguous(); <the call on c>; t.copy_(c)"
             )
-    if t.dtype is torch.bfloat16:
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
+    return _view(t)
+
+
+# The array interface's type of each dtype's elements (bfloat16's: int16, viewed after)
+_TYPESTR = {
+    dt: (np.dtype(np.int16) if dt is torch.bfloat16 else npd).str
+    for dt, npd in _NUMPY_DTYPES.items()
+}
+
+
+class _Memory:
+    """A contiguous tensor's memory as NumPy sees it (``__array_interface__``): the array
+    made from it keeps the tensor alive. ``Tensor.numpy()`` marks the tensor's storage not
+    resizable for good, so after any call of the backend ``t.resize_()`` raised "Trying to
+    resize storage that is not resizable" (torch's batched PowerSGD hook resizes), where
+    gloo leaves it resizable."""
+
+    __slots__ = ("__array_interface__", "tensor")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.tensor = t
+        self.__array_interface__ = {
+            "version": 3,
+            "shape": tuple(t.shape),
+            "typestr": _TYPESTR[t.dtype],
+            "data": (t.data_ptr(), False),
+        }
+
+
+def _view(t: torch.Tensor) -> np.ndarray:
+    """A writable NumPy array on a contiguous CPU tensor's memory (no copy)."""
+    if t.numel() == 0:  # no memory to share (its pointer may be NULL)
+        return np.empty(tuple(t.shape), _NUMPY_DTYPES[t.dtype])
+    a = np.asarray(_Memory(t))
+    return a.view(ml_dtypes.bfloat16) if t.dtype is torch.bfloat16 else a
 
 
 def _usable(t: torch.Tensor, what: str) -> None:

@@ -618,3 +618,17 @@ def test_under_the_profiler_a_callback_may_wait_for_another_works_future(tdist):
         got = w1.get_future().then(lambda fut: later.wait()[0] + fut.value()[0]).wait()
     n = tdist.get_world_size()
     assert torch.equal(got, torch.full((4,), 2.0 * n))
+
+
+def test_a_tensor_stays_resizable_after_a_call(tdist):
+    # The backend took NumPy views with Tensor.numpy(), which marks the storage not
+    # resizable for good: t.resize_() then raised "Trying to resize storage that is not
+    # resizable" (torch's batched PowerSGD hook resizes its buffers); gloo leaves it so
+    t = torch.ones(10)
+    tdist.all_reduce(t, async_op=True).get_future().wait()
+    assert torch.equal(t, torch.full((10,), float(tdist.get_world_size())))
+    t.resize_(16)
+    b = torch.ones(3, dtype=torch.bfloat16)
+    tdist.broadcast(b, 0)
+    b.resize_(5)
+    assert t.shape == (16,) and b.shape == (5,)
