@@ -62,8 +62,10 @@ class Group:
     def peer(self, rank: int | None) -> str:
         """A group rank as messages name it: ``"rank 1"`` on the world (or where group and
         world ranks agree), ``"rank 0 (world rank 2)"`` elsewhere."""
+        if rank is None or rank < 0:  # (MPI_ANY_SOURCE is negative)
+            return "any rank"
         ranks = self.world_ranks
-        if rank is None or not 0 <= rank < len(ranks) or ranks[rank] == rank:
+        if rank >= len(ranks) or ranks[rank] == rank:
             return f"rank {rank}"
         return f"rank {rank} (world rank {ranks[rank]})"
 

@@ -37,6 +37,7 @@ import struct
 import sys
 import threading
 import time
+import traceback
 import types
 import warnings
 from collections.abc import Callable, Sequence
@@ -373,18 +374,24 @@ class _Settler:
 
     def run(self, fn: Callable[[], None]) -> None:
         with self._lock:
+            self._busy += 1  # counted from here: drain() at exit waits for it
             slot = self._idle.pop() if self._idle else None
             if not self._registered:
                 self._registered = True
                 atexit.register(self.drain)
-        if slot is None:
-            slot = _SettleSlot(fn)
-            threading.Thread(
-                target=self._serve, args=(slot,), name="hpccomm-torch-future", daemon=True
-            ).start()
-        else:
+        if slot is not None:
             slot.fn = fn
             slot.ready.set()
+            return
+        try:
+            threading.Thread(
+                target=self._serve,
+                args=(_SettleSlot(fn),),
+                name="hpccomm-torch-future",
+                daemon=True,
+            ).start()
+        except RuntimeError:  # no thread to be had: here, rather than never
+            self._call(fn)
 
     def drain(self) -> None:
         """Wait (EXIT_WAIT seconds at most) until no thread runs a Future's callbacks."""
@@ -396,21 +403,27 @@ class _Settler:
                     return
                 self._quiet.wait(left)
 
+    def _call(self, fn: Callable[[], None]) -> None:
+        """Run one fn that run() counted; its error is reported, the thread goes on."""
+        try:
+            fn()
+        except BaseException:  # torch reports callbacks' errors through the Futures:
+            sys.stderr.write("hpccomm torch backend: completing a Future failed:\n")
+            traceback.print_exc()  # this is the completion itself failing
+        finally:
+            with self._lock:
+                self._busy -= 1
+                if not self._busy:
+                    self._quiet.notify_all()
+
     def _serve(self, slot: _SettleSlot) -> None:
         while True:
             fn, slot.fn = slot.fn, None
+            if fn is not None:
+                self._call(fn)
             with self._lock:
-                self._busy += 1
-            try:
-                if fn is not None:
-                    fn()
-            finally:  # (an error here ends the thread, reported by threading's excepthook)
-                with self._lock:
-                    self._busy -= 1
-                    if not self._busy:
-                        self._quiet.notify_all()
-                    slot.ready.clear()
-                    self._idle.append(slot)
+                slot.ready.clear()
+                self._idle.append(slot)
             if not slot.ready.wait(self.IDLE):
                 with self._lock:
                     if slot in self._idle:  # not taken meanwhile: the thread ends

@@ -622,6 +622,28 @@ def _withdraw(req: MPI.Request) -> None:
         pass
 
 
+def _abandon(call: Call, seq: int, parts: list[Any]) -> None:
+    """A checked batch that failed while posting: its receives' header receives are
+    withdrawn; what MPI may still use (a data receive whose header had matched, the sends)
+    is kept in ORPHANS until MPI is done with it, so no buffer is freed under MPI."""
+    for part in parts:
+        if isinstance(part, _CheckedRecv):
+            try:
+                part.cancel()
+            except MPI.Exception:  # pragma: no cover - e.g. a revoked communicator
+                pass
+    for part in parts:
+        if getattr(part, "posted", True) and not _test_quietly(part):
+            ORPHANS.append((part, f"{call.where(seq)}: part of a batch that failed"))
+
+
+def _test_quietly(part: Any) -> bool:
+    try:
+        return bool(part.test())
+    except Exception:  # pragma: no cover - its error has nowhere to go: the batch failed
+        return True
+
+
 class _All:
     """Several pendings as one (a checked sendrecv or batch)."""
 
@@ -943,10 +965,8 @@ class MPIBackend:
                     parts.append(
                         _CheckedRecv(self.mpi, self.data, call, b.array, p.peer, p.tag, f"ops[{i}]")
                     )
-        except BaseException:  # withdraw the receives posted (they took later messages)
-            for part in parts:
-                if isinstance(part, _CheckedRecv):
-                    part.cancel()
+        except BaseException:  # withdraw the receives posted (they took later messages);
+            _abandon(call, seq, parts)  # what MPI may still use stays referenced
             raise
         return _All(parts, None)
 
@@ -1165,10 +1185,13 @@ class MPIBackend:
                 else:
                     checks.append((len(reqs), b.elements, mt, f"ops[{i}] (recv)"))
                     reqs.append(self.mpi.Irecv([b.array, mt], p.peer, p.tag))
-        except BaseException:  # withdraw the receives posted (they took later messages)
-            for at, *_ in checks:
-                if at < len(reqs):
-                    _withdraw(reqs[at])
+        except BaseException:  # withdraw the receives posted (they took later messages);
+            receives = {at for at, *_ in checks}  # the sends stay referenced until sent
+            for at, req in enumerate(reqs):
+                if at in receives:
+                    _withdraw(req)
+                else:
+                    ORPHANS.append((_Sent(req, items), f"{call}: a send of a batch that failed"))
             raise
         return Requests(call, reqs, None, checks=checks, keep=items)
 

@@ -632,3 +632,44 @@ def test_a_tensor_stays_resizable_after_a_call(tdist):
     tdist.broadcast(b, 0)
     b.resize_(5)
     assert t.shape == (16,) and b.shape == (5,)
+
+
+def test_the_settling_threads_survive_errors_count_early_and_run_inline_without_threads(
+    monkeypatch, capfd
+):
+    # From a reading review: a completion that raised left its dead thread's slot idle (the
+    # next Future handed to it never completed); drain() at exit missed a Future handed out
+    # but not yet started on its thread; a thread that could not be started lost the Future
+    import threading
+    import time
+
+    from hpccomm.torch import _Settler
+
+    settler = _Settler()
+    settler.IDLE = 0.05  # idle threads end soon
+    done = threading.Event()
+
+    def fail():
+        raise ValueError("boom")
+
+    settler.run(fail)
+    time.sleep(0.2)  # its thread is idle again, or (before) dead with its slot idle
+    settler.run(done.set)
+    assert done.wait(10), "the Future handed to the thread after an error never completed"
+    assert "completing a Future failed" in capfd.readouterr().err
+
+    finished = []
+    settler.run(lambda: (time.sleep(0.3), finished.append(1)))
+    settler.drain()  # counted at run(): waits for it
+    assert finished == [1]
+
+    time.sleep(0.3)  # no idle thread left: the next run() starts one, and cannot
+    assert not settler._idle
+    monkeypatch.setattr(
+        threading.Thread,
+        "start",
+        lambda self: (_ for _ in ()).throw(RuntimeError("can't start new thread")),
+    )
+    here = []
+    settler.run(lambda: here.append(threading.current_thread()))
+    assert here == [threading.current_thread()]
