@@ -37,8 +37,11 @@ def test_probed_receive_without_memory_for_the_scratch_says_so():
 
     from hpccomm.backends.mpi import _ProbedRecv
     from hpccomm.errors import MismatchError
+    from hpccomm.ops import Group
 
     class Call:
+        group = Group("world", 1, 2)  # names the peer (Group.peer)
+
         def where(self, seq):
             return f"recv #{seq} on world (rank 1 of 2)"
 
