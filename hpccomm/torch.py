@@ -29,7 +29,6 @@ import atexit
 import datetime
 import fcntl
 import os
-import queue
 import re
 import runpy
 import socket
@@ -1055,51 +1054,32 @@ def _profiled(
         torch.autograd._record_function_with_args_exit(record)
         raise
     if isinstance(work, _TorchWork):
-        _profiler_ends.after(record, work)
+        _end_after(record, work)
     else:
         torch.autograd._record_function_with_args_exit(record)
     return work
 
 
-class _ProfilerEnds:
-    """Ends profiler events on one thread of its own, when their operation's Future completes.
+def _end_after(record: Any, work: _TorchWork) -> None:
+    """Make ``work``'s Future complete (with the same value or error) once ``record``
+    ended, and its ``wait()`` return only then, as it waits for that Future (an event ended
+    after the profiler stopped would be lost). A callback of that Future may call
+    ``wait()``: the Future is complete by then (an event of its own that wait() waited for
+    was set only after the callbacks returned: a deadlock).
 
+    The event ends on a settling thread (_Settler) once the operation's Future completes.
     An event ended on the calling thread is a synchronous one in torch's profiler: an
-    operation that happened to finish before the call returned would show as synchronous and
-    one still running as asynchronous. Ending every event here makes them all asynchronous,
-    as torch's own backends' events are (their worker thread ends them)."""
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[Future[None]] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-
-    def after(self, record: Any, work: _TorchWork) -> None:
-        """Make ``work``'s Future complete (with the same value or error) once ``record``
-        ended, and its ``wait()`` return only then, as it waits for that Future (an event
-        ended after the profiler stopped would be lost). A callback of that Future may call
-        ``wait()``: the Future is complete by then (an event of its own that wait() waited
-        for was set only after the callbacks returned: a deadlock)."""
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="hpccomm-torch-profiler", daemon=True
-                )
-                self._thread.start()
-        gate: Future[None] = Future()
-        with torch._C.DisableTorchFunctionSubclass():
-            ended = torch.ops.profiler._call_end_callbacks_on_jit_fut._RecordFunction(record, gate)
-        future = work.get_future()
-        work._future = ended.then(lambda _: future.value())
-        future.add_done_callback(lambda _: self._queue.put(gate))
-
-    def _run(self) -> None:
-        while True:  # completing a gate runs the handed-out Future's callbacks: on a
-            gate = self._queue.get()  # settling thread, as elsewhere (one that waited
-            _settler.run(partial(gate.set_result, None))  # here for another Work hung)
-
-
-_profiler_ends = _ProfilerEnds()
+    operation that happened to finish before the call returned would show as synchronous
+    and one still running as asynchronous; ended there they are all asynchronous, as torch's
+    own backends' events are (their worker thread ends them). Ending it completes the
+    handed-out Future, whose callbacks may wait for another Work: they ran on one profiler
+    thread of their own, and one that waited for another Work's Future hung for ever."""
+    gate: Future[None] = Future()
+    with torch._C.DisableTorchFunctionSubclass():
+        ended = torch.ops.profiler._call_end_callbacks_on_jit_fut._RecordFunction(record, gate)
+    future = work.get_future()
+    work._future = ended.then(lambda _: future.value())
+    future.add_done_callback(lambda _: _settler.run(partial(gate.set_result, None)))
 
 
 # Events named as torch's backends name them (method -> name) where the name is not the op's.

@@ -410,7 +410,7 @@ def test_profiler_events_name_the_op_and_input_shapes(tdist):
 
 
 def test_profiler_events_are_async_and_futures_keep_errors(tdist):
-    """Every event ends on the profiler's own thread (asynchronous, as torch's backends'
+    """Every event ends on a thread of the backend's (asynchronous, as torch's backends'
     events), whether the operation finished before the call returned or not; a failing
     operation's Future still fails under the profiler."""
     with torch.autograd.profiler.profile() as prof:
