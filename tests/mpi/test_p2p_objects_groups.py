@@ -473,16 +473,23 @@ def test_an_object_that_fails_to_unpickle_is_the_receivers_own_error(comm):
             comm.send_object(threading.Lock(), 1)
 
 
+@pytest.fixture(params=["large", "check"])
+def at_level(comm, request):
+    """A duplicate of ``comm`` at the default debug level ("large") or at "check"."""
+    c = comm.dup()
+    c.debug = request.param
+    yield c
+    c.free()
+
+
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("level", ["large", "check"])
-def test_a_sendrecv_that_timed_out_leaves_its_receive_unposted(comm, level):
+def test_a_sendrecv_that_timed_out_leaves_its_receive_unposted(comm, at_level):
     # Its probed receive was kept and driven on after the timeout, and took the next
     # message into the dropped out= (the next recv then timed out). Under the debug check
     # the same: its header receive stayed posted (a checked recv's was withdrawn)
     from hpccomm import CommTimeoutError
 
-    c = comm.dup()
-    c.debug = level
+    c = at_level
     if c.rank == 0:
         c.timeout = 0.5
         o = np.zeros(2)
@@ -505,7 +512,6 @@ def test_a_sendrecv_that_timed_out_leaves_its_receive_unposted(comm, level):
     else:
         comm.barrier()
     c.barrier()
-    c.free()
 
 
 def test_free_refusing_frees_nothing_of_the_tree(comm):
@@ -719,12 +725,10 @@ class _FailingSend(P2POp):
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("level", ["large", "check"])
-def test_a_batch_that_fails_to_post_withdraws_its_receives(comm, level):
+def test_a_batch_that_fails_to_post_withdraws_its_receives(at_level):
     # ops[0] (a receive) was posted, ops[1] failed: the receive stayed posted and took the
     # next message with its tag into the failed batch's buffer (a later recv timed out)
-    c = comm.dup()
-    c.debug = level
+    c = at_level
     if c.rank == 0:
         dropped = np.zeros(4)
         with pytest.raises(hpccomm.HpccommError, match="this send cannot be posted"):
@@ -740,7 +744,6 @@ def test_a_batch_that_fails_to_post_withdraws_its_receives(comm, level):
         if c.rank == 1:
             c.send(np.array([1.5, 2.5, 3.5, 4.5]), 0, tag=5)
     c.barrier()
-    c.free()
 
 
 @pytest.mark.mpi(min_size=2)
