@@ -10,7 +10,12 @@ largest buffer, as this rank sees it, exceeds :func:`large_bytes` gets the ``che
 exchange below. A rank whose buffers are all smaller sends no message larger than the eager
 limit; a rank with a larger one sends nothing before the check, which runs on a
 communicator of its own, so a mismatch that straddles the threshold waits (or times out)
-instead of matching the other rank's data.
+instead of matching the other rank's data. The smaller calls are compared afterwards: the
+dispatch keeps each one's fingerprint CRC and sequence number and folds them into the
+group's next comparison (a larger call, an object collective, a group creation, a barrier,
+or the call after DEFERRED_LIMIT such calls in a row); a difference raises a MismatchError
+there naming the first call that differed (:func:`earlier_difference`), whose result MPI
+may already have got wrong on some ranks.
 
 ``check`` compares every collective across the ranks of its group before MPI is called: all
 ranks exchange a fingerprint (op, sequence number, dtype, shape or counts, root, reduce op,
@@ -49,6 +54,7 @@ __all__ = [
     "with_seq",
     "disagreement",
     "out_of_step",
+    "earlier_difference",
     "call_site",
     "HEADER_WORDS",
     "encode_header",
@@ -269,6 +275,38 @@ def out_of_step(fps: Sequence[dict[str, Any]]) -> str | None:
         for k, rs in sorted(ahead.items())
     )
     return f"the ranks are out of step on this group: {more}"
+
+
+def earlier_difference(fps: Sequence[dict[str, Any]], large: int, now: int) -> str | None:
+    """The first call that differs among the ranks' calls not compared when they ran (each
+    fingerprint's "earlier" list, by sequence number), in words, or None where they agree.
+    ``large``: the size the "large" level compares from; ``now``: the sequence number of
+    the call whose comparison found it."""
+    lists = [{e["seq"]: e for e in fp.get("earlier", ())} for fp in fps]
+    if not any(lists):
+        return None
+    for seq in sorted(set().union(*lists)):
+        row = [calls.get(seq) for calls in lists]
+        present = [e for e in row if e is not None]
+        if len(present) == len(row) and len({crc(e) for e in present}) == 1:
+            continue
+        op = present[0]["op"]
+        missing = [r for r, e in enumerate(row) if e is None]
+        if missing:
+            said = (
+                f"compared when it ran on {_ranks(missing)} (a buffer over {large:,} bytes "
+                f"there, or another kind of call) but not on the others"
+            )
+        else:
+            said = disagreement(present)
+        after = f"those of the calls after it up to #{now - 1}" if now - 1 > seq else ""
+        return (
+            f"{op} #{seq}: {said}. It was not compared when it ran ({large:,} bytes or less "
+            f"in every buffer: the default level compares such calls with the group's next "
+            f"compared call), so MPI ran it: its result{', and ' + after + ',' if after else ''}"
+            f" may be wrong on some ranks (debug='check' compares every call before it runs)"
+        )
+    return None
 
 
 def _ranks(ranks: Sequence[int]) -> str:

@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable
 from functools import partial
 from typing import Any, ClassVar
@@ -41,6 +42,7 @@ from .debug import (
     crc,
     crc_base,
     disagreement,
+    earlier_difference,
     fingerprint,
     large_bytes,
     out_of_step,
@@ -58,7 +60,17 @@ from .errors import (
 )
 from .executor import Executor, Future
 from .notices import ENTERED, FAILED, REFUSED, NoticeBoard
-from .ops import BROADCAST, OVERLAP_CHECKED, REDUCE, Call, Group, OpSpec, as_int, check_stream
+from .ops import (
+    BARRIER,
+    BROADCAST,
+    OVERLAP_CHECKED,
+    REDUCE,
+    Call,
+    Group,
+    OpSpec,
+    as_int,
+    check_stream,
+)
 from .record import Record
 from .work import ORPHANS, Done, Work, reap, wait_watching
 
@@ -68,6 +80,12 @@ CACHE_LIMIT = 512  # validated call descriptions kept per communicator (cleared 
 # Seconds after which a rank that refused a collective, waiting without a timeout to hear
 # that every other member refused it too, says on stderr whom it waits for (see settle)
 REFUSAL_WAIT = 10.0
+# At the "large" level a collective whose buffers are all within the eager limit is not
+# compared when it runs (the exchange would about double a small call's time); it is
+# compared with the group's next compared call instead, and at the latest the call after
+# this many such calls is compared (so is a barrier after any): a difference is found
+# late, but found, and named (see Dispatcher.verify)
+DEFERRED_LIMIT = 64
 # Errors that are consequences of another rank's failure: never reported to the others.
 _CONSEQUENCES = (CommTimeoutError, PeerError, ClosedError)
 _ndarray = np.ndarray
@@ -106,6 +124,8 @@ class Dispatcher:
         "_unsettled",
         "_settling",
         "_p2p",
+        "_deferred",
+        "_uncompared",
     )
 
     def __init__(
@@ -146,6 +166,11 @@ class Dispatcher:
         # the point-to-point Works handed out and not seen complete (free() refuses while
         # one runs: MPI would go on using its arrays on a communicator freed under it)
         self._p2p: weakref.WeakSet[Work] = weakref.WeakSet()
+        # "large": the calls not compared when they ran, (seq, Call) in order, until the next
+        # comparison takes them (verify, agree); and how many were made since the last call
+        # that was compared (counted at the dispatch, alike on every rank of a group in step)
+        self._deferred: deque[tuple[int, Call]] = deque()
+        self._uncompared = 0
 
     # -- settings ---------------------------------------------------------------------------
 
@@ -192,6 +217,8 @@ class Dispatcher:
         self.collective("debug", self._same_level, level)
         self.debug = level
         self.cache.clear()  # cached calls hold whether the "large" level checks them
+        self._deferred.clear()  # (the level's step compared them)
+        self._uncompared = 0
         self._update_slow()
 
     def _same_level(self, level: str) -> None:
@@ -329,11 +356,20 @@ class Dispatcher:
         else:
             group.seq += 1
             seq = group.seq
+        check = call.checked
+        if call.deferred:  # compared later, or now with the calls before it (see verify)
+            if self._uncompared < DEFERRED_LIMIT and call.spec is not BARRIER:
+                self._uncompared += 1
+                self._deferred.append((seq, call))
+            else:
+                check = self._defer(call, seq)
+        elif check:
+            self._uncompared = 0
         # run: plain calls here (blocking collectives inline, point-to-point started and
         # waited for), everything else through run(). _slow covers a timeout, a broken
         # group and a worker thread that may still hold earlier calls.
         if async_op or self._slow or _listeners:
-            return self.run(call, seq, data, out, async_op, stream, key)
+            return self.run(call, seq, data, out, async_op, stream, key, check)
         if ORPHANS and spec.p2p:
             reap()
         if call.out_shape is not None and out is None:
@@ -341,7 +377,7 @@ class Dispatcher:
         mode = call.mode
         if mode == "blocking":
             try:
-                if call.checked:
+                if check:
                     self.verify(call, seq)
                 call.backend.seq = seq
                 return call.body(call, data, out, stream)
@@ -364,7 +400,7 @@ class Dispatcher:
                     self._update_slow()
                 raise
         if mode != "requests":
-            return self.run(call, seq, data, out, async_op, stream, key)
+            return self.run(call, seq, data, out, async_op, stream, key, check)
         try:
             pending = (call.blocking_body or call.body)(call, data, out, stream)
             pending.seq = seq
@@ -441,7 +477,26 @@ class Dispatcher:
                 or (spec.arrays and call.largest_bytes() > self.large)
             )
         )
+        call.deferred = (
+            self.debug == "large"
+            and not call.checked
+            and (backend is self.backend or backend is self.shm)
+            and not spec.p2p
+            and not spec.objects
+        )
         return call, data, out
+
+    def _defer(self, call: Call, seq: int) -> bool:
+        """A call the "large" level does not compare when it runs, past the dispatch's
+        common case: whether it is compared all the same (after DEFERRED_LIMIT such calls
+        in a row, or a barrier after any), with the calls before it; else it is kept for
+        the next comparison (a barrier with none before it)."""
+        if self._uncompared:
+            self._uncompared = 0
+            return True
+        self._uncompared = 1
+        self._deferred.append((seq, call))
+        return False
 
     def run(
         self,
@@ -452,9 +507,11 @@ class Dispatcher:
         async_op: bool,
         stream: Any,
         key: tuple = (),
+        check: bool = False,
     ) -> Any:
         """The run step when the call is not a plain inline one: listeners, a Work, a time
-        bound, point-to-point requests, a device stream, or earlier calls still queued."""
+        bound, point-to-point requests, a device stream, or earlier calls still queued.
+        ``check``: the "large" level compares it (see dispatch)."""
         if self._unsettled and not call.spec.p2p:
             self.settle()
         if self.broken is not None:
@@ -475,7 +532,7 @@ class Dispatcher:
             on_failure = partial(self.report, call)
         pending: Any = None
         checking = self.debug in CHECKING
-        checked = (checking and not call.spec.p2p) or call.checked
+        checked = (checking and not call.spec.p2p) or check
         guard = None
         if async_op and self.debug != "off" and call.device is None and call.spec.arrays:
             # a write before wait() raises at once; so does passing the array to another call
@@ -806,26 +863,70 @@ class Dispatcher:
     def verify(self, call: Call, seq: int, site: str | None = None) -> None:
         """``check``: every rank of the group compares this call's fingerprint before MPI is
         called; a difference raises the same MismatchError on every rank. The fingerprint's
-        CRC without the sequence number is kept with the (cached) call."""
+        CRC without the sequence number is kept with the (cached) call.
+
+        The calls the "large" level did not compare when they ran (seq below this one's)
+        are compared in the same exchange: their CRCs and sequence numbers, folded into the
+        upper half of the compared value. Where they differ, every rank raises a
+        MismatchError naming the first that differs (its result, and maybe later ones, may
+        be wrong on some ranks: MPI ran it) and this call is not run."""
         base = call.crc
         if base is None:
             base = call.crc = crc_base(fingerprint(call, call.spec.name, seq))
+        earlier = self._take_deferred(seq)
+        value = with_seq(base, seq)
+        if earlier:
+            value |= self._fold(earlier) << 32
         self._checking = seq
-        same = self.backend.same_int(with_seq(base, seq))
+        same = self.backend.same_int(value)
         self._checking = 0
         if not same:
-            raise self._differ(call.where(seq), fingerprint(call, call.spec.name, seq, site))
+            raise self._differ(
+                call.where(seq), fingerprint(call, call.spec.name, seq, site), earlier
+            )
         if call.spec.name == "all_to_all" and call.uneven:
             self.check_splits(call, call.where(seq))
 
     def agree(self, where_: str, fp: dict[str, Any]) -> None:
-        """One tiny allreduce comparing the fingerprint's CRC; the full fingerprints only
-        when they differ (every rank learns the same outcome, so all take the same path)."""
-        if not self.backend.same_int(crc(fp)):
-            raise self._differ(where_, fp)
+        """One tiny allreduce comparing the fingerprint's CRC (and the calls not compared
+        before it, as in verify); the full fingerprints only when they differ (every rank
+        learns the same outcome, so all take the same path)."""
+        earlier = self._take_deferred(fp.get("seq", 0))
+        value = crc(fp)
+        if earlier:
+            value |= self._fold(earlier) << 32
+        if not self.backend.same_int(value):
+            raise self._differ(where_, fp, earlier)
 
-    def _differ(self, where_: str, fp: dict[str, Any]) -> MismatchError:
+    def _take_deferred(self, seq: int) -> list[tuple[int, Call]]:
+        """The calls not compared when they ran that come before call ``seq`` (taken: each
+        is compared once). Appended by the dispatching thread, taken by the comparing one
+        (the caller's, or the worker's for a queued call: later calls stay)."""
+        pending = self._deferred
+        if not pending or pending[0][0] >= seq:
+            return []
+        n = len(pending)  # entries appended since stay (they come later)
+        if pending[n - 1][0] < seq:  # all of them: the common case
+            return [pending.popleft() for _ in range(n)]
+        taken = []
+        while pending and pending[0][0] < seq:
+            taken.append(pending.popleft())
+        return taken
+
+    @staticmethod
+    def _fold(earlier: list[tuple[int, Call]]) -> int:
+        """31 bits standing for the calls' fingerprints and sequence numbers, in order
+        (the hash of a tuple of ints: the same in every process)."""
+        for seq, call in earlier:
+            if call.crc is None:
+                call.crc = crc_base(fingerprint(call, call.spec.name, seq))
+        return hash(tuple([(seq, call.crc) for seq, call in earlier])) & 0x7FFFFFFF
+
+    def _differ(
+        self, where_: str, fp: dict[str, Any], earlier: list[tuple[int, Call]] | None = None
+    ) -> MismatchError:
         """The fingerprints differ somewhere: gather them all and say how (every rank).
+        ``earlier``: the calls not compared when they ran, compared in this exchange too.
 
         Sequence numbers that differ mean some rank made a call on the group that another
         did not meet in the same place (one made on some ranks only, or one that the
@@ -833,8 +934,21 @@ class Dispatcher:
         and the call completes there): every later call would differ too, so every rank
         (each gets the same fingerprints) makes the group unusable, saying why, instead of
         raising a MismatchError per call for good."""
-        fps = self.backend.allgather_object(fp)
+        mine = dict(fp)
+        if earlier:
+            mine["earlier"] = [fingerprint(c, c.spec.name, s) for s, c in earlier]
+        fps = self.backend.allgather_object(mine)
+        before = earlier_difference(fps, self.large, fp.get("seq", 0))
+        fps = [{k: v for k, v in f.items() if k != "earlier"} for f in fps]
+        if before is not None and len({crc(f) for f in fps}) == 1:
+            # this call is the same everywhere: an earlier one was not
+            return MismatchError(
+                f"{where_}: an earlier call on the group differed across ranks: {before}; "
+                f"this call was not run"
+            )
         said = disagreement(fps)
+        if before is not None:
+            said = f"{said}; and an earlier call differed too: {before}"
         step = out_of_step(fps)
         if step is not None:
             said = (

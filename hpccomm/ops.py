@@ -173,6 +173,7 @@ class Call:
         "how",
         "mode",
         "checked",
+        "deferred",
         "crc",
         "in_place",
     )
@@ -215,6 +216,9 @@ class Call:
         self.how: Any = None
         self.mode = "blocking"
         self.checked = False  # compared across ranks before it runs (debug "large")
+        # not compared when it runs ("large", every buffer within the eager limit), but with
+        # a later compared call of the group (see Dispatcher.verify)
+        self.deferred = False
         self.crc: int | None = None  # its fingerprint's CRC without the sequence number
         # all_gather, gather's destination, scatter's source: the array is exactly this
         # rank's block of out (scatter: out is exactly its block of the array): MPI_IN_PLACE

@@ -552,3 +552,157 @@ def test_a_level_refused_on_one_rank_is_named_on_every_rank(fresh, level):
     x = np.ones(2)
     c.all_reduce(x)  # in step
     assert (x == c.size).all()
+
+
+# -- the default level: small calls compared with the group's next compared call ----------
+
+LIMIT = hpccomm.dispatch.DEFERRED_LIMIT
+
+
+@pytest.fixture(params=[60.0, None], ids=["bounded", "plain"])
+def default_level(world, request):
+    """A duplicate of the world at the default level ("large"), its calls bounded (run on
+    the worker thread, compared there) or plain (inline)."""
+    c = world.dup()
+    c.timeout = request.param
+    assert c.debug == "large"
+    yield c
+    c.free()
+
+
+def _differ_once(c, kind, async_op=False):
+    """Call #1 of a fresh group: a small collective that differs between rank 0 and the
+    others in a way MPI does not see (it completes, with wrong data on some ranks); returns
+    the text the MismatchError must hold."""
+    r = c.rank
+    if kind == "reduce op":
+        x = np.full(4, 2.0)
+        w = c.all_reduce(x, op=ReduceOp.SUM if r == 0 else ReduceOp.PRODUCT, async_op=async_op)
+        said = "all_reduce #1: reduce op is 'ReduceOp.SUM' on rank 0 but 'ReduceOp.PRODUCT' on"
+    elif kind == "dtype":  # the same bytes: received and reinterpreted
+        x = np.ones(4, np.float32 if r == 0 else np.int32)
+        w = c.all_reduce(x, op=ReduceOp.MAX, async_op=async_op)
+        said = "all_reduce #1: dtype is 'float32' on rank 0 but 'int32' on"
+    else:  # "shape": one count, another shape
+        x = np.ones(4 if r == 0 else (2, 2))
+        w = c.all_reduce(x, async_op=async_op)
+        said = "all_reduce #1: shape is (4,) on rank 0 but (2, 2) on"
+    if async_op:
+        w.wait()
+    return said
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["plain", "async"])
+@pytest.mark.parametrize("kind", ["reduce op", "dtype", "shape"])
+def test_a_small_call_that_differs_is_named_within_the_limit(default_level, kind, async_op):
+    # below the eager limit the default level does not compare a call when it runs (MPI
+    # ran these with wrong data on some ranks, and nothing ever said so): it is compared
+    # with a later call, at the latest the LIMIT+1-th after it
+    c = default_level
+    said = _differ_once(c, kind, async_op)
+    works = [  # uncompared: 1..LIMIT
+        c.all_reduce(np.ones(3), async_op=async_op and i % 2 == 0) for i in range(2, LIMIT + 1)
+    ]
+    for w in works:
+        if async_op and not isinstance(w, np.ndarray):
+            w.wait()
+    with pytest.raises(MismatchError) as info:
+        c.all_reduce(np.ones(3))  # #LIMIT+1: compared, with the calls before it
+    msg = str(info.value)
+    assert msg.startswith(f"all_reduce #{LIMIT + 1} on {c.name} (rank {c.rank} of "), msg
+    assert f"an earlier call on the group differed across ranks: {said}" in msg, msg
+    large = c._dispatcher.large  # 31,744 bytes; 3,072 where MPI started before init
+    assert f"It was not compared when it ran ({large:,} bytes or less in every buffer" in msg
+    assert f"and those of the calls after it up to #{LIMIT}, may be wrong" in msg, msg
+    assert msg.endswith("this call was not run"), msg
+    y = np.ones(3)
+    c.all_reduce(y)  # the group goes on, in step
+    assert (y == c.size).all()
+
+
+def test_a_barrier_compares_the_calls_before_it(default_level):
+    c = default_level
+    said = _differ_once(c, "reduce op")
+    with pytest.raises(MismatchError) as info:
+        c.barrier()
+    msg = str(info.value)
+    assert msg.startswith(f"barrier #2 on {c.name}"), msg
+    assert said in msg and "its result may be wrong on some ranks" in msg, msg
+    c.barrier()  # nothing left to compare: a plain barrier
+    y = np.ones(3)
+    c.all_reduce(y)
+    assert (y == c.size).all()
+
+
+def test_the_next_large_call_compares_them_and_is_not_run(default_level):
+    c = default_level
+    c.all_reduce(np.ones(5))
+    x = np.full(4, 2.0)
+    c.all_reduce(x, op=ReduceOp.MAX if c.rank == 0 else ReduceOp.MIN)
+    big = np.ones(100_000)
+    with pytest.raises(MismatchError) as info:
+        c.all_reduce(big)
+    msg = str(info.value)
+    assert msg.startswith(f"all_reduce #3 on {c.name}"), msg
+    assert "all_reduce #2: reduce op is 'ReduceOp.MAX' on rank 0 but 'ReduceOp.MIN'" in msg
+    assert (big == 1).all()  # not run
+    c.all_reduce(big)
+    assert (big == c.size).all()
+
+
+def test_a_group_creation_compares_them(default_level):
+    c = default_level
+    said = _differ_once(c, "dtype")
+    with pytest.raises(MismatchError) as info:
+        c.dup()
+    assert said in str(info.value), str(info.value)
+    d = c.dup()  # in step
+    d.free()
+
+
+def test_a_difference_in_the_large_call_too_names_both(default_level):
+    c = default_level
+    said = _differ_once(c, "shape")
+    big = np.ones(100_000 if c.rank == 0 else 100_001)
+    with pytest.raises(MismatchError) as info:
+        c.all_reduce(big)
+    msg = str(info.value)
+    assert "the ranks' calls differ: shape is (100000,) on rank 0 but (100001,)" in msg, msg
+    assert f"and an earlier call differed too: {said}" in msg, msg
+
+
+def test_calls_that_agree_are_never_taken_for_a_difference(default_level):
+    # uneven gathers (each rank's own shape), rooted calls, async calls queued behind
+    # bounded ones, large calls and barriers among 3 x LIMIT small calls: every result
+    # right, no MismatchError
+    c = default_level
+    r, p = c.rank, c.size
+    sizes = [k % 3 for k in range(p)]
+    works = []
+    for i in range(3 * LIMIT):
+        k = i % 6
+        if k == 0:
+            got = c.all_gather(np.full(sizes[r], r, np.int64), sizes=sizes)
+            assert got.tolist() == [q for q in range(p) for _ in range(sizes[q])]
+        elif k == 1:
+            x = np.full(7, r, np.int16)
+            c.broadcast(x, i % p)
+            assert (x == i % p).all()
+        elif k == 2:
+            works.append((c.all_reduce(np.full(5, i, np.int64), async_op=True), i * p))
+        elif k == 3:
+            out = c.reduce_scatter(np.ones(2 * p, np.float32))
+            assert (out == p).all()
+        elif k == 4 and i % 36 == 4:
+            c.barrier()
+        elif k == 4 and i % 60 == 4:
+            big = np.ones(40_000)
+            c.all_reduce(big)
+            assert (big == p).all()
+        else:
+            g = c.gather(np.full(3, r), dst=i % p)
+            if r == i % p:
+                assert g.tolist() == [q for q in range(p) for _ in range(3)]
+    for w, want in works:
+        assert (w.wait() == want).all()
+    c.barrier()

@@ -173,3 +173,57 @@ def test_reap_tests_a_bounded_number_of_dropped_operations():
     finally:
         work.ORPHANS.clear()
         work.ORPHANS.extend(saved)
+
+
+def test_the_fold_of_uncompared_calls_agrees_across_processes():
+    # the default level folds the calls it did not compare into a later comparison with a
+    # hash of their sequence numbers and CRCs: it must not follow the per-process hash seed
+    code = (
+        "from types import SimpleNamespace as C\n"
+        "from hpccomm.dispatch import Dispatcher\n"
+        "print(Dispatcher._fold([(3, C(crc=2**32 - 5)), (4, C(crc=17)), (9, C(crc=0))]))"
+    )
+    folds = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+        ).stdout
+        for seed in range(6)
+    }
+    assert len(folds) == 1, folds
+    assert 0 <= int(folds.pop()) < 2**31  # the upper half of a positive int64
+
+
+def _fp(seq, **fields):
+    return {"op": "all_reduce", "seq": seq, "dtype": "float32", "shape": (4,), **fields}
+
+
+def test_the_first_uncompared_call_that_differs_is_named():
+    same = [_fp(2), _fp(3)]
+    assert debug.earlier_difference([{"earlier": same}, {"earlier": same}], 3072, 9) is None
+    assert debug.earlier_difference([{}, {}], 3072, 9) is None
+    said = debug.earlier_difference(
+        [
+            {"earlier": [_fp(2), _fp(3, shape=(5,)), _fp(4, dtype="int32")]},
+            {"earlier": [_fp(2), _fp(3), _fp(4)]},
+        ],
+        3072,
+        9,
+    )
+    assert said.startswith("all_reduce #3: shape is (5,) on rank 0 but (4,) on rank 1. "), said
+    assert "(3,072 bytes or less in every buffer" in said
+    assert "its result, and those of the calls after it up to #8, may be wrong" in said
+    last = debug.earlier_difference(
+        [{"earlier": [_fp(7, op="broadcast")]}, {"earlier": [_fp(7)]}], 3072, 8
+    )
+    assert last.startswith("broadcast #7: the call is 'broadcast' on rank 0 but 'all_reduce'")
+    assert "so MPI ran it: its result may be wrong on some ranks" in last
+    missing = debug.earlier_difference(
+        [{"earlier": [_fp(2)]}, {"earlier": [_fp(2)]}, {"earlier": []}], 3072, 4
+    )
+    assert missing.startswith("all_reduce #2: compared when it ran on rank 2 (a buffer over"), (
+        missing
+    )
