@@ -320,6 +320,10 @@ def iterations(nbytes: int, given: int) -> int:
     return max(10, min(1000, (32 << 20) // max(nbytes, 1)))
 
 
+# the seed of the -c check's data, with the rank ("hpcc")
+_CHECK_SEED = 0x68706363
+
+
 class Case:
     """One operation at one size on one group: its buffers (shared by hpccomm and the
     peers), element counts and the data of the ``-c`` check.
@@ -339,6 +343,7 @@ class Case:
             redop,
         )
         self.xp = xp
+        self._values: dict[int, np.ndarray] = {}  # each rank's check data (values)
         isz = dtype.itemsize
         blocked = op in _BLOCKED
         self.block = max(1, size // (isz * n)) if blocked else max(1, size // isz)
@@ -368,8 +373,20 @@ class Case:
     # -- the -c check: small integers, exact in every dtype of the table --------------------
 
     def values(self, r: int, count: int, offset: int = 0) -> np.ndarray:
-        k = 2 if self.redop.name == "PRODUCT" else 3
-        return ((np.arange(offset, offset + count) + 7 * r) % k + 1).astype(self.dtype)
+        """Rank ``r``'s check data: pseudo-random integers 1..3 (1..2 for PRODUCT), from a
+        generator seeded with the rank, so no two ranks' data and no two stretches of one
+        array are alike (a periodic pattern, ``(i + 7r) % 3 + 1``, made every 3-rank sum the
+        constant 6 and ranks r and r+3 alike: a result reversed, a wrong root or two blocks
+        swapped passed the check with 0 wrong). Exact in every dtype of the table (bfloat16
+        holds integers to 256: sums of up to 85 ranks)."""
+        need = offset + count
+        have = self._values.get(r)
+        if have is None or have.size < need:
+            high = 2 if self.redop.name == "PRODUCT" else 3
+            rng = np.random.default_rng([_CHECK_SEED, r])
+            have = rng.integers(1, high + 1, size=max(need, self.total), dtype=np.int8)
+            have = self._values[r] = have.astype(self.dtype)
+        return have[offset:need]
 
     def fill(self) -> None:
         """Check data into the input, zeros into the output."""

@@ -380,3 +380,34 @@ def test_report_refuses_what_is_no_profile_in_one_line(tmp_path, capsys, name, c
     err = capsys.readouterr().err
     assert err.startswith("hpccomm: profile report: ") and said in err, err
     assert err.count("\n") == 1, err
+
+
+def _expected(op, n, me, redop="SUM", root=0, size=4096):
+    k = bench.Case(op, size, np.dtype(np.float32), n, me, root, ReduceOp(redop))
+    k.fill()
+    return k, k.expected()
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 6])
+def test_check_data_sees_results_moved_or_made_up(n):
+    # A review broke hpccomm's ops on purpose and ran bench -c: with the old periodic data
+    # ((i + 7r) % 3 + 1) every 3-rank sum was the constant 6 and ranks r and r+3 held the
+    # same data, so a result reversed, a made-up constant, a wrong root or two blocks swapped
+    # all passed with 0 wrong. Each of those must now change the expected result.
+    for redop in ("SUM", "PRODUCT", "MIN", "MAX"):
+        _, (_, want) = _expected("all_reduce", n, 0, redop)
+        assert len(np.unique(want)) > 1, (redop, want[:12])
+        assert (want != want[::-1]).any() and (want != np.roll(want, 3)).any()
+    k, _ = _expected("broadcast", n, 0, root=n - 1)
+    assert (k.values(n - 1, k.total) != k.values(0, k.total)).any()  # a wrong root shows
+    k, (_, want) = _expected("all_gather", n, 0)
+    b = k.block
+    swapped = want.copy()
+    swapped[:b], swapped[-b:] = want[-b:], want[:b].copy()
+    assert (swapped != want).any()
+    for op in ("reduce_scatter", "scatter", "all_to_all"):  # each rank's own block
+        blocks = [_expected(op, n, me)[1][1] for me in range(n)]
+        assert all((blocks[0] != other).any() for other in blocks[1:]), op
+    _, (_, inputs) = _expected("all_to_all", n, 1)
+    k, _ = _expected("all_to_all", n, 1)
+    assert (inputs != k.x).any()  # an exchange that did nothing shows
