@@ -16,6 +16,7 @@ a CommTimeoutError names the op and its sequence number).
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -1129,5 +1130,18 @@ class Communicator:
     def __enter__(self) -> Communicator:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.free()
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        """free() the group; where the block raised, its error goes on and a free() refused
+        (an async call still running) is added to it as a note, not raised in its place
+        (it hid the program's own error, left only as ``__context__``)."""
+        if exc is None:
+            self.free()
+            return
+        try:
+            self.free()
+        except HpccommError as refused:
+            note = f"and leaving the `with` block, free() was refused: {refused}"
+            if hasattr(exc, "add_note"):  # Python 3.11+
+                exc.add_note(note)
+            else:  # pragma: no cover - Python 3.10
+                sys.stderr.write(f"hpccomm: {note}\n")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("torch") is None,
+    not getattr(importlib.util.find_spec("torch"), "origin", None),
     reason="torch is not installed (pip install -e '.[torch]')",
 )
 JOBS = Path(__file__).resolve().parents[2] / "jobs"

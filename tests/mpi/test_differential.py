@@ -162,7 +162,7 @@ def _modes_for(op: str) -> tuple[str, ...]:
 
 GLOO_NO_DTYPES = ("int16", "uint16", "uint32", "uint64")  # "Invalid scalar type" (not p2p)
 GLOO_WANTED = os.environ.get("HPCCOMM_DIFF_GLOO", "1") != "0"
-TORCH = GLOO_WANTED and importlib.util.find_spec("torch") is not None
+TORCH = GLOO_WANTED and getattr(importlib.util.find_spec("torch"), "origin", None) is not None
 
 
 def _gloo_lacks(case: Case) -> str | None:

@@ -242,6 +242,20 @@ def test_context_manager_frees(comm):
     assert d.freed
 
 
+def test_an_error_in_the_with_block_is_not_hidden_by_a_refused_free(comm):
+    # an async call still running when the block raised: free() is refused, and its
+    # InvalidArgumentError replaced the program's own KeyError (left as __context__)
+    with pytest.raises(KeyError, match="the program's") as info:
+        with comm.dup() as d:
+            work = d.all_reduce(np.ones(4), async_op=True)
+            raise KeyError("the program's")
+    notes = getattr(info.value, "__notes__", [""])
+    assert "leaving the `with` block, free() was refused" in notes[0], notes
+    assert "still running" in notes[0], notes
+    assert (work.wait() == comm.size).all()
+    d.free()
+
+
 def test_node_and_leaders(comm):
     node = comm.node()  # collective on first call, cached after
     assert node is comm.node()

@@ -12,7 +12,7 @@ HERE = Path(__file__).parent
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     why = None
-    if importlib.util.find_spec("torch") is None:
+    if not getattr(importlib.util.find_spec("torch"), "origin", None):
         why = "torch is not installed (pip install -e '.[torch]')"
     elif not config.getoption("with_mpi", False):
         why = "torch backend tests run under mpiexec with --with-mpi (make test-torch)"

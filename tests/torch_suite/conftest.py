@@ -24,7 +24,7 @@ import pytest
 
 HERE = Path(__file__).parent
 _why = None
-if importlib.util.find_spec("torch") is None:
+if not getattr(importlib.util.find_spec("torch"), "origin", None):
     _why = "torch is not installed (pip install -e '.[torch]')"
 elif (
     "OMPI_COMM_WORLD_SIZE" not in os.environ

@@ -165,7 +165,9 @@ def test_clean_runs_leaves_the_directories_of_running_jobs(tmp_path):
 # -- jobs/ddp_train.py --batch ---------------------------------------------------------------
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+@pytest.mark.skipif(
+    not getattr(importlib.util.find_spec("torch"), "origin", None), reason="torch is not installed"
+)
 @pytest.mark.parametrize(
     "batch, said",
     [
