@@ -83,8 +83,9 @@ def format_launch_table(infos: list[dict]) -> str:
     rows = [_COLUMNS]
     for d in sorted(infos, key=lambda d: d["rank"]):
         job = d.get("job_id") or "-"
-        if d.get("array_task_id") is not None:
-            job += f"[{d['array_task_id']}]"
+        task = d.get("array_task_id")
+        if task is not None and not job.endswith(f"_{task}"):  # (Slurm's names it already)
+            job += f"[{task}]"
         rows.append(
             (
                 str(d["rank"]),

@@ -415,6 +415,11 @@ def discover(
     if env.get("SLURM_ARRAY_TASK_ID"):
         array_task_id = env["SLURM_ARRAY_TASK_ID"]
         sources["array_task_id"] = "SLURM_ARRAY_TASK_ID"
+        if env.get("SLURM_ARRAY_JOB_ID") and sources.get("job_id") == "SLURM_JOB_ID":
+            # Slurm's name for an element, as squeue, sacct and scancel take it ("83_0");
+            # the element's own SLURM_JOB_ID (84) read as array job 84's task 0
+            job_id = f"{env['SLURM_ARRAY_JOB_ID']}_{array_task_id}"
+            sources["job_id"] = "SLURM_ARRAY_JOB_ID and SLURM_ARRAY_TASK_ID"
 
     visible = parse_visible_devices(env.get("CUDA_VISIBLE_DEVICES"))
     if visible is not None:

@@ -292,6 +292,13 @@ def test_job_array():
     env = {**SRUN_STEP, "SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "2"}
     info = d(env)
     assert info.array_task_id == "2"
+    # Slurm's name for the element (SRUN_STEP's own SLURM_JOB_ID is another job id), as an
+    # outside review saw `84[0]` for element 0 of array job 83
+    assert info.job_id == "40_2" and "SLURM_ARRAY_JOB_ID" in info.sources["job_id"]
+    from hpccomm.diagnose import format_launch_table
+
+    table = format_launch_table([info.to_dict()])
+    assert " 40_2" in table and "[2]" not in table, table
 
 
 def test_gpu_per_task_isolation():
