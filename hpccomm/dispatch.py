@@ -942,10 +942,15 @@ class Dispatcher:
         fps = [{k: v for k, v in f.items() if k != "earlier"} for f in fps]
         if before is not None and len({crc(f) for f in fps}) == 1:
             # this call is the same everywhere: an earlier one was not
-            return MismatchError(
+            err = MismatchError(
                 f"{where_}: an earlier call on the group differed across ranks: {before}; "
                 f"this call was not run"
             )
+            # every rank raises the same error (each has every fingerprint): no failure
+            # notice, which a rank still in the exchange, waiting with a bound, could read
+            # first and raise a PeerError instead
+            err.local = True
+            return err
         said = disagreement(fps)
         if before is not None:
             said = f"{said}; and an earlier call differed too: {before}"
@@ -960,7 +965,9 @@ class Dispatcher:
             )
             self.broken = f"the group is unusable: {where_}: {step}"
             self._update_slow()
-        return MismatchError(f"{where_}: the ranks' calls differ: {said}")
+        err = MismatchError(f"{where_}: the ranks' calls differ: {said}")
+        err.local = True  # every rank raises it (see below): no failure notice
+        return err
 
     def check_splits(self, call: Call, where_: str) -> None:
         """all_to_all_single: what rank i sends to j must be what j expects from i."""

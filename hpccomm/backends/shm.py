@@ -432,7 +432,13 @@ class ShmBackend:
 
     def error(self, call: Call, seq: int, exc: BaseException) -> HpccommError:
         if isinstance(exc, _Said):  # the body's own verdict, named with the call's number
-            return exc.kind(f"{call.where(seq)}: {exc.text}")
+            err = exc.kind(f"{call.where(seq)}: {exc.text}")
+            # every rank reaches a verdict of its own (they read the same headers, or the
+            # same allreduced flags): no failure notice, which a rank still waiting with a
+            # bound could read before its own verdict and raise a PeerError instead, the
+            # group then unusable (an outside review, hierarchical path: 2 runs of 13)
+            err.local = True
+            return err
         from mpi4py import MPI
 
         if not isinstance(exc, MPI.Exception):  # the path's own Python code failed
@@ -588,7 +594,9 @@ class ShmBackend:
             self.tick += 1  # as below
             arg = "out" if call.spec is O.REDUCE_SCATTER else "array"
             if self.rank in refused:
-                raise read_only(call, arg)
+                err = read_only(call, arg)
+                err.local = True  # the others raise (below): no notice (see error)
+                raise err
             ranks = ", ".join(str(self.members[r]) for r in refused)
             raise _Said(
                 InvalidArgumentError,
