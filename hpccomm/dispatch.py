@@ -29,6 +29,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from functools import partial
+from operator import attrgetter
 from typing import Any, ClassVar
 
 import numpy as np
@@ -58,7 +59,7 @@ from .errors import (
     PeerError,
     where,
 )
-from .executor import Executor, Future
+from .executor import Executor, Future, on_worker
 from .notices import ENTERED, FAILED, REFUSED, NoticeBoard
 from .ops import (
     BARRIER,
@@ -89,6 +90,7 @@ DEFERRED_LIMIT = 64
 # Errors that are consequences of another rank's failure: never reported to the others.
 _CONSEQUENCES = (CommTimeoutError, PeerError, ClosedError)
 _ndarray = np.ndarray
+_CRC_OF = attrgetter("crc")
 _listeners = record.listeners
 
 
@@ -905,10 +907,12 @@ class Dispatcher:
         pending = self._deferred
         if not pending or pending[0][0] >= seq:
             return []
-        n = len(pending)  # entries appended since stay (they come later)
-        if pending[n - 1][0] < seq:  # all of them: the common case
-            return [pending.popleft() for _ in range(n)]
-        taken = []
+        if pending[-1][0] < seq and not on_worker():  # all of them, on the dispatching
+            # thread (nothing is appended meanwhile): the common case
+            taken = list(pending)
+            pending.clear()
+            return taken
+        taken = []  # on the worker: later calls may be appended meanwhile, and stay
         while pending and pending[0][0] < seq:
             taken.append(pending.popleft())
         return taken
@@ -917,10 +921,14 @@ class Dispatcher:
     def _fold(earlier: list[tuple[int, Call]]) -> int:
         """31 bits standing for the calls' fingerprints and sequence numbers, in order
         (the hash of a tuple of ints: the same in every process)."""
-        for seq, call in earlier:
-            if call.crc is None:
-                call.crc = crc_base(fingerprint(call, call.spec.name, seq))
-        return hash(tuple([(seq, call.crc) for seq, call in earlier])) & 0x7FFFFFFF
+        seqs, calls = zip(*earlier, strict=True)
+        crcs = tuple(map(_CRC_OF, calls))
+        if None in crcs:  # first seen here (a cached call keeps its CRC)
+            for seq, call in earlier:
+                if call.crc is None:
+                    call.crc = crc_base(fingerprint(call, call.spec.name, seq))
+            crcs = tuple(map(_CRC_OF, calls))
+        return hash((seqs, crcs)) & 0x7FFFFFFF
 
     def _differ(
         self, where_: str, fp: dict[str, Any], earlier: list[tuple[int, Call]] | None = None
