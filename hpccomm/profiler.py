@@ -271,6 +271,7 @@ class Profiler:
                 )
             ],
             "dropped": self._dropped,
+            "limit": self.limit,
             "unfinished": unfinished,
             "clock": {
                 "start": self._sync_start[self._rank] if self._sync_start else None,
@@ -586,6 +587,9 @@ def analyze(raws: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "groups": groups_out,
         "events_kept": sum(len(r["events"]) for r in ranks),
         "events_dropped": sum(r["dropped"] for r in ranks),
+        # the events= each rank kept (files from before it was written: the default)
+        "events_limit": max(r.get("limit", EVENT_LIMIT) for r in ranks),
+        "events_dropped_ranks": sorted(r["rank"] for r in ranks if r["dropped"]),
         "alone": sorted({r["alone"] for r in ranks if r.get("alone")}),
         "unfinished": sorted(unfinished, key=lambda u: (u["rank"], u["seq"])),
     }
@@ -762,6 +766,12 @@ _RAW_KEYS = frozenset({"rank", "host", "t_start", "t_stop", "groups", "stats", "
 # -- the text summary -------------------------------------------------------------------------
 
 
+def _rank_list(ranks: list[int]) -> str:
+    shown = ", ".join(str(r) for r in ranks[:8])
+    more = f", ... ({len(ranks)} ranks)" if len(ranks) > 8 else ""
+    return f"rank {shown}" if len(ranks) == 1 else f"ranks {shown}{more}"
+
+
 def _bytes(n: float) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
@@ -798,9 +808,12 @@ def format_summary(doc: dict[str, Any], top: int = 20) -> str:
     for why in doc.get("alone", []):
         lines.append(f"note: {why}: the ranks wrote alone, clocks not synchronized at stop")
     if doc.get("events_dropped"):
+        limit = doc.get("events_limit", EVENT_LIMIT)
+        dropping = doc.get("events_dropped_ranks")
+        who = f" ({_rank_list(dropping)})" if dropping else ""
         lines.append(
-            f"note: {doc['events_dropped']} calls past {EVENT_LIMIT} per rank are counted in the "
-            f"tables but not in the trace or the skew"
+            f"note: {doc['events_dropped']} calls in all past the first {limit:,} per rank{who} "
+            f"are counted in the tables but not in the trace or the skew"
         )
     for u in doc.get("unfinished", [])[:5]:
         lines.append(

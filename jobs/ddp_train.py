@@ -45,6 +45,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=240, help="global batch, a multiple of the ranks")
     p.add_argument("--width", type=int, default=256)
     args = p.parse_args()
+    if args.steps < 1 or args.width < 1:  # (--steps 0 died of ZeroDivisionError on every rank)
+        p.error(f"--steps {args.steps} --width {args.width}: expected both >= 1")
     known = discover().size  # from the launcher's variables: refused before MPI starts
     if known is not None and (why := batch_error(args.batch, known)):
         p.error(why)

@@ -168,3 +168,21 @@ def test_a_call_running_at_the_stop_is_reported_once(comm):
     if c.rank == 0:
         assert doc2["unfinished"] == []
     c.free()
+
+
+def test_the_dropped_events_note_names_the_limit_in_use(comm, tmp_path_factory):
+    # with events=5 the note said "... past 200000 per rank" (the default, not the limit
+    # used) and counted the calls of every rank as per rank
+    out = comm.mpi.bcast(str(tmp_path_factory.mktemp("prof")) if comm.rank == 0 else None)
+    with hpccomm.profile(comm, out, events=5) as prof:
+        for _ in range(12):
+            comm.all_reduce(np.ones(4))
+    doc = _on_rank0(comm, prof.doc)
+    assert doc["events_limit"] == 5 and doc["events_dropped"] == 7 * comm.size, doc
+    if comm.rank == 0:
+        summary = open(f"{out}/summary.txt").read()
+        ranks = "rank 0" if comm.size == 1 else "ranks " + ", ".join(map(str, range(comm.size)))
+        assert (
+            f"note: {7 * comm.size} calls in all past the first 5 per rank ({ranks}) are counted"
+            in summary
+        ), summary
