@@ -1082,8 +1082,17 @@ class Communicator:
         """
         if self._freed:
             return
+        # Refuse new calls first (closed, no cached descriptions: a call starting now gets
+        # "already freed" from validation), then look for calls running: one that started
+        # before is inside the dispatch, where the look finds it. Looked at first, a thread
+        # could start a call from the cache after the look and reach MPI on the freed
+        # communicator (a segfault; MPI_ERR_COMM in MPI_Mprobe: an outside review, with
+        # another thread calling in a loop)
+        fenced = self._fence()
         busy = self._running()  # this group's and its subgroups', before anything is freed
         if busy:
+            for d in fenced:
+                d.closed = False
             raise InvalidArgumentError(
                 f"{self._here('free')}: {'; '.join(busy)}; wait() for them "
                 f"first (nothing was freed; a Work dropped unfinished does not hold up free(): "
@@ -1106,6 +1115,20 @@ class Communicator:
             if shm is not None:
                 shm.free()
             self._backend.free()
+
+    def _fence(self) -> list[Dispatcher]:
+        """Close this group and the groups made from it to new calls (see free); returns
+        the dispatchers it closed (a refused free() opens them again)."""
+        marked = []
+        d = self._dispatcher
+        if not d.closed:
+            d.closed = True
+            d.cache.clear()
+            marked.append(d)
+        for child in self._children:
+            if not child._freed:
+                marked += child._fence()
+        return marked
 
     def _running(self) -> list[str]:
         """What still runs on this group and the groups made from it (free() refuses)."""

@@ -1062,3 +1062,52 @@ def test_exit_with_a_daemon_thread_inside_a_plain_call(launch):
     assert "exiting while all_reduce on world (thread Thread-1" in job.stderr
     assert "never completed; aborting the job" in job.stderr
     assert not job.crashed()
+
+
+@pytest.mark.parametrize("kind", ["collective", "p2p"])
+def test_free_racing_another_threads_calls_never_reaches_mpi(launch, kind):
+    # free() looked for calls running in other threads and then freed: a thread starting a
+    # call from the validation cache in between reached MPI on the freed communicator (a
+    # segfault in _all_reduce; a fatal MPI_ERR_COMM in MPI_Mprobe), an outside review with
+    # Python's switch interval at 10 us. Now free() closes the group to new calls first:
+    # the other thread gets ClosedError, or free() is refused while its call runs.
+    job = launch(
+        2,
+        f"""
+        import threading
+        sys.setswitchinterval(1e-5)
+        c = hpccomm.init(debug="off")
+        seen = {{}}
+        for _ in range(150):
+            g = c.split(c.rank)  # a group of one: no peer to wait for
+            box = []
+            def hammer():
+                x, y = np.ones(7), np.empty(7)
+                try:
+                    while True:
+                        if "{kind}" == "collective":
+                            g.all_reduce(x)
+                        else:
+                            g.send(x, 0, tag=1)
+                            g.recv(y, 0, tag=1)
+                except Exception as e:
+                    box.append(type(e).__name__)
+            t = threading.Thread(target=hammer, daemon=True)
+            t.start()
+            time.sleep(0.002)
+            while True:
+                try:
+                    g.free()
+                    break
+                except hpccomm.InvalidArgumentError:
+                    pass  # refused while the call runs: again
+            t.join(10)
+            k = box[0] if box else "still running"
+            seen[k] = seen.get(k, 0) + 1
+        report(c, "seen", seen=seen)
+        """,
+        bound=120,
+    )
+    assert job.rc == 0 and not job.crashed(), job.stderr[-2000:]
+    for rank in (0, 1):
+        assert job.of(rank, "seen")["seen"] == {"ClosedError": 150}
