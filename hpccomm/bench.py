@@ -768,6 +768,13 @@ def _run(world: Any, raw_world: Any, opts: BenchOptions, me: int, n: int) -> dic
     started = time.perf_counter()
     total = len(sizes) * len(opts.ops)
     done = 0
+    for op in opts.ops:  # every op's root before any runs (it was said after the earlier
+        # ops' whole sweep, whose results were then lost)
+        if op in _ROOTED and opts.root >= len(mine):
+            raise InvalidArgumentError(
+                f"bench: --root {opts.root} for {op}, expected a rank of the group "
+                f"(0..{len(mine) - 1})"
+            )
     try:
         for op in opts.ops:
             if op == "send_recv" and len(mine) < 2:
@@ -783,7 +790,20 @@ def _run(world: Any, raw_world: Any, opts: BenchOptions, me: int, n: int) -> dic
             last = -1
             for size in sizes:
                 done += 1
-                case = Case(op, size, dtype, len(mine), hp.rank, root, redop, xp)
+                try:
+                    case = Case(op, size, dtype, len(mine), hp.rank, root, redop, xp)
+                    short = ""
+                except MemoryError as exc:  # (a traceback on every rank; a rank alone
+                    # would have left the others waiting in the first call)
+                    short = f"MemoryError: {exc}"
+                lacking = hp.mpi.allgather(short)
+                if any(lacking):
+                    ranks = [r for r, why in enumerate(lacking) if why]
+                    raise InvalidArgumentError(
+                        f"bench: {op} at {_human(size)}: the buffers do not fit in memory on "
+                        f"rank(s) {ranks} of the group ({next(w for w in lacking if w)}); "
+                        f"lower -e"
+                    )
                 if case.nbytes == last:  # rounded to the same element count as the last size
                     continue
                 last = case.nbytes

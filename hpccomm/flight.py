@@ -318,6 +318,7 @@ class Trace:
 
 
 _DUMP_NAME = re.compile(r"rank([0-9]+)\.json")
+MAX_WORLD = 1 << 20  # ranks a dump may record (far above any job's: a damaged size)
 
 
 def _read_dump(path: Path, named: int) -> dict[str, Any]:
@@ -362,6 +363,18 @@ def _read_dump(path: Path, named: int) -> dict[str, Any]:
         )
     if not isinstance(doc.get("groups", {}), dict):
         raise InvalidArgumentError(f"{where}: groups is not an object")
+    if size > MAX_WORLD:  # (the analysis lists the ranks without a dump: 10**11 ran for ever)
+        raise InvalidArgumentError(
+            f"{where}: size {size:,}, expected a world of at most {MAX_WORLD:,} ranks"
+        )
+    try:  # every field the analysis reads, as the recorder writes it: the analysis of this
+        # dump alone reads them all (a wrong type was a traceback, not a line naming the file)
+        float(doc.get("time") or 0)
+        analyze({rank: doc}, size)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise InvalidArgumentError(
+            f"{where}: not a flight recorder dump as it writes them: {type(exc).__name__}: {exc}"
+        ) from None
     return doc
 
 

@@ -81,6 +81,33 @@ def test_root_is_ignored_by_ops_without_one(world):
         bench.run(world, small(ops=["broadcast"], max_bytes=64, root=world.size))
 
 
+def test_a_bad_root_is_refused_before_any_op_runs(world, monkeypatch):
+    # it was said after the earlier ops' whole sweep had run, their results lost
+    ran = []
+    monkeypatch.setattr(bench, "_measure", lambda *a, **k: ran.append(a[0].op))
+    with pytest.raises(ValueError, match=rf"--root {world.size} for broadcast, expected a rank"):
+        bench.run(world, small(ops=["all_reduce,broadcast"], max_bytes=64, root=world.size))
+    assert ran == []
+
+
+def test_buffers_that_do_not_fit_are_said_on_every_rank(world, monkeypatch):
+    # a size past the machine's memory was a NumPy traceback on every rank; where one rank
+    # alone ran short, the others would have waited for it in the first call
+    real = bench.Case
+
+    def short(op, size, *a, **k):
+        if world.rank == world.size - 1 and size >= 1024:
+            raise MemoryError("Unable to allocate")
+        return real(op, size, *a, **k)
+
+    monkeypatch.setattr(bench, "Case", short)
+    with pytest.raises(ValueError) as info:
+        bench.run(world, small(ops=["all_reduce"], min_bytes=8, max_bytes=4096))
+    msg = str(info.value)
+    assert "bench: all_reduce at 4 KiB: the buffers do not fit in memory on rank(s) " in msg, msg
+    assert f"[{world.size - 1}] of the group (MemoryError: Unable to allocate); lower -e" in msg
+
+
 @pytest.mark.mpi(min_size=2)
 def test_check_catches_a_corrupted_result(world, monkeypatch):
     real = bench.HPCCOMM["all_reduce"]

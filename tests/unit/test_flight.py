@@ -159,6 +159,9 @@ def test_job_identity_from_the_launcher():
     assert job_identity({"PATH": "/bin"}) is None
 
 
+started = {"op": "all_reduce", "group": "world", "seq": 1, "state": "started"}
+
+
 @pytest.mark.parametrize(
     ("name", "content", "problem"),
     [
@@ -172,6 +175,27 @@ def test_job_identity_from_the_launcher():
         ("rank00000.json", json.dumps(doc(1, 2, [])), "records rank 1, expected 0 (the rank in"),
         ("rank00000.json", json.dumps(doc(0, 2, [{"op": "x"}])), "entries is not a list of calls"),
         ("rank00000.json", json.dumps({**doc(0, 2, []), "size": "2"}), "rank 0 of size '2', exp"),
+        # valid JSON with a field of another type (an outside review: each was a traceback),
+        # and a size the analysis would list the missing ranks of for ever
+        *[
+            (
+                "rank00000.json",
+                json.dumps({**doc(0, 2, [{**started, **change}]), **top}),
+                f"not a flight recorder dump as it writes them: {said}",
+            )
+            for change, top, said in [
+                ({"shape": 5}, {}, "TypeError: 'int' object is not iterable"),
+                ({}, {"reason": 5}, "TypeError: object of type 'int' has no len()"),
+                ({"state": "failed"}, {}, "KeyError: 'error'"),
+                ({}, {"time": "abc"}, "ValueError: could not convert string to float: 'abc'"),
+                ({"group": ["w"]}, {}, "TypeError: unhashable type: 'list'"),
+            ]
+        ],
+        (
+            "rank00000.json",
+            json.dumps({**doc(0, 2, []), "size": 10**11}),
+            "size 100,000,000,000, expected a world of at most 1,048,576 ranks",
+        ),
     ],
 )
 def test_a_broken_dump_is_one_line_naming_the_file(tmp_path, capsys, name, content, problem):
