@@ -33,6 +33,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import socket
 import statistics
 import sys
@@ -46,6 +47,7 @@ import numpy as np
 from . import record
 from .bench import FACTORS, PLOT_HINT
 from .errors import HpccommError, InvalidArgumentError
+from .flight import job_identity
 from .record import Record
 
 __all__ = [
@@ -126,6 +128,7 @@ class Profiler:
         self._sync_stop: list[tuple[float, float]] = []
         self._leftovers: list[Any] = []  # requests of a stop that gave up, kept alive
         self._rank = self._world_rank = 0  # in comm and in the world (set by start)
+        self._world_size = 1
         self._open: dict[int, Record] = {}  # calls started and not ended (by id)
 
     @property
@@ -196,6 +199,7 @@ class Profiler:
         self._sync_stop = []
         self.doc = None
         self._rank, self._world_rank = self.comm.rank, self.comm.world_rank()
+        self._world_size = self.comm._world.size  # (rank files name their job by it too)
         self._mpi = self.comm.mpi.Dup()  # the profiler's own messages: never recorded
         self._sync_start = _clock_offsets(self._mpi)
         self._open.clear()  # (calls of an earlier session)
@@ -296,6 +300,9 @@ class Profiler:
     def _write_alone(self, why: str) -> None:
         raw = self._raw()
         raw["alone"] = why
+        # which job wrote it: report's load keeps one job's files (as trace analyze does)
+        raw["job"] = job_identity()
+        raw["world"] = self._world_size
         if self.directory is None:
             return
         try:
@@ -730,12 +737,16 @@ def load(directory: str | os.PathLike[str]) -> dict[str, Any]:
     if not d.is_dir():
         raise InvalidArgumentError(f"profile report: {d} is not a directory")
     path = d / "profile.json"
-    if path.exists():
-        doc = _read_json(path)
-        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-            raise HpccommError(f"profile report: {path} is not a profile.json of {SCHEMA}")
-        return doc
     paths = sorted(d.glob("rank*.json"))
+    if path.exists():
+        newer = [p for p in paths if p.stat().st_mtime > path.stat().st_mtime]
+        if not newer:
+            doc = _read_json(path)
+            if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+                raise HpccommError(f"profile report: {path} is not a profile.json of {SCHEMA}")
+            if paths:
+                doc = {**doc, "left_out": [*doc.get("left_out", []), _older(paths, "profile.json")]}
+            return doc
     raws = [_read_json(p) for p in paths]
     if not raws:
         raise InvalidArgumentError(
@@ -747,12 +758,57 @@ def load(directory: str | os.PathLike[str]) -> dict[str, Any]:
                 " (a flight recorder dump?)" if isinstance(raw, dict) and "entries" in raw else ""
             )
             raise HpccommError(f"profile report: {p} is not a profiler's rank file{hint}")
+    raws, left_out = _one_job(paths, raws)
+    if not raws:
+        raise HpccommError(
+            f"profile report: no rank file in {d} records its name's rank: {left_out}"
+        )
+    if path.exists():  # older than the rank files kept
+        left_out.append("profile.json (written before these rank files: another run's)")
     try:
-        return analyze(raws)
+        doc = analyze(raws)
     except DAMAGED as exc:
         raise HpccommError(
             f"profile report: the rank files in {d} are damaged ({type(exc).__name__}: {exc})"
         ) from None
+    if left_out:
+        doc["left_out"] = left_out
+    return doc
+
+
+def _older(paths: list[Path], newer: str) -> str:
+    names = ", ".join(p.name for p in paths[:4]) + (", ..." if len(paths) > 4 else "")
+    return f"{names} (written before {newer}: another run's)"
+
+
+def _one_job(paths: list[Path], raws: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:  # fmt: skip
+    """The rank files of the newest job among ``raws`` (the job of the file written last:
+    files record their job and world size), and notes on the files left out: another job's,
+    or one whose name is not the rank it records (they were merged: a 2-rank job's files
+    over a 4-rank job's gave a "4 ranks" report with calls of both)."""
+    notes = []
+    kept: dict[tuple[Any, Any], list[tuple[Path, dict[str, Any]]]] = {}
+    for p, raw in zip(paths, raws, strict=True):
+        named = re.fullmatch(r"rank([0-9]+)\.json", p.name)
+        if named is None or int(named.group(1)) != raw.get("rank"):
+            notes.append(f"{p.name} (records rank {raw.get('rank')!r}: not this name's)")
+            continue
+        kept.setdefault((raw.get("job"), raw.get("world")), []).append((p, raw))
+    if not kept:
+        return [], notes
+
+    def newest(key: tuple[Any, Any]) -> float:
+        return max(p.stat().st_mtime for p, _ in kept[key])
+
+    chosen = max(kept, key=newest)
+    for key in sorted((k for k in kept if k != chosen), key=newest):
+        files = ", ".join(p.name for p, _ in kept[key])
+        job, world = key
+        notes.append(
+            f"{files} (another job: {job or 'no job named'}, {world or '?'} ranks; the newest "
+            f"files are {chosen[0] or 'no job named'}'s, {chosen[1] or '?'} ranks)"
+        )
+    return [raw for _, raw in kept[chosen]], notes
 
 
 # what reading a damaged document raises (a key, an index or a type not as written)
@@ -805,6 +861,8 @@ def format_summary(doc: dict[str, Any], top: int = 20) -> str:
         f"communication: {_secs(comm)} per rank ({share(comm)} of wall); of it waiting for "
         f"the last rank to arrive at collectives: {_secs(waited)} per rank ({share(waited)})",
     ]
+    for why in doc.get("left_out", []):
+        lines.append(f"note: left out: {why}")
     for why in doc.get("alone", []):
         lines.append(f"note: {why}: the ranks wrote alone, clocks not synchronized at stop")
     if doc.get("events_dropped"):

@@ -411,3 +411,38 @@ def test_check_data_sees_results_moved_or_made_up(n):
     _, (_, inputs) = _expected("all_to_all", n, 1)
     k, _ = _expected("all_to_all", n, 1)
     assert (inputs != k.x).any()  # an exchange that did nothing shows
+
+
+def test_profile_report_keeps_the_newest_jobs_rank_files(tmp_path):
+    # a 2-rank job's rank files written over a 4-rank job's were merged into one "4 ranks"
+    # report with calls of both; a file named for another rank than it records was taken too
+    import os
+
+    from hpccomm.profiler import _one_job
+
+    def raw(rank, job, world):
+        return {"rank": rank, "job": job, "world": world}
+
+    paths, raws = [], []  # job B's ranks 0 and 1 over job A's 0-3, 10 s later
+    for rank, job, world, when in [
+        (0, "B", 2, 10),
+        (1, "B", 2, 10),
+        (2, "A", 4, 0),
+        (3, "A", 4, 0),
+    ]:
+        p = tmp_path / f"rank{rank:05d}.json"
+        p.write_text("{}")
+        os.utime(p, (1_000_000 + when, 1_000_000 + when))
+        paths.append(p)
+        raws.append(raw(rank, job, world))
+    pairs = list(zip(paths, raws, strict=True))
+    kept, notes = _one_job([p for p, _ in pairs], [r for _, r in pairs])
+    assert [(r["rank"], r["job"]) for r in kept] == [(0, "B"), (1, "B")], kept
+    assert notes == [
+        "rank00002.json, rank00003.json (another job: A, 4 ranks; the newest files are B's, "
+        "2 ranks)"
+    ], notes
+    misnamed = tmp_path / "rank00007.json"
+    misnamed.write_text("{}")
+    kept, notes = _one_job([misnamed], [raw(0, "B", 2)])
+    assert kept == [] and notes == ["rank00007.json (records rank 0: not this name's)"]
