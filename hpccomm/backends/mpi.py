@@ -11,6 +11,7 @@ of band).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -817,7 +818,9 @@ class MPIBackend:
         self._objects_comm = MPI._commctx_intra(self.mpi)[0]
         self.checks = self.mpi.Dup()
         self.data = self.mpi.Dup()
-        self._data_tag = 0
+        # (next() on a count is one step under the GIL: two threads sending at once never
+        # draw the same tag, as a read-add-write of an int could)
+        self._data_tag = itertools.count(1)
         # tags of checked data messages cycle through every tag MPI allows here (Open MPI:
         # 2**31): through 32,768, two unreceived messages of one sender shared a tag after
         # 32,768 sends, and a receive by tag took the other's data
@@ -977,7 +980,7 @@ class MPIBackend:
         so a sender waiting for the data to be taken could wait for a receiver that is
         itself waiting in a send to it (two ranks that irecv and then send), or in a
         collective. The copy is kept (work.ORPHANS) until MPI has sent it."""
-        self._data_tag = data_tag = (self._data_tag + 1) % self._data_tags
+        data_tag = next(self._data_tag) % self._data_tags
         words = encode_header(seq, _CODES[x.dtype], x.size, x.shape, data_tag)
         header = np.array(words, np.int64)
         head = self.mpi.Isend([header, MPI.INT64_T], dst, tag)
