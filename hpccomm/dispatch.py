@@ -1015,7 +1015,13 @@ class Dispatcher:
         fut = self.worker().submit(what, fn, *args)
         self._slow = True
         if bound is not None and not fut.wait(bound):
-            raise CommTimeoutError(f"{what}: {late.format(t=f'{bound:g}')}")
+            running = self.worker().running
+            behind = (
+                f"; it is queued behind {running.what}, which has not completed"
+                if running is not None and running is not fut
+                else ""
+            )  # (not that a rank is missing: every rank may be here, behind a stuck call)
+            raise CommTimeoutError(f"{what}: {late.format(t=f'{bound:g}')}{behind}")
         fut.wait(None)
         return fut.outcome()
 
