@@ -125,13 +125,21 @@ def verify_launch(info: LaunchInfo, comm: MPI.Intracomm) -> tuple[LaunchInfo, MP
         )
 
     first = node.allreduce(rank, op=MPI.MIN)
+    # the launcher's number for this node, where every rank of the node has the same (-1:
+    # none, or they differ)
+    said = set(node.allgather(-1 if info.node_index is None else info.node_index))
+    env_index = said.pop() if len(said) == 1 else -1
     leaders = comm.Split(0 if local_rank == 0 else MPI.UNDEFINED, first)
     layout = None
     if local_rank == 0:
-        hosts = leaders.allgather(info.hostname)
-        layout = (leaders.Get_rank(), leaders.Get_size(), tuple(hosts))
+        seen = leaders.allgather((info.hostname, env_index))
+        layout = (leaders.Get_rank(), leaders.Get_size(), tuple(h for h, _ in seen),
+                  [i for _, i in seen])  # fmt: skip
         leaders.Free()
-    node_index, num_nodes, hosts = node.bcast(layout, root=0)
+    node_index, num_nodes, hosts, env_indices = node.bcast(layout, root=0)
+    # the launcher numbers the nodes in another order than hpccomm (by lowest rank), each
+    # once: not a contradiction (Slurm's arbitrary distribution puts rank 0 on node 1)
+    renumbered = sorted(env_indices) == list(range(num_nodes))
 
     sources = dict(src)
     changes: dict[str, object] = {}
@@ -149,6 +157,9 @@ def verify_launch(info: LaunchInfo, comm: MPI.Intracomm) -> tuple[LaunchInfo, MP
         if current is None:
             changes[field] = value
             sources[field] = how
+        elif field == "node_index" and current != value and renumbered:
+            changes[field] = value  # what comm.node_index says, named as such
+            sources[field] = f"{how} (by lowest rank; {src.get(field)} numbers it {current})"
         elif field in ("node_index", "num_nodes") and current != value:
             notes.append(f"{field} is {current} from {src.get(field)} but {value} from {how}")
     nodes = NodeInfo(local_rank, local_size, node_index, num_nodes)

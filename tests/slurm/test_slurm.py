@@ -56,6 +56,25 @@ def test_srun_two_nodes_four_ranks(cluster):
     assert infos[0]["sources"]["local_size"] == "SLURM_STEP_TASKS_PER_NODE[SLURM_NODEID]"
 
 
+def test_arbitrary_distribution_numbers_nodes_as_the_communicator_does(cluster, tmp_path):
+    # rank 0 on node2: Slurm numbers it node 1 (SLURM_NODEID), hpccomm by lowest rank (0).
+    # Every rank warned "node_index is 1 from SLURM_NODEID but 0 from MPI node leaders" for
+    # this valid launch, and `hpccomm info` showed a node index comm.node_index did not have
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node2\nnode1\nnode1\nnode2\n")
+    env = cluster.env()
+    env["SLURM_HOSTFILE"] = str(hosts)
+    cmd = ["srun", "-n4", "--distribution=arbitrary", "--mpi=pmix",
+           str(cluster.bin / "hpccomm"), "info", "--json"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, f"srun failed:\n{out.stdout}\n{out.stderr}"
+    infos = sorted(json.loads(out.stdout), key=lambda d: d["rank"])
+    assert [d["hostname"] for d in infos] == ["node2", "node1", "node1", "node2"]
+    assert [d["node_index"] for d in infos] == [0, 1, 1, 0]  # by lowest rank, as comm's
+    assert "SLURM_NODEID numbers it 1" in infos[0]["sources"]["node_index"], infos[0]
+    assert not any("node_index is" in w for d in infos for w in d["warnings"]), infos
+
+
 def test_srun_uneven_layout(cluster):
     infos = sorted(srun_json(cluster, "-N2", "-n3"), key=lambda d: d["rank"])
     assert [d["local_size"] for d in infos] == [2, 2, 1]
@@ -106,7 +125,8 @@ def test_job_array_sees_task_id(cluster, tmp_path):
         text = texts[f"arr-{job}_{task}.out"]
         assert f"array task {task} of job {job}" in text
         rows = [line.split() for line in text.splitlines() if line[:1].isdigit()]
-        assert rows and all(row[-1].endswith(f"[{task}]") for row in rows), text
+        # Slurm's name for the element (its own SLURM_JOB_ID differs: 84[0] for 83_0)
+        assert rows and all(row[-1] == f"{job}_{task}" for row in rows), text
 
 
 def test_hpccomm_sbatch_submit(cluster, tmp_path):
