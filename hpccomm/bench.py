@@ -121,6 +121,9 @@ _BY_NAME = {info.name: dt for dt, info in SUPPORTED_DTYPES.items()}
 # -r: nccl-tests' reduce ops less its mulsum (PREMUL_SUM); hpccomm's bitwise ops (BAND, BOR,
 # BXOR) have no NCCL counterpart to compare with and are not benchmarked
 _REDOPS = ("sum", "prod", "min", "max", "avg")
+# nccl-tests' column names for the redops whose name is wider than the column ("product"
+# shifted the rest of its row by a character)
+_SHORT = {"product": "prod"}
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 _AVERAGE = {0: "rank 0", 1: "average", 2: "minimum", 3: "maximum"}
 
@@ -1064,7 +1067,8 @@ def format_table(doc: dict[str, Any]) -> str:
                 current_op = r["op"]
                 lines.append(f"# {current_op}")
             line = (
-                f"{r['bytes']:>12} {r['count']:>11} {r['dtype']:>8} {r['redop'] or '-':>6} "
+                f"{r['bytes']:>12} {r['count']:>11} {r['dtype']:>8} "
+                f"{_SHORT.get(r['redop'], r['redop']) or '-':>6} "
                 f"{'-' if r['root'] is None else r['root']:>5} {_f(r['time_us'], 9)} "
                 f"{_f(r['algbw'], 7)} {_f(r['busbw'], 7)} "
                 f"{'N/A' if r['wrong'] is None else r['wrong']:>6}"

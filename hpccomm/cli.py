@@ -206,10 +206,11 @@ def _cmd_profile_report(args: argparse.Namespace) -> int:
             f"profile report: --top {args.top}, expected the number of rows to show (>= 1)"
         )
     doc = profiler.load(args.dir)
-    try:
-        text = (
-            json.dumps(doc, indent=1) if args.json else profiler.format_summary(doc, top=args.top)
-        )
+    try:  # the summary is made with --json too: a document it cannot read is refused alike
+        # (--json printed an incomplete profile.json and exited 0)
+        text = profiler.format_summary(doc, top=args.top)
+        if args.json:
+            text = json.dumps(doc, indent=1)
     except profiler.DAMAGED as exc:
         raise HpccommError(
             f"profile report: {args.dir}/profile.json is damaged or incomplete "

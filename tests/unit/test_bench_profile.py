@@ -165,6 +165,20 @@ def test_table_has_nccl_tests_columns_and_peers():
     assert len([line for line in text.splitlines() if not line.startswith("#")]) == 3
 
 
+def test_table_rows_keep_their_columns_for_every_redop():
+    # "product" (7 characters) in the 6-wide redop column shifted the rest of its row
+    widths = set()
+    for redop in ("sum", "product", "min", "max", "avg"):
+        doc = _doc()
+        for row in doc["groups"][0]["rows"]:
+            row["redop"] = redop
+        rows = [ln for ln in bench.format_table(doc).splitlines() if not ln.startswith("#")]
+        widths |= {ln.index("|") for ln in rows}
+        if redop == "product":
+            assert all(" prod " in ln for ln in rows), rows
+    assert len(widths) == 1, widths
+
+
 def test_json_round_trip(tmp_path):
     path = tmp_path / "b.json"
     bench.write_json(_doc(), path)
@@ -373,10 +387,14 @@ def test_calls_not_completed_at_the_stop_are_reported():
         ("rank00000.json", '{"rank": 0}', "is not a profiler's rank file"),
     ],
 )
-def test_report_refuses_what_is_no_profile_in_one_line(tmp_path, capsys, name, content, said):
-    # these were tracebacks (TypeError, KeyError 'wall_s', KeyError 'clock')
+@pytest.mark.parametrize("json_out", [[], ["--json"]])
+def test_report_refuses_what_is_no_profile_in_one_line(
+    tmp_path, capsys, name, content, said, json_out
+):
+    # these were tracebacks (TypeError, KeyError 'wall_s', KeyError 'clock'); with --json an
+    # incomplete profile.json was printed, exit status 0
     (tmp_path / name).write_text(content)
-    assert main(["profile", "report", str(tmp_path)]) == 2
+    assert main(["profile", "report", str(tmp_path), *json_out]) == 2
     err = capsys.readouterr().err
     assert err.startswith("hpccomm: profile report: ") and said in err, err
     assert err.count("\n") == 1, err
