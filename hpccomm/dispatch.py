@@ -91,6 +91,16 @@ DEFERRED_LIMIT = 64
 _CONSEQUENCES = (CommTimeoutError, PeerError, ClosedError)
 _ndarray = np.ndarray
 _CRC_OF = attrgetter("crc")
+
+
+def _base_crc(call: Call, seq: int) -> int:
+    """The CRC of ``call``'s fingerprint without its sequence number, made once and kept
+    with the (cached) call."""
+    if call.crc is None:
+        call.crc = crc_base(fingerprint(call, call.spec.name, seq))
+    return call.crc
+
+
 _listeners = record.listeners
 
 
@@ -872,15 +882,8 @@ class Dispatcher:
         upper half of the compared value. Where they differ, every rank raises a
         MismatchError naming the first that differs (its result, and maybe later ones, may
         be wrong on some ranks: MPI ran it) and this call is not run."""
-        base = call.crc
-        if base is None:
-            base = call.crc = crc_base(fingerprint(call, call.spec.name, seq))
-        earlier = self._take_deferred(seq)
-        value = with_seq(base, seq)
-        if earlier:
-            value |= self._fold(earlier) << 32
         self._checking = seq
-        same = self.backend.same_int(value)
+        same, earlier = self._same(with_seq(_base_crc(call, seq), seq), seq)
         self._checking = 0
         if not same:
             raise self._differ(
@@ -893,12 +896,17 @@ class Dispatcher:
         """One tiny allreduce comparing the fingerprint's CRC (and the calls not compared
         before it, as in verify); the full fingerprints only when they differ (every rank
         learns the same outcome, so all take the same path)."""
-        earlier = self._take_deferred(fp.get("seq", 0))
-        value = crc(fp)
+        same, earlier = self._same(crc(fp), fp.get("seq", 0))
+        if not same:
+            raise self._differ(where_, fp, earlier)
+
+    def _same(self, value: int, seq: int) -> tuple[bool, list[tuple[int, Call]]]:
+        """Whether every rank passed ``value`` (a 32-bit CRC), the calls not compared before
+        call ``seq`` folded into its upper half; and those calls (taken)."""
+        earlier = self._take_deferred(seq)
         if earlier:
             value |= self._fold(earlier) << 32
-        if not self.backend.same_int(value):
-            raise self._differ(where_, fp, earlier)
+        return self.backend.same_int(value), earlier
 
     def _take_deferred(self, seq: int) -> list[tuple[int, Call]]:
         """The calls not compared when they ran that come before call ``seq`` (taken: each
@@ -924,10 +932,7 @@ class Dispatcher:
         seqs, calls = zip(*earlier, strict=True)
         crcs = tuple(map(_CRC_OF, calls))
         if None in crcs:  # first seen here (a cached call keeps its CRC)
-            for seq, call in earlier:
-                if call.crc is None:
-                    call.crc = crc_base(fingerprint(call, call.spec.name, seq))
-            crcs = tuple(map(_CRC_OF, calls))
+            crcs = tuple(_base_crc(call, seq) for seq, call in earlier)
         return hash((seqs, crcs)) & 0x7FFFFFFF
 
     def _differ(
