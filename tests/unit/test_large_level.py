@@ -73,18 +73,10 @@ def test_init_starts_mpi_with_the_raised_limit():
     assert proc.stdout.split() == [str(SM_EAGER_LIMIT), "large", str(SM_EAGER_LIMIT - 1024)]
 
 
-def test_fingerprints_of_equal_sets_and_dicts_agree_across_processes():
-    # split(expect={...}) is compared at the default level now: a set's order follows the
-    # per-process string hash, so equal sets gave different CRCs on two ranks (a false
-    # MismatchError that read "the ranks' calls differ: the ranks' calls differ")
-    import subprocess
-    import sys
-
-    code = (
-        "from hpccomm.debug import crc\n"
-        "print(crc({'op': 'split', 'seq': 1, 'expect': {'tp', 'dp', 'pp', 'cp', 'ep', 'sp'}}))"
-    )
-    crcs = {
+def _printed_under_hash_seeds(code: str, seeds: int) -> set[str]:
+    """What ``python -c code`` prints under PYTHONHASHSEED 0..seeds-1 (one entry each
+    distinct output)."""
+    return {
         subprocess.run(
             [sys.executable, "-c", code],
             capture_output=True,
@@ -92,8 +84,20 @@ def test_fingerprints_of_equal_sets_and_dicts_agree_across_processes():
             check=True,
             env={**os.environ, "PYTHONHASHSEED": str(seed)},
         ).stdout
-        for seed in range(8)
+        for seed in range(seeds)
     }
+
+
+def test_fingerprints_of_equal_sets_and_dicts_agree_across_processes():
+    # split(expect={...}) is compared at the default level now: a set's order follows the
+    # per-process string hash, so equal sets gave different CRCs on two ranks (a false
+    # MismatchError that read "the ranks' calls differ: the ranks' calls differ")
+
+    code = (
+        "from hpccomm.debug import crc\n"
+        "print(crc({'op': 'split', 'seq': 1, 'expect': {'tp', 'dp', 'pp', 'cp', 'ep', 'sp'}}))"
+    )
+    crcs = _printed_under_hash_seeds(code, 8)
     assert len(crcs) == 1, crcs
     from hpccomm.debug import crc, disagreement
 
@@ -183,16 +187,7 @@ def test_the_fold_of_uncompared_calls_agrees_across_processes():
         "from hpccomm.dispatch import Dispatcher\n"
         "print(Dispatcher._fold([(3, C(crc=2**32 - 5)), (4, C(crc=17)), (9, C(crc=0))]))"
     )
-    folds = {
-        subprocess.run(
-            [sys.executable, "-c", code],
-            capture_output=True,
-            text=True,
-            check=True,
-            env={**os.environ, "PYTHONHASHSEED": str(seed)},
-        ).stdout
-        for seed in range(6)
-    }
+    folds = _printed_under_hash_seeds(code, 6)
     assert len(folds) == 1, folds
     assert 0 <= int(folds.pop()) < 2**31  # the upper half of a positive int64
 
