@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,8 +18,8 @@ from .backends.shm import settings as shm_settings
 from .comm import Communicator
 from .debug import EAGER_ENV, large_bytes
 from .dtypes import ReduceOp
-from .errors import HpccommError
 from .ops import P2POp
+from .record import CallLog
 
 __all__ = [
     "gather_launch",
@@ -120,128 +121,264 @@ class CheckResult:
     name: str
     ok: bool
     detail: str
+    paths: str = ""  # the backends that ran the check's calls on rank 0 ("shm 5, mpi 2")
 
 
-class CheckFailed(HpccommError):
-    """A doctor check computed a wrong result."""
-
-
-def _expect(ok: object, detail: object) -> None:
+def _expect(found: list[str], ok: object, detail: object) -> None:
+    """A wrong result goes into ``found`` (the check goes on: every rank must make the same
+    calls, or a rank that stopped at its first wrong result would leave its peers in a call
+    it never makes)."""
     if not ok:
-        raise CheckFailed(f"got {detail}")
+        found.append(f"got {detail}")
 
 
-def _c_all_reduce(c: Communicator) -> None:
+def _c_all_reduce(c: Communicator, found: list[str]) -> None:
     n, r = c.size, c.rank
     for dt in (np.int32, np.float64, np.complex128, np.float16, ml_dtypes.bfloat16):
         x = np.arange(5, dtype=dt) + r
         c.all_reduce(x)
         expect = np.arange(5) * n + n * (n - 1) // 2
         got = x.astype(np.complex128 if x.dtype.kind == "c" else np.float64)
-        _expect(np.array_equal(got, expect), f"{np.dtype(dt).name}: {x} != {expect}")
+        _expect(found, np.array_equal(got, expect), f"{np.dtype(dt).name}: {x} != {expect}")
     x = np.array([r, -r], dtype=np.int64)
     c.all_reduce(x, op=ReduceOp.MAX)
-    _expect(list(x) == [n - 1, 0], x)
+    _expect(found, list(x) == [n - 1, 0], x)
     x = np.full(3, float(r))
     c.all_reduce(x, op=ReduceOp.AVG)
-    _expect(np.allclose(x, (n - 1) / 2), x)
+    _expect(found, np.allclose(x, (n - 1) / 2), x)
 
 
-def _c_reduce(c: Communicator) -> None:
+def _c_reduce(c: Communicator, found: list[str]) -> None:
     root = c.size - 1
     x = np.full(4, c.rank + 1, dtype=np.int64)
     c.reduce(x, dst=root, op=ReduceOp.PRODUCT)
     expect = np.full(4, np.prod(np.arange(1, c.size + 1)))
-    _expect(c.rank != root or np.array_equal(x, expect), x)
+    _expect(found, c.rank != root or np.array_equal(x, expect), x)
 
 
-def _c_broadcast(c: Communicator) -> None:
+def _c_broadcast(c: Communicator, found: list[str]) -> None:
     x = np.arange(6.0) if c.rank == 0 else np.zeros(6)
     c.broadcast(x, src=0)
-    _expect(np.array_equal(x, np.arange(6.0)), x)
+    _expect(found, np.array_equal(x, np.arange(6.0)), x)
 
 
-def _c_all_gather(c: Communicator) -> None:
+def _c_all_gather(c: Communicator, found: list[str]) -> None:
     n, r = c.size, c.rank
     out = c.all_gather(np.full((2, 3), r, dtype=np.int16))
-    _expect(np.array_equal(out, np.repeat(np.arange(n), 2)[:, None] * np.ones(3)), out)
+    _expect(found, np.array_equal(out, np.repeat(np.arange(n), 2)[:, None] * np.ones(3)), out)
     sizes = [i % 3 for i in range(n)]
     out = c.all_gather(np.full(sizes[r], r, dtype=np.float32), sizes=sizes)
-    _expect(np.array_equal(out, np.repeat(np.arange(n), sizes)), out)
+    _expect(found, np.array_equal(out, np.repeat(np.arange(n), sizes)), out)
 
 
-def _c_gather_scatter(c: Communicator) -> None:
+def _c_gather_scatter(c: Communicator, found: list[str]) -> None:
     n, r = c.size, c.rank
     out = c.gather(np.array([r, r]), dst=0)
-    _expect(r != 0 or np.array_equal(out, np.repeat(np.arange(n), 2)), out)
+    _expect(found, r != 0 or np.array_equal(out, np.repeat(np.arange(n), 2)), out)
     full = np.arange(3 * n, dtype=np.float64) if r == 0 else None
     blk = c.scatter(full, src=0, out=np.empty(3))
-    _expect(np.array_equal(blk, np.arange(3 * r, 3 * r + 3)), blk)
+    _expect(found, np.array_equal(blk, np.arange(3 * r, 3 * r + 3)), blk)
 
 
-def _c_reduce_scatter(c: Communicator) -> None:
+def _c_reduce_scatter(c: Communicator, found: list[str]) -> None:
     n, r = c.size, c.rank
     out = c.reduce_scatter(np.arange(2 * n, dtype=np.float64))
-    _expect(np.array_equal(out, n * np.arange(2 * r, 2 * r + 2)), out)
+    _expect(found, np.array_equal(out, n * np.arange(2 * r, 2 * r + 2)), out)
     sizes = [i + 1 for i in range(n)]
     total = sum(sizes)
     out = c.reduce_scatter(np.arange(total, dtype=np.int32), sizes=sizes)
     start = sum(sizes[:r])
-    _expect(np.array_equal(out, n * np.arange(start, start + sizes[r])), out)
+    _expect(found, np.array_equal(out, n * np.arange(start, start + sizes[r])), out)
 
 
-def _c_all_to_all(c: Communicator) -> None:
+def _c_all_to_all(c: Communicator, found: list[str]) -> None:
     n, r = c.size, c.rank
     out = c.all_to_all(np.arange(n) + 100 * r)
-    _expect(np.array_equal(out, 100 * np.arange(n) + r), out)
+    _expect(found, np.array_equal(out, 100 * np.arange(n) + r), out)
     send = [(r + j) % 3 for j in range(n)]
     recv = [(j + r) % 3 for j in range(n)]
     x = np.concatenate([np.full(k, 10 * r + j) for j, k in enumerate(send)]).astype(np.int64)
     out = c.all_to_all_single(x, input_split_sizes=send, output_split_sizes=recv)
     expect = np.concatenate([np.full(k, 10 * j + r) for j, k in enumerate(recv)]).astype(np.int64)
-    _expect(np.array_equal(out, expect), out)
+    _expect(found, np.array_equal(out, expect), out)
 
 
-def _c_barrier(c: Communicator) -> None:
+def _c_barrier(c: Communicator, found: list[str]) -> None:
     c.barrier()
     c.barrier(async_op=True).wait()
 
 
-def _c_p2p(c: Communicator) -> None:
+def _c_p2p(c: Communicator, found: list[str]) -> None:
     n, r = c.size, c.rank
     right, left = (r + 1) % n, (r - 1) % n
     got = c.sendrecv(np.array([r, r]), dst=right, src=left)
-    _expect(list(got) == [left, left], got)
+    _expect(found, list(got) == [left, left], got)
     y = np.empty(3)
     c.batch_isend_irecv([P2POp("send", np.full(3, float(r)), right), P2POp("recv", y, left)]).wait()
-    _expect(np.array_equal(y, np.full(3, float(left))), y)
+    _expect(found, np.array_equal(y, np.full(3, float(left))), y)
     if n > 1:
         z = np.empty(1, dtype=np.int64)
         work = c.irecv(z, None)
         c.isend(np.array([r]), right).wait()
-        _expect(work.wait() == left and z[0] == left, (z, left))
+        _expect(found, work.wait() == left and z[0] == left, (z, left))
 
 
-def _c_async(c: Communicator) -> None:
+def _c_async(c: Communicator, found: list[str]) -> None:
     x = np.ones(1000)
     work = c.all_reduce(x, async_op=True)
-    _expect(work.wait(timeout=60) is x and x[0] == c.size, x[:3])
-    _expect(work.is_completed(), "is_completed() False after wait()")
+    _expect(found, work.wait(timeout=60) is x and x[0] == c.size, x[:3])
+    _expect(found, work.is_completed(), "is_completed() False after wait()")
 
 
-def _c_objects(c: Communicator) -> None:
+def _c_objects(c: Communicator, found: list[str]) -> None:
     n, r = c.size, c.rank
     got = c.broadcast_object({"from": r}, src=0)
-    _expect(got == {"from": 0}, got)
+    _expect(found, got == {"from": 0}, got)
     got = c.all_gather_object(("r", r))
-    _expect(got == [("r", i) for i in range(n)], got)
+    _expect(found, got == [("r", i) for i in range(n)], got)
     got = c.scatter_object([i * i for i in range(n)] if r == 0 else None)
-    _expect(got == r * r, got)
+    _expect(found, got == r * r, got)
     got = c.gather_object(r, dst=0)
-    _expect(r != 0 or got == list(range(n)), got)
+    _expect(found, r != 0 or got == list(range(n)), got)
 
 
-CHECKS: tuple[tuple[str, Callable[[Communicator], None]], ...] = (
+# -- large arrays: the sizes where the cross-rank check, MPI's rendezvous protocol and the
+# shared-memory fast path (single copy, symmetric buffers) take over, with odd element counts
+# (pieces and chunks end mid-way), pseudo-random data seeded by rank, integers that overflow
+# and wrap, NaN and inf; every result against NumPy, exactly (integer-valued floats sum
+# exactly in any order, so the check does not depend on the path's association order).
+# A tiny array with a pattern (values 0..3, say) can come out right from a wrong operation.
+_SEED = 0x646F63  # "doc"
+_MIB = 1 << 20
+_ODD = 3  # elements past a round size: the last piece or chunk is partial
+
+
+def _data(rank: int, what: str, dtype: Any, count: int) -> np.ndarray:
+    """Rank ``rank``'s input for check ``what``: every rank makes every rank's (the
+    reference needs them), alike on each. Integers take their dtype's whole range (sums
+    wrap); floats are integers small enough that any order of summing is exact."""
+    rng = np.random.default_rng([_SEED, rank, sum(map(ord, what))])
+    dt = np.dtype(dtype)
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        return rng.integers(info.min, info.max, count, dtype=dt, endpoint=True)
+    bound = 8 if dt.itemsize <= 2 else 1 << 20  # (bfloat16/float16: 8 bits of mantissa)
+    return rng.integers(-bound, bound, count).astype(dt)
+
+
+def _inputs(c: Communicator, what: str, dtype: Any, count: int) -> list[np.ndarray]:
+    return [_data(j, what, dtype, count) for j in range(c.size)]
+
+
+def _floating(dtype: Any) -> bool:
+    return np.dtype(dtype).kind not in "biu"  # (bfloat16's kind is "V")
+
+
+def _same(
+    found: list[str], got: np.ndarray, want: np.ndarray, what: str, *, moved: bool = False
+) -> None:
+    """Bitwise equal, except that any NaN matches any NaN where values were computed (the
+    sign and payload of a NaN made by inf - inf depend on the operands' order); ``moved``:
+    data only moved, every bit must arrive. Else the first differing elements, into
+    ``found`` (see _expect)."""
+    if got.shape != want.shape or got.dtype != want.dtype:
+        found.append(f"{what}: {got.dtype}{got.shape}, expected {want.dtype}{want.shape}")
+        return
+    a = np.ascontiguousarray(got).view(np.uint8).reshape(got.size, -1)
+    b = np.ascontiguousarray(want).view(np.uint8).reshape(want.size, -1)
+    differs = (a != b).any(axis=1)
+    if _floating(got.dtype) and not moved:
+        wide = np.float64 if got.dtype.itemsize <= 8 else got.dtype
+        differs &= ~(np.isnan(got.astype(wide)) & np.isnan(want.astype(wide)))
+    if not differs.any():
+        return
+    bad = np.flatnonzero(differs)
+    first = ", ".join(f"[{i}] {got[i]} != {want[i]}" for i in bad[:3])
+    found.append(f"{what}: {bad.size:,} of {got.size:,} elements wrong: {first}")
+
+
+def _label(x: np.ndarray, op: str = "") -> str:
+    return f"{x.nbytes:,} B {np.dtype(x.dtype).name}{' ' + op if op else ''}"
+
+
+def _c_all_reduce_large(c: Communicator, found: list[str]) -> None:
+    cases = (  # (dtype, op, elements): above the check's limit, then the fast path's starts
+        (np.int32, ReduceOp.SUM, 10_000 + _ODD),
+        (np.int32, ReduceOp.SUM, _MIB // 4 + _ODD),
+        (np.float32, ReduceOp.SUM, _MIB // 4 + _ODD),
+        (ml_dtypes.bfloat16, ReduceOp.SUM, _MIB // 2 + _ODD),
+        (np.float64, ReduceOp.MAX, 2 * _MIB // 8 + _ODD),
+        (np.int64, ReduceOp.BXOR, 2 * _MIB // 8 + _ODD),
+        (np.int32, ReduceOp.SUM, 5 * _MIB // 4 + _ODD),
+    )
+    for k, (dt, op, count) in enumerate(cases):
+        what = f"case {k}"
+        xs = _inputs(c, what, dt, count)
+        if _floating(dt):  # NaN on one rank, +inf and -inf (NaN together) on others
+            xs[0][1::997] = np.inf
+            xs[-1][2::1009] = -np.inf
+            xs[c.size // 2][3::1013] = np.nan
+        ufunc = {ReduceOp.SUM: np.add, ReduceOp.MAX: np.maximum, ReduceOp.BXOR: np.bitwise_xor}
+        want = xs[0].copy()
+        with np.errstate(invalid="ignore"):  # (inf - inf)
+            for y in xs[1:]:
+                ufunc[op](want, y, out=want)
+        x = xs[c.rank].copy()
+        if k % 2:
+            c.all_reduce(x, op=op, async_op=True).wait()
+        else:
+            c.all_reduce(x, op=op)
+        _same(found, x, want, _label(x, op.name))
+
+
+def _c_reduce_scatter_large(c: Communicator, found: list[str]) -> None:
+    n, r = c.size, c.rank
+    for k, each in enumerate((_MIB // 8, 2 * _MIB // 8)):
+        sizes = [each + 3 * j + _ODD for j in range(n)]  # uneven blocks
+        xs = _inputs(c, f"rs {k}", np.int64, sum(sizes))
+        want = np.add.reduce(np.stack(xs), axis=0)
+        start = sum(sizes[:r])
+        out = c.reduce_scatter(xs[r].copy(), sizes=sizes)
+        _same(found, out, want[start : start + sizes[r]], _label(xs[r], "SUM"))
+
+
+def _c_reduce_large(c: Communicator, found: list[str]) -> None:
+    root = c.size - 1
+    for k, count in enumerate((_MIB + _ODD, 9 * _MIB + _ODD)):  # int8: wraps at once
+        xs = _inputs(c, f"reduce {k}", np.int8, count)
+        want = np.add.reduce(np.stack(xs), axis=0, dtype=np.int8)
+        x = xs[c.rank].copy()
+        c.reduce(x, dst=root, op=ReduceOp.SUM)
+        _same(found, x, want if c.rank == root else xs[c.rank], _label(x, f"SUM to rank {root}"))
+
+
+def _c_broadcast_gather_large(c: Communicator, found: list[str]) -> None:
+    n, r = c.size, c.rank
+    src = n - 1
+    for count in (40_000 + _ODD, 4 * _MIB + _ODD):  # eager, then rendezvous
+        want = _data(src, f"bcast {count}", np.uint8, count)
+        x = want.copy() if r == src else np.zeros(count, np.uint8)
+        c.broadcast(x, src=src)
+        _same(found, x, want, _label(x, f"broadcast from rank {src}"), moved=True)
+    count = _MIB // 2 + _ODD  # float16 of every bit pattern, NaNs included: moved, not read
+    xs = [_data(j, "gather", np.uint16, count).view(np.float16) for j in range(n)]
+    out = c.all_gather(xs[r])
+    _same(found, out.reshape(-1), np.concatenate(xs), _label(xs[r], "all_gather"), moved=True)
+
+
+def _c_symmetric(c: Communicator, found: list[str]) -> None:
+    count = _MIB // 4 + _ODD
+    x = c.empty(count, np.int32)
+    xs = _inputs(c, "symmetric", np.int32, count)
+    want = np.add.reduce(np.stack(xs), axis=0, dtype=np.int32)
+    for _ in range(2):  # (the second call reuses what the first prepared)
+        x[:] = xs[c.rank]
+        c.all_reduce(x)
+        kind = "symmetric" if c.is_symmetric(x) else "ordinary (no shared memory)"
+        _same(found, x, want, f"{_label(x, 'SUM')} in comm.empty's {kind} array")
+
+
+CHECKS: tuple[tuple[str, Callable[[Communicator, list[str]], None]], ...] = (
     ("all_reduce", _c_all_reduce),
     ("reduce", _c_reduce),
     ("broadcast", _c_broadcast),
@@ -253,7 +390,14 @@ CHECKS: tuple[tuple[str, Callable[[Communicator], None]], ...] = (
     ("send/recv", _c_p2p),
     ("async", _c_async),
     ("objects", _c_objects),
+    ("all_reduce, large", _c_all_reduce_large),
+    ("reduce_scatter, large", _c_reduce_scatter_large),
+    ("reduce, large", _c_reduce_large),
+    ("broadcast/all_gather, large", _c_broadcast_gather_large),
+    ("comm.empty (symmetric)", _c_symmetric),
 )
+# the checks whose line says which backends ran their calls (the fast path, or MPI)
+_PATHS_SHOWN = frozenset(name for name, _ in CHECKS[-5:])
 
 
 def run_checks(comm: Communicator, *, timeout: float = 60.0) -> list[CheckResult]:
@@ -263,25 +407,33 @@ def run_checks(comm: Communicator, *, timeout: float = 60.0) -> list[CheckResult
     with comm.dup() as c:
         c.timeout = timeout
         for name, check in CHECKS:
+            log = CallLog()
+            found: list[str] = []  # wrong results (the check goes on after one)
             try:
-                check(c)
-                error = ""
+                with log:
+                    check(c, found)
+                error = f"wrong result: {found[0]}" if found else ""
             except Exception as exc:  # report, never hide
                 error = f"{type(exc).__name__}: {exc}".strip() or traceback.format_exc(limit=1)
             errors = c.all_gather_object(error)
             bad = [(i, e) for i, e in enumerate(errors) if e]
             detail = "" if not bad else f"ranks {[i for i, _ in bad]}: {bad[0][1]}"
-            results.append(CheckResult(name, not bad, detail))
+            ran = Counter(d["backend"] for d in log.records if d["group"] == c.name)
+            paths = ", ".join(f"{b} {k}" for b, k in sorted(ran.items(), key=lambda t: -t[1]))
+            results.append(CheckResult(name, not bad, detail, paths))
     return results
 
 
 def format_checks(results: list[CheckResult], size: int) -> str:
     lines = [
-        f"{'PASS' if r.ok else 'FAIL'}  {r.name}" + (f"  ({r.detail})" if r.detail else "")
+        f"{'PASS' if r.ok else 'FAIL'}  {r.name}"
+        + (f"  ({r.detail})" if r.detail else "")
+        + (f"  [calls by path: {r.paths}]" if r.paths and r.name in _PATHS_SHOWN else "")
         for r in results
     ]
     failed = sum(not r.ok for r in results)
     lines.append(
-        f"doctor: {len(results) - failed} of {len(results)} operations passed on {size} ranks"
+        f"doctor: {len(results) - failed} of {len(results)} operations passed on {size} "
+        f"rank{'s' if size != 1 else ''}"
     )
     return "\n".join(lines)

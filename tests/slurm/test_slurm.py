@@ -93,7 +93,7 @@ def test_batch_shell_is_not_a_step(cluster, tmp_path):
 
 def test_cpu_template_doctor_passes_across_both_nodes(cluster, tmp_path):
     _, text = sbatch_wait(cluster, JOBS / "cpu-mpi.sbatch", tmp_path)
-    assert "doctor: 11 of 11 operations passed on 4 ranks" in text, text
+    assert "doctor: 16 of 16 operations passed on 4 ranks" in text, text
     assert "node1" in text and "node2" in text
 
 
