@@ -484,8 +484,11 @@ class Dispatcher:
                 # an object collective: every call (only the source knows the pickled size,
                 # and two calls' sizes or roots that differ hang in mpi4py's exchange)
                 spec.objects
-                # every rank must decide alike: an uneven all_to_all's totals differ by rank
-                or (spec.arrays and spec.name == "all_to_all" and call.uneven)
+                # an all_to_all on arrays: every rank must decide alike, and an uneven one's
+                # totals differ by rank; and one rank passing split sizes (its call checked,
+                # then MPI's alltoallv) against another passing none (MPI's alltoall) hung,
+                # or timed out naming the wrong cause, where it is a MismatchError now
+                or (spec.arrays and spec.name == "all_to_all")
                 or (spec.arrays and call.largest_bytes() > self.large)
             )
         )

@@ -97,7 +97,9 @@ def test_every_rank_decides_alike_either_side_of_the_threshold(comm, op, async_o
         checked = len(seen) - before
         everyone = comm.all_gather_object((largest * 4, checked))
         assert len(set(everyone)) == 1, (op, n, everyone)
-        assert checked == (1 if largest * 4 > limit else 0), (op, n, largest * 4, limit)
+        # (an all_to_all at every size: split sizes on some ranks only must not hang)
+        want = 1 if largest * 4 > limit or op == "all_to_all" else 0
+        assert checked == want, (op, n, largest * 4, limit)
 
 
 @pytest.mark.mpi(min_size=2)
@@ -253,3 +255,26 @@ def test_split_sizes_given_on_some_ranks_only_are_named(comm):
         f"uneven sizes (sizes=, split sizes) given on rank 0 but not on {others} (pass them "
         f"on every rank or on none)" in str(info.value)
     ), str(info.value)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("async_op", [False, True], ids=["plain", "async"])
+def test_split_sizes_on_some_ranks_only_below_the_threshold(comm, async_op):
+    # the same below the threshold, where calls are not compared before MPI runs them: rank
+    # 0 (split sizes: its call compared, then MPI's alltoallv) against ranks without them
+    # (MPI's alltoall straight away) hung without a timeout, and with one timed out on every
+    # rank, rank 0 blaming the sizes of the buffers; every small all_to_all is compared now
+    p, r = comm.size, comm.rank
+    x = np.arange(4 * p, dtype=np.int64)
+    splits = [1] + [4] * (p - 2) + [7] if r == 0 else None  # rank 0 sends 7 to the last
+    recv = [4] * p if r == 0 else None
+    with pytest.raises(hpccomm.MismatchError) as info:
+        if async_op:
+            comm.all_to_all_single(
+                x, input_split_sizes=splits, output_split_sizes=recv, async_op=True
+            ).wait()
+        else:
+            comm.all_to_all_single(x, input_split_sizes=splits, output_split_sizes=recv)
+    assert "uneven sizes (sizes=, split sizes) given on rank 0 but not on" in str(info.value)
+    out = comm.all_to_all_single(x)  # the group goes on
+    assert np.array_equal(out, np.concatenate([np.arange(4 * r, 4 * r + 4)] * p)), out
