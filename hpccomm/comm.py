@@ -31,12 +31,13 @@ from .dtypes import ReduceOp, dtype_info
 from .errors import (
     BackendError,
     ClosedError,
+    DtypeError,
     HpccommError,
     InvalidArgumentError,
     MismatchError,
 )
 from .layout import Layout
-from .notices import NoticeBoard
+from .notices import REFUSED, NoticeBoard
 from .ops import (
     ALL_GATHER,
     ALL_GATHER_OBJECT,
@@ -557,19 +558,23 @@ class Communicator:
                 [3] of the group did not arrive within 5 s``.
         """
         self._check_open("monitored_barrier")
-        bound = check_timeout(
-            timeout if timeout is not None else (self.timeout or 60.0),
-            self._here("monitored_barrier"),
-        )
         notices = self._notices
         if notices is None:  # pragma: no cover - init always makes the board
             raise HpccommError(f"{self._here('monitored_barrier')}: no init()")
-        self._group.seq += 1
+        self._group.seq += 1  # (a refused one too: the group's calls stay in step)
         seq = self._group.seq
         w = f"monitored_barrier #{seq} on {self.name} (rank {self.rank} of {self.size})"
+        members = self._dispatcher.members
+        try:
+            bound = check_timeout(timeout if timeout is not None else (self.timeout or 60.0), w)
+        except HpccommError as exc:  # the others, waiting in it, hear of it at once
+            why = f"{type(exc).__name__}: {exc}"
+            notices.post(self._dispatcher.gid, seq, "monitored_barrier", self.rank, members,
+                         why, REFUSED)  # fmt: skip
+            raise
         with record.reported():  # the flight recorder's dump, as for an operation
             notices.monitored_barrier(
-                self._dispatcher.gid, seq, self._dispatcher.members, self.rank, bound or 60.0, w
+                self._dispatcher.gid, seq, members, self.rank, bound or 60.0, w
             )
 
     # -- point-to-point -----------------------------------------------------------------
@@ -718,11 +723,20 @@ class Communicator:
         """
         self._check_open("empty")
         here = self._here("empty")
-        dt = np.dtype(dtype)
-        dtype_info(dt, here, "dtype")
-        dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-        if not all(isinstance(d, (int, np.integer)) and d >= 0 for d in dims):
-            raise InvalidArgumentError(f"{here}: shape is {shape!r}, expected integers >= 0")
+        with self._refusing("empty"):  # (the others are in the step: they hear of it)
+            try:
+                dt = np.dtype(dtype)
+            except TypeError as exc:
+                raise DtypeError(f"{here}: dtype is {dtype!r}: {exc}") from exc
+            dtype_info(dt, here, "dtype")
+            try:
+                dims: tuple[Any, ...] = (
+                    (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+                )
+            except TypeError:
+                dims = (shape,)
+            if not all(isinstance(d, (int, np.integer)) and d >= 0 for d in dims):
+                raise InvalidArgumentError(f"{here}: shape is {shape!r}, expected integers >= 0")
         dims = tuple(int(d) for d in dims)
         shm = self._shm()
         mpi = self._backend.mpi
@@ -971,11 +985,12 @@ class Communicator:
         self._check_open("dup")
         device = self._device
         if device_backend is not None:
-            if device_backend not in ("nccl", "mpi"):
-                raise InvalidArgumentError(
-                    f"{self._here('dup')}: device_backend is "
-                    f"{device_backend!r}, expected 'nccl' or 'mpi'"
-                )
+            with self._refusing("dup"):  # (the others are in the dup: they hear of it)
+                if device_backend not in ("nccl", "mpi"):
+                    raise InvalidArgumentError(
+                        f"{self._here('dup')}: device_backend is "
+                        f"{device_backend!r}, expected 'nccl' or 'mpi'"
+                    )
             device = device._replace(mode=device_backend, auto=False)
         child = self._adopt(self._make("dup", self._backend.dup), f"{self.name}/dup", device)
         if child is None:  # pragma: no cover - a dup always includes this rank

@@ -211,6 +211,10 @@ def _differs(name: str, pairs: Iterable[tuple[int, str]]) -> str | None:
     return f"{name} is {', '.join(bits[:-1])} but {bits[-1]}"
 
 
+# what a field absent from a fingerprint means, where "not given" is not the whole story
+_NOT_GIVEN = {"sizes": "equal blocks (sizes= not given, or all equal)"}
+
+
 def disagreement(fps: Sequence[dict[str, Any]]) -> str:
     """What the fingerprints (one per rank) disagree on, in words: refusals first, then the
     op, the sequence number, then every other field, each naming which ranks hold which
@@ -226,7 +230,7 @@ def disagreement(fps: Sequence[dict[str, Any]]) -> str:
         said = _differs(
             "the call" if field == "op" else field,
             (
-                (r, repr(fp[field]) if field in fp else "not given")
+                (r, repr(fp[field]) if field in fp else _NOT_GIVEN.get(field, "not given"))
                 for r, fp in enumerate(fps)
                 if (field in fp or (alike and field not in _FORMS and any(field in f for f in fps)))
                 and ("refused" not in fp or field in ("op", "seq"))

@@ -60,7 +60,7 @@ from .errors import (
     where,
 )
 from .executor import Executor, Future, on_worker
-from .notices import ENTERED, FAILED, REFUSED, NoticeBoard
+from .notices import ASK_MAX_RANKS, ASK_WAIT, ENTERED, FAILED, REFUSED, NoticeBoard
 from .ops import (
     BARRIER,
     BROADCAST,
@@ -1072,29 +1072,95 @@ class Dispatcher:
         self, call: Call, seq: int, pending: Any, exc: CommTimeoutError
     ) -> CommTimeoutError:
         """The error of a bounded call that did not complete; says when it waits behind an
-        earlier call of the group that is stuck."""
+        earlier call of the group that is stuck, and, where the group's own bound ran out,
+        where the other ranks are (whereabouts)."""
+        said = str(exc)
         ex = self.executor
-        if isinstance(pending, Future) and ex is not None:
-            running = ex.running
-            if running is not None and running is not pending:
-                return CommTimeoutError(
-                    f"{exc}; it is queued behind {running.what}, which has not completed"
-                )
-        if self._checking == seq and self.debug == "large" and call.spec.objects:
-            return CommTimeoutError(
-                f"{exc}; this rank waits in the check that compares the call across ranks "
+        running = ex.running if isinstance(pending, Future) and ex is not None else None
+        if running is not None and running is not pending:
+            said = f"{said}; it is queued behind {running.what}, which has not completed"
+        elif self._checking == seq and self.debug == "large" and call.spec.objects:
+            said = (
+                f"{said}; this rank waits in the check that compares the call across ranks "
                 f"(object collectives are compared at every size): some rank has not reached "
                 f"this call, or is in a collective of this group that is not compared (an "
                 f"array call of {self.large:,} bytes or less)"
             )
-        if self._checking == seq and self.debug == "large":
-            return CommTimeoutError(
-                f"{exc}; this rank waits in the check that compares the call across ranks, "
+        elif self._checking == seq and self.debug == "large" and call.spec is BARRIER:
+            said = (
+                f"{said}; this rank waits in the check that compares the group's calls not "
+                f"compared when they ran ({self.large:,} bytes or less), which debug "
+                f"'large' runs at a barrier: some rank has not reached it, or is in another "
+                f"collective of this group"
+            )
+        elif self._checking == seq and self.debug == "large":
+            said = (
+                f"{said}; this rank waits in the check that compares the call across ranks, "
                 f"which debug 'large' runs for calls with more than {self.large:,} bytes in "
                 f"a buffer: a rank with smaller buffers goes straight to MPI, so the ranks' "
                 f"sizes may differ (debug='check' on every rank compares every call)"
             )
-        return exc
+        if exc.stuck:
+            done = pending.wait if isinstance(pending, Future) else None
+            said += self.whereabouts(seq, call.spec.name, done)
+        if said == str(exc):
+            return exc
+        err = CommTimeoutError(said)
+        err.stuck = exc.stuck
+        return err
+
+    def whereabouts(self, seq: int, op: str, done: Callable[[float], bool] | None = None) -> str:
+        """At the timeout of call ``seq`` (``op``): where the group's other ranks are, as
+        they answer (NoticeBoard.ask: a rank answers while it waits in a collective with a
+        timeout, of any group); "" where there is no one to ask. ``done(0)``: whether the
+        call has completed meanwhile (then the asking stops)."""
+        notices = self.notices
+        if notices is None or len(self.members) < 2 or len(self.members) > ASK_MAX_RANKS:
+            return ""
+        try:
+            since, said = notices.ask(
+                self.gid, self.members, stop=None if done is None else partial(done, 0)
+            )
+        except Exception:  # noqa: BLE001 - the timeout is the error; this only explains it
+            return ""
+        recent = since - (self._timeout or 0.0) - ASK_WAIT  # (older: another call's timeout)
+        me = self.members[self.group.rank]
+        parts, behind, silent = [], [], []
+        for g, w in enumerate(self.members):
+            if w == me:
+                continue
+            who = f"rank {g}" if g == w else f"rank {g} (world rank {w})"
+            got = said.get(w)
+            if got is None or got[0] < recent:
+                silent.append(g)
+                continue
+            when, their, running, waiting, asked = got
+            if their is None:
+                text = "has no such group (not made there yet, or freed and forgotten)"
+            elif their < seq:
+                behind.append(g)
+                text = f"last call of this group #{their}"
+            elif their == seq and running.startswith(f"{op} #{seq} on "):
+                text = "waits in it too"
+            elif their == seq and f" #{seq} on " in running:
+                text = f"in {running}, another call with this number: the calls differ"
+            else:
+                text = "reached it" if their == seq else f"reached it and #{their} after it"
+                if running:
+                    text += f", its worker runs {running}"
+            if waiting and waiting != running:
+                text += f", waits in {waiting}"
+            if asked and when < since:
+                text += f" (it timed out and asked {since - when:.1f} s before this rank)"
+            parts.append(f"{who}: {text}")
+        if silent:
+            parts.append(
+                f"no answer within {ASK_WAIT:g} s from rank(s) {silent} (not waiting in a "
+                f"collective with a timeout: busy outside hpccomm, in a point-to-point call or "
+                f"a call without a timeout, or gone)"
+            )
+        head = f"rank(s) {behind} have not reached it; " if behind else ""
+        return f"; where the other ranks are (asked at the timeout): {head}{'; '.join(parts)}"
 
     def running_p2p(self) -> list[str]:
         """The point-to-point operations handed out (Works) not yet seen complete (wait(),
@@ -1170,6 +1236,7 @@ class Dispatcher:
                 raise CommTimeoutError(
                     f"{name}: not complete after {self._timeout:g} s; some rank of the group "
                     f"has not joined it (MPI cannot cancel it: abort the job)"
+                    f"{self.whereabouts(seq, what)}"
                 )
         try:
             return fut.outcome()

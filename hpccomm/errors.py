@@ -43,6 +43,8 @@ class DtypeError(HpccommError, TypeError):
 class CommTimeoutError(HpccommError, TimeoutError):
     """An operation did not complete within its time bound."""
 
+    stuck = False  # a collective past its group's bound (the explanation asks the peers)
+
 
 class LaunchMismatchError(HpccommError, RuntimeError):
     """The launch environment disagrees with what MPI reports."""

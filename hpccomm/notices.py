@@ -20,7 +20,7 @@ from .errors import CommTimeoutError, PeerError
 from .work import wait_bounded
 
 __all__ = ["NoticeBoard", "NOTICE_TAG", "POLL_INTERVAL", "FAILED", "REFUSED", "ENTERED",
-           "DEPARTURES"]  # fmt: skip
+           "DEPARTURES", "ASK_WAIT", "ASK_MAX_RANKS"]  # fmt: skip
 
 NOTICE_TAG = 7
 FAILED, REFUSED, ENTERED = "failed", "refused", "entered"  # what a notice says (see post)
@@ -32,6 +32,13 @@ FREED_KEPT = 1024
 POLL_INTERVAL = 0.02  # seconds between looks for notices while a rank waits
 DEPARTURES = "<departures>"  # the group id of a departure notice (see depart)
 DEPART_WAIT = 1.0  # seconds a leaving rank waits for its departure notices to go out
+# At a collective's timeout the rank asks the group's other ranks where they are (ask): the
+# group ids of the question and of an answer, how long it waits for answers, and the
+# largest group it asks (one message to every member and back)
+WHERE, HERE = "<where>", "<here>"
+ASK_WAIT = 1.0
+ASK_MAX_RANKS = 64
+WAITING_FRESH = 0.5  # seconds after its last look a bounded wait counts as current
 
 
 class NoticeBoard:
@@ -52,6 +59,16 @@ class NoticeBoard:
         self.departed: dict[int, tuple[dict[str, int], str]] = {}
         # group id -> its last call number, at free() (the latest FREED_KEPT groups)
         self.freed_seqs: dict[str, int] = {}
+        # where this rank is on a group, for the answers to ask(): group id -> (the number
+        # of its last collective call, what the group's worker runs now or ""), None for a
+        # group this rank does not have (set by init: it walks the job's groups)
+        self.locate: Callable[[str], tuple[int, str] | None] | None = None
+        # the bounded wait this rank is in (any group): (where, when it last looked)
+        self._waiting: tuple[str, float] = ("", 0.0)
+        # group id -> world rank -> what that rank said of itself on the group (ask):
+        # (time.monotonic() when heard, its last call number or None, what runs, where it
+        # waits, whether it was asking, timed out itself)
+        self.heard: dict[str, dict[int, tuple[float, int | None, str, str, bool]]] = {}
 
     def post(
         self,
@@ -88,11 +105,78 @@ class NoticeBoard:
             if msg is None:
                 return
             gid, *rest = msg.recv()
+            if gid in (WHERE, HERE):
+                self._heard(gid, *rest)
+                continue
             if gid == DEPARTURES:
                 world_rank, seqs, reason = rest
                 self.departed[world_rank] = (seqs, reason)
                 continue
             self.received.setdefault(gid, []).append(tuple(rest))
+
+    def _position(self, gid: str) -> tuple[int | None, str, str]:
+        """Where this rank is on group ``gid``: its last call number (None: no such group
+        here), what the group's worker runs, and the bounded wait it is in (any group)."""
+        place = None
+        if self.locate is not None:
+            try:
+                place = self.locate(gid)
+            except Exception:  # noqa: BLE001 - an answer must not fail the poll
+                place = None
+        where, when = self._waiting
+        waiting = where if time.monotonic() - when < WAITING_FRESH else ""
+        if place is None:
+            return self.freed_seqs.get(gid), "", waiting
+        return place[0], place[1], waiting
+
+    def _heard(self, kind: str, gid: str, world_rank: int, seq: int | None, running: str,
+               waiting: str) -> None:  # fmt: skip
+        """A question (WHERE: a peer timed out in a call of ``gid`` and tells where it is;
+        it gets this rank's answer) or an answer (HERE)."""
+        asking = kind == WHERE
+        self.heard.setdefault(gid, {})[world_rank] = (
+            time.monotonic(),
+            seq,
+            running,
+            waiting,
+            asking,
+        )
+        if asking:
+            msg = (HERE, gid, self.world_rank, *self._position(gid))
+            self._sent.append(self.comm.isend(msg, dest=world_rank, tag=NOTICE_TAG))
+
+    def ask(
+        self,
+        gid: str,
+        members: Sequence[int],
+        wait: float = ASK_WAIT,
+        stop: Callable[[], bool] | None = None,
+    ) -> tuple[float, dict[int, tuple[float, int | None, str, str, bool]]]:
+        """At a timeout in a call of group ``gid`` (its members: world ranks): ask every
+        other member where it is on the group and wait up to ``wait`` seconds for their
+        answers (a member answers while it waits in a collective with a timeout, of any
+        group: it looks for notices every POLL_INTERVAL). Returns the time of the question
+        and what each member said (answers, and the questions of members that timed out
+        before this rank and asked first), by world rank; members that said nothing are
+        missing. ``stop()`` true ends the wait early (the call that timed out completed)."""
+        since = time.monotonic()
+        others = [w for w in members if w != self.world_rank]
+        if not others or len(members) > ASK_MAX_RANKS:
+            return since, {}
+        msg = (WHERE, gid, self.world_rank, *self._position(gid))
+        for w in others:
+            self._sent.append(self.comm.isend(msg, dest=w, tag=NOTICE_TAG))
+        heard = self.heard.setdefault(gid, {})
+
+        def answered() -> bool:
+            self.poll(force=True)
+            return all(w in heard and heard[w][0] >= since for w in others) or (
+                stop is not None and stop()
+            )
+
+        wait_bounded(answered, wait)
+        self._drop_sent()
+        return since, {w: heard[w] for w in others if w in heard}
 
     def depart(self, seqs: dict[str, int], reason: str) -> None:
         """This rank leaves the job (at exit, its program done): tell every other rank,
@@ -112,6 +196,7 @@ class NoticeBoard:
     def check(self, gid: str, seq: int, where: str, members: Sequence[int] = ()) -> None:
         """Raise PeerError if a member reported failing call ``seq`` of group ``gid``, or a
         member (world ranks ``members``) left the job before reaching it."""
+        self._waiting = (where, time.monotonic())
         self.poll()
         for w in members:
             gone = self.departed.get(w)
@@ -179,11 +264,13 @@ class NoticeBoard:
         naming them (rank numbers of the group)."""
         root = members[0]
         deadline = time.monotonic() + timeout
+        # a member that refused it (a bad timeout) or left the job: a PeerError naming it
+        told = self.watch(gid, seq, lambda: where, members)
         if group_rank != 0:
             self._drop_sent()  # (one more per call was kept for good)
             self._sent.append(self.comm.isend((gid, seq, "arrived"), dest=root, tag=MONITOR_TAG))
             # rank 0 may spend the whole timeout waiting for others: give it that and more
-            msg = self._wait_for(root, (gid, seq, "release"), deadline + timeout + 1.0)
+            msg = self._wait_for(root, (gid, seq, "release"), deadline + timeout + 1.0, told)
             if msg is None:
                 raise CommTimeoutError(
                     f"{where}: rank 0 of the group (world rank {root}) did not release it "
@@ -193,7 +280,7 @@ class NoticeBoard:
         else:
             missing = []
             for i, w in enumerate(members[1:], start=1):
-                if self._wait_for(w, (gid, seq, "arrived"), deadline) is None:
+                if self._wait_for(w, (gid, seq, "arrived"), deadline, told) is None:
                     missing.append(i)
             came = [w for i, w in enumerate(members) if i > 0 and i not in missing]
             self._drop_sent()
@@ -206,7 +293,9 @@ class NoticeBoard:
                 f"{where}: rank(s) {missing} of the group did not arrive within {timeout:g} s"
             )
 
-    def _wait_for(self, source: int, key: tuple, deadline: float) -> tuple | None:
+    def _wait_for(
+        self, source: int, key: tuple, deadline: float, told: Callable[[], None]
+    ) -> tuple | None:
         """The first monitor message from ``source`` whose first fields equal ``key``
         (others are kept for later), or None at the deadline. Threads share the kept
         messages (monitored barriers of several groups at once): each looks through them at
@@ -236,7 +325,7 @@ class NoticeBoard:
 
         # polled as bounded waits are (sleeping from the first poll, from 0.1 ms up to
         # 10 ms, made every monitored_barrier take 26-30 ms with every rank there)
-        if wait_bounded(arrived, max(0.0, deadline - time.monotonic())):
+        if wait_bounded(arrived, max(0.0, deadline - time.monotonic()), told):
             return got[0]
         return None
 

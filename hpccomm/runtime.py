@@ -25,7 +25,7 @@ from .debug import EAGER_ENV, by_rank, level_from, ranks_by_text, ranks_text
 from .discovery import LaunchInfo, discover
 from .errors import GpuBindingError, HpccommError, InvalidArgumentError, LaunchMismatchError
 from .gpuselect import choose_on_node, format_uuid, sharing_allowed
-from .notices import NoticeBoard
+from .notices import ASK_WAIT, NoticeBoard
 from .ops import check_timeout
 from .switches import switch
 from .work import wait_bounded
@@ -664,6 +664,7 @@ def init(
         notices=notices,
         debug=level,
     )
+    notices.locate = _locate
     _init_args = args
     _init_failed = False
     if trace:
@@ -861,13 +862,42 @@ def _at_exit() -> None:
         f"finalizing MPI (its other ranks would wait for this one forever)\n"
     )
     sys.stderr.flush()
+    notices = world._notices
+    if stuck and notices is not None:  # peers timing out in its calls ask where it is:
+        # answer them for a while, so that they raise their errors before the abort
+        end = time.monotonic() + EXIT_ANSWERING
+        while time.monotonic() < end:
+            try:
+                notices.poll(force=True)
+            except Exception:  # noqa: BLE001 - aborting anyway
+                break
+            time.sleep(0.005)
     MPI.COMM_WORLD.Abort(1)
 
+
+# seconds a rank that exits with a call stuck answers its peers' questions (NoticeBoard.ask)
+# before it aborts the job: a peer that timed out in the same call asks and raises within
+# ASK_WAIT
+EXIT_ANSWERING = ASK_WAIT + 0.5
 
 # Departure notices go from every leaving rank to every other: size^2 small messages at
 # exit, and across nodes a connection to every rank; above this size they are not sent
 # (a waiting peer then learns of the departure at its timeout, as before).
 DEPART_MAX_RANKS = 64
+
+
+def _locate(gid: str) -> tuple[int, str] | None:
+    """Where this rank is on the group with id ``gid`` (NoticeBoard.locate, for a peer that
+    timed out and asks): the number of its last collective call and what the group's worker
+    runs now ("" for nothing); None where this rank has no such group."""
+    world = _world
+    for c in [] if world is None else world._tree():
+        d = c._dispatcher
+        if d.gid == gid and not c.freed:
+            ex = d.executor
+            running = None if ex is None else ex.running
+            return c._group.seq, "" if running is None else running.what
+    return None
 
 
 def _depart(world: Communicator) -> None:

@@ -17,7 +17,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 from . import record
 from .errors import (
@@ -258,14 +258,24 @@ class Work:
                 done = True
             if not done:
                 self._waited = True
-                raise self._timed_out(timeout or 0.0)
-            if not self._done:
+                err = self._timed_out(timeout or 0.0, completing=True)
+                if err is not None:
+                    raise err
+            if not self._done:  # (or it completed while its timeout was being explained)
                 self._finish()
         if self._exc is not None:
             raise self._exc
         return self._result
 
-    def _timed_out(self, timeout: float) -> CommTimeoutError:
+    @overload
+    def _timed_out(self, timeout: float) -> CommTimeoutError: ...
+    @overload
+    def _timed_out(self, timeout: float, completing: bool) -> CommTimeoutError | None: ...
+
+    def _timed_out(self, timeout: float, completing: bool = False) -> CommTimeoutError | None:
+        """The error of a wait that ran out; ``completing`` (wait()): None where the
+        operation completed while the error was explained (the peers asked where they are:
+        a late rank came meanwhile), and the wait returns its result instead."""
         bound = self._timeout
         if bound is None or timeout < bound:  # a shorter wait than the group's bound
             err = CommTimeoutError(
@@ -282,8 +292,11 @@ class Work:
                 f"{self._where()}: not complete after {timeout:g} s; some rank of the group "
                 f"has not joined it (MPI cannot cancel it: abort the job)"
             )
+            err.stuck = True  # the group's own bound: the explanation asks the peers
         if self._explain is not None:
             err = self._explain(err)
+            if completing and err.stuck and self._pending.wait(0):
+                return None
         if record.error_hooks and self._closed is not _always:
             record.report_error(err)
         return err

@@ -452,3 +452,28 @@ def test_monitored_barriers_on_two_threads_at_once(comm):
     t.join(120)
     other.free()
     assert errors == []
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_monitored_barrier_refused_on_one_rank_is_named_and_the_group_goes_on(comm):
+    # a bad timeout on rank 1: it raised before taking the call's number, rank 0 said only
+    # that rank 1 did not arrive (after the timeout), and the group was out of step for
+    # good (every later compared call: "the ranks are out of step ... unusable")
+    import time
+
+    t0 = time.monotonic()
+    if comm.rank == 1:
+        with pytest.raises(hpccomm.InvalidArgumentError, match="timeout is -1"):
+            comm.monitored_barrier(timeout=-1)
+    else:
+        with pytest.raises(
+            hpccomm.PeerError,
+            match=r"rank 1 \(world rank \d+\) failed monitored_barrier #\d+ and will not join "
+            r"it: InvalidArgumentError: .*timeout is -1",
+        ):
+            comm.monitored_barrier(timeout=30)
+    assert time.monotonic() - t0 < 10  # told, not timed out
+    x = np.ones(40_000)  # a compared call: the ranks' numbers agree
+    comm.all_reduce(x)
+    assert (x == comm.size).all()
+    comm.monitored_barrier(timeout=30)

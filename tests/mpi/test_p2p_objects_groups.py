@@ -171,7 +171,7 @@ def test_split_none_and_key(comm):
         assert sub.size == n - 1 and sub.rank == n - 1 - r  # reversed by key
 
 
-@pytest.mark.parametrize("how", ["split", "new_group"])
+@pytest.mark.parametrize("how", ["split", "new_group", "dup", "empty dtype", "empty shape"])
 def test_a_creation_refused_on_one_rank_fails_on_every_rank(comm, how):
     # rank 0's arguments are refused before the creation's collective step; the others,
     # already in it, waited for ever (no timeout) or until the timeout without the cause.
@@ -180,18 +180,32 @@ def test_a_creation_refused_on_one_rank_fails_on_every_rank(comm, how):
     if comm.size < 2:
         pytest.skip("needs 2 ranks")
     first = comm.rank == 0
+    # (dup and empty: refused on one rank, the others waited in the step until the timeout
+    # told only that some rank had not reached it, or for ever, and that rank's sequence
+    # was one behind for good: every later call timed out)
+    error = hpccomm.InvalidArgumentError
     if how == "split":
         args, said = ("red" if first else 0,), r"split .*color is 'red'"
-    else:
+    elif how == "new_group":
         ranks = [0, comm.size] if first else list(range(comm.size))
         args, said = (ranks,), rf"new_group .*ranks \[0, {comm.size}\] must be distinct"
-    kind = hpccomm.InvalidArgumentError if first else hpccomm.MismatchError
+    elif how == "dup":
+        kw = {"device_backend": "bogus"} if first else {}
+        args, said = (), r"dup .*device_backend is 'bogus', expected 'nccl' or 'mpi'"
+    elif how == "empty dtype":
+        args, said = (4, "U4" if first else np.float32), r"empty .*dtype <U4, expected one of"
+        error = hpccomm.DtypeError
+    else:
+        args, said = (-1 if first else 4,), r"empty .*shape is -1, expected integers >= 0"
+    kind = error if first else hpccomm.MismatchError
     if not first:  # arriving late: rank 0 does not wait for them to raise its error
         time.sleep(1.5)
     t0 = time.monotonic()
     with pytest.raises(kind, match=said if first else r"the ranks' calls differ: rank 0 "
-                       r"refused it: InvalidArgumentError: " + said):  # fmt: skip
-        getattr(comm, how)(*args)
+                       rf"refused it: {error.__name__}: " + said):  # fmt: skip
+        made = getattr(comm, how.split()[0])(*args, **(kw if how == "dup" else {}))
+        if how == "dup":  # (the others' dup raises; rank 0's too)
+            made.free()
     assert time.monotonic() - t0 < (1.0 if first else 30)
     x = np.ones(3)
     comm.all_reduce(x)  # the group goes on, in step

@@ -22,6 +22,7 @@ import hpccomm
 from hpccomm import CommTimeoutError, MismatchError, ReduceOp
 from hpccomm.backends import shm as shm_mod
 from hpccomm.backends.shm import ShmBackend
+from hpccomm.notices import ASK_WAIT
 from hpccomm.ops import ALL_REDUCE, REDUCE, REDUCE_SCATTER
 
 CHUNK = 4096  # bytes per chunk in the small fast path
@@ -497,7 +498,7 @@ def test_free_drops_the_segment(small):
 
 @pytest.mark.mpi(min_size=2)
 def test_a_late_rank_times_out_the_others_then_the_group_goes_on(small):
-    # Rank 0 waits 0.5 s for a rank that joins after 1.5 s: a CommTimeoutError naming the
+    # Rank 0 waits 0.5 s for a rank that joins after 2.5 s: a CommTimeoutError naming the
     # call, not a hang; once the late rank has joined, the call completes and the group works.
     import time
 
@@ -507,8 +508,8 @@ def test_a_late_rank_times_out_the_others_then_the_group_goes_on(small):
     if comm.rank == 0:
         with pytest.raises(CommTimeoutError, match=r"all_reduce #\d+ on .*not complete after"):
             comm.all_reduce(x)
-    else:
-        time.sleep(1.5)
+    else:  # (past rank 0's timeout and its asking where the others are)
+        time.sleep(0.5 + ASK_WAIT + 1.0)
         comm.all_reduce(x)
     comm.timeout = 30
     y = np.full(4 * CHUNK, comm.rank + 1.0)
@@ -1231,8 +1232,8 @@ def test_no_copy_in_late_rank_times_out_the_others_then_the_group_goes_on(on_pat
     if comm.rank == 0:
         with pytest.raises(CommTimeoutError, match=r"all_reduce #\d+ on .*not complete after"):
             comm.all_reduce(x)
-    else:
-        time.sleep(1.5)
+    else:  # (past rank 0's timeout and its asking where the others are)
+        time.sleep(0.5 + ASK_WAIT + 1.0)
         comm.all_reduce(x)
     comm.timeout = 30
     comm.barrier()  # the late call has completed everywhere (rank 0: queued behind it)

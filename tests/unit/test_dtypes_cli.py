@@ -111,7 +111,11 @@ def test_a_field_given_on_some_ranks_only_is_named():
         {"op": "all_gather", "seq": 1, "row shape": (2,), "sizes": (4, 5)},
         {"op": "all_gather", "seq": 1, "shape": (5, 2)},
     ]
-    assert disagreement(fps) == "sizes is (4, 5) on rank 0 but not given on rank 1"
+    # (an all-equal sizes= is the plain call: "not given" was wrong for the ranks that
+    # passed sizes=[5, 5], an outside review found)
+    assert disagreement(fps) == (
+        "sizes is (4, 5) on rank 0 but equal blocks (sizes= not given, or all equal) on rank 1"
+    )
     other = [{"op": "all_gather", "seq": 1}, {"op": "broadcast", "seq": 1, "src": 0}]
     assert disagreement(other) == "the call is 'all_gather' on rank 0 but 'broadcast' on rank 1"
 

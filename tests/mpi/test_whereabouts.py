@@ -1,0 +1,81 @@
+"""A collective that times out says where the group's other ranks are: each rank that times
+out asks the others (NoticeBoard.ask), and a rank answers while it waits in a collective
+with a timeout (of any group). Every scenario ends with the late rank joining, so the
+stuck call completes on its worker and the group goes on."""
+
+import time
+
+import numpy as np
+import pytest
+
+import hpccomm
+from hpccomm.notices import ASK_WAIT
+
+pytestmark = pytest.mark.mpi(min_size=2)
+BOUND = 1.0  # the group's timeout in these tests
+
+
+@pytest.fixture
+def group(world):
+    c = world.dup()
+    c.timeout = BOUND
+    yield c
+    c.timeout = 60
+    c.barrier()  # every rank past its scenario (the late call has completed)
+    c.free()
+
+
+def test_a_rank_busy_outside_hpccomm_gives_no_answer(group):
+    p, r, last = group.size, group.rank, group.size - 1
+    x = np.ones(3)
+    group.all_reduce(x)
+    if r == last:
+        time.sleep(BOUND + ASK_WAIT + 1.0)  # past the others' timeout and their asking
+        group.all_reduce(x)  # completes the others' call, still running on their workers
+        return
+    with pytest.raises(hpccomm.CommTimeoutError) as info:
+        group.all_reduce(x)
+    said = str(info.value)
+    assert "all_reduce #2 on" in said and "where the other ranks are (asked at the timeout)" in said
+    assert f"no answer within {ASK_WAIT:g} s from rank(s) [{last}] (not waiting in a " in said
+    for other in range(p - 1):
+        if other != r:
+            assert f"rank {other}: waits in it too" in said, said
+
+
+def test_a_rank_in_another_call_says_where_it_waits(group, world):
+    r, last = group.rank, group.size - 1
+    x, y = np.ones(3), np.ones(2)
+    elsewhere = world.dup()  # (made on every rank: a collective step)
+    elsewhere.timeout = BOUND + ASK_WAIT + 1.0
+    try:
+        if r == last:  # waits (bounded) in a collective the others join only later
+            try:
+                elsewhere.all_reduce(y)
+            except hpccomm.CommTimeoutError:
+                pass  # (or it completed while this rank asked: the others came)
+            group.all_reduce(x)
+            return
+        with pytest.raises(hpccomm.CommTimeoutError) as info:
+            group.all_reduce(x)
+        said = str(info.value)
+        assert f"rank(s) [{last}] have not reached it" in said, said
+        assert f"rank {last}: last call of this group #0, waits in all_reduce #1 on " in said
+        assert "no answer" not in said, said
+        elsewhere.all_reduce(y)  # completes the last rank's call
+    finally:
+        elsewhere.timeout = 60
+        elsewhere.barrier()
+        elsewhere.free()
+
+
+def test_a_call_completed_while_the_peers_were_asked_returns_its_result(group):
+    # the late rank comes while the others ask (up to ASK_WAIT after their timeout): their
+    # call has completed by then, and returns its result instead of raising
+    p, r, last = group.size, group.rank, group.size - 1
+    x = np.full(3, float(r))
+    group.barrier()
+    if r == last:
+        time.sleep(BOUND + ASK_WAIT / 3)
+    group.all_reduce(x)
+    assert x.tolist() == [p * (p - 1) / 2] * 3
