@@ -131,6 +131,7 @@ class Dispatcher:
         "shm",
         "large",
         "_checking",
+        "current",
         "_timeout",
         "_slow",
         "_unsettled",
@@ -166,6 +167,8 @@ class Dispatcher:
         # "large": calls on the host MPI path whose largest buffer exceeds this are checked
         self.large = large_bytes()
         self._checking = 0  # the sequence number of the call in its debug check, else 0
+        # the latest collective run with a Work (bounded or async): (number, call)
+        self.current: tuple[int, Call] | None = None
         # The group's shared-memory fast path (set by the communicator when its ranks share
         # one node): large host reductions take it instead of the host backend.
         self.shm: Backend | None = None
@@ -545,6 +548,7 @@ class Dispatcher:
         if notices is not None and not call.spec.p2p:
             watch = notices.watch(self.gid, seq, partial(call.where, seq), self.members)
             on_failure = partial(self.report, call)
+            self.current = (seq, call)  # (told to a peer that times out and asks)
         pending: Any = None
         checking = self.debug in CHECKING
         checked = (checking and not call.spec.p2p) or check
@@ -1102,18 +1106,26 @@ class Dispatcher:
             )
         if exc.stuck:
             done = pending.wait if isinstance(pending, Future) else None
-            said += self.whereabouts(seq, call.spec.name, done)
+            said += self.whereabouts(seq, call.spec.name, done, call)
         if said == str(exc):
             return exc
         err = CommTimeoutError(said)
         err.stuck = exc.stuck
         return err
 
-    def whereabouts(self, seq: int, op: str, done: Callable[[float], bool] | None = None) -> str:
+    def whereabouts(
+        self,
+        seq: int,
+        op: str,
+        done: Callable[[float], bool] | None = None,
+        call: Call | None = None,
+    ) -> str:
         """At the timeout of call ``seq`` (``op``): where the group's other ranks are, as
         they answer (NoticeBoard.ask: a rank answers while it waits in a collective with a
         timeout, of any group); "" where there is no one to ask. ``done(0)``: whether the
-        call has completed meanwhile (then the asking stops)."""
+        call has completed meanwhile (then the asking stops). Where every rank is in this
+        call (``call``), their fingerprints are compared: arguments that differ in a way MPI
+        does not report (small calls are compared only later) are named."""
         notices = self.notices
         if notices is None or len(self.members) < 2 or len(self.members) > ASK_MAX_RANKS:
             return ""
@@ -1126,6 +1138,9 @@ class Dispatcher:
         recent = since - (self._timeout or 0.0) - ASK_WAIT  # (older: another call's timeout)
         me = self.members[self.group.rank]
         parts, behind, silent = [], [], []
+        fps: dict[int, dict[str, Any]] = {}
+        if call is not None:
+            fps[self.group.rank] = fingerprint(call, op, seq)
         for g, w in enumerate(self.members):
             if w == me:
                 continue
@@ -1134,7 +1149,10 @@ class Dispatcher:
             if got is None or got[0] < recent:
                 silent.append(g)
                 continue
-            when, their, running, waiting, asked = got
+            when, place, asked = got
+            their, running, waiting = place.seq, place.running, place.waiting
+            if place.call is not None and place.call[0] == seq:
+                fps[g] = place.call[1]
             if their is None:
                 text = "has no such group (not made there yet, or freed and forgotten)"
             elif their < seq:
@@ -1160,7 +1178,23 @@ class Dispatcher:
                 f"a call without a timeout, or gone)"
             )
         head = f"rank(s) {behind} have not reached it; " if behind else ""
-        return f"; where the other ranks are (asked at the timeout): {head}{'; '.join(parts)}"
+        tail = ""
+        listed = [fps[g] for g in range(len(self.members)) if g in fps]
+        # every rank in this call (the same op: another op is said above): do they agree?
+        if len(listed) == len(self.members) and len({fp["op"] for fp in listed}) == 1:
+            if any(crc(fp) != crc(listed[0]) for fp in listed):
+                tail = (
+                    f"; every rank is in it, but the calls differ: {disagreement(listed)} "
+                    f"(a call of {self.large:,} bytes or less is compared only after MPI ran "
+                    f"it; debug='check' compares every call before)"
+                )
+            else:
+                tail = (
+                    "; every rank is in it with the same arguments: an earlier call may have "
+                    "differed (debug='check' compares every call before MPI runs it), or a "
+                    "rank is stuck inside MPI"
+                )
+        return f"; where the other ranks are (asked at the timeout): {head}{'; '.join(parts)}{tail}"
 
     def running_p2p(self) -> list[str]:
         """The point-to-point operations handed out (Works) not yet seen complete (wait(),

@@ -14,13 +14,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import CommTimeoutError, PeerError
 from .work import wait_bounded
 
 __all__ = ["NoticeBoard", "NOTICE_TAG", "POLL_INTERVAL", "FAILED", "REFUSED", "ENTERED",
-           "DEPARTURES", "ASK_WAIT", "ASK_MAX_RANKS"]  # fmt: skip
+           "DEPARTURES", "ASK_WAIT", "ASK_MAX_RANKS", "Place"]  # fmt: skip
 
 NOTICE_TAG = 7
 FAILED, REFUSED, ENTERED = "failed", "refused", "entered"  # what a notice says (see post)
@@ -39,6 +39,16 @@ WHERE, HERE = "<where>", "<here>"
 ASK_WAIT = 1.0
 ASK_MAX_RANKS = 64
 WAITING_FRESH = 0.5  # seconds after its last look a bounded wait counts as current
+
+
+class Place(NamedTuple):
+    """What a rank says of itself on a group when a peer that timed out asks (ask)."""
+
+    seq: int | None  # the number of its last collective call there (None: no such group)
+    running: str  # what the group's worker runs now ("" for nothing)
+    waiting: str  # the bounded wait it is in, of any group ("" for none)
+    call: tuple[int, dict[str, Any]] | None  # its latest bounded or async collective there:
+    # (number, fingerprint), compared with the asker's where the numbers agree
 
 
 class NoticeBoard:
@@ -60,15 +70,15 @@ class NoticeBoard:
         # group id -> its last call number, at free() (the latest FREED_KEPT groups)
         self.freed_seqs: dict[str, int] = {}
         # where this rank is on a group, for the answers to ask(): group id -> (the number
-        # of its last collective call, what the group's worker runs now or ""), None for a
-        # group this rank does not have (set by init: it walks the job's groups)
-        self.locate: Callable[[str], tuple[int, str] | None] | None = None
+        # of its last collective call, what the group's worker runs now or "", its latest
+        # bounded or async collective as (number, fingerprint) or None), None for a group
+        # this rank does not have (set by init: it walks the job's groups)
+        self.locate: Callable[[str], tuple[int, str, Any] | None] | None = None
         # the bounded wait this rank is in (any group): (where, when it last looked)
         self._waiting: tuple[str, float] = ("", 0.0)
         # group id -> world rank -> what that rank said of itself on the group (ask):
-        # (time.monotonic() when heard, its last call number or None, what runs, where it
-        # waits, whether it was asking, timed out itself)
-        self.heard: dict[str, dict[int, tuple[float, int | None, str, str, bool]]] = {}
+        # (time.monotonic() when heard, its Place, whether it was asking: timed out itself)
+        self.heard: dict[str, dict[int, tuple[float, Place, bool]]] = {}
 
     def post(
         self,
@@ -114,9 +124,8 @@ class NoticeBoard:
                 continue
             self.received.setdefault(gid, []).append(tuple(rest))
 
-    def _position(self, gid: str) -> tuple[int | None, str, str]:
-        """Where this rank is on group ``gid``: its last call number (None: no such group
-        here), what the group's worker runs, and the bounded wait it is in (any group)."""
+    def _position(self, gid: str) -> Place:
+        """Where this rank is on group ``gid`` (a Place)."""
         place = None
         if self.locate is not None:
             try:
@@ -126,21 +135,14 @@ class NoticeBoard:
         where, when = self._waiting
         waiting = where if time.monotonic() - when < WAITING_FRESH else ""
         if place is None:
-            return self.freed_seqs.get(gid), "", waiting
-        return place[0], place[1], waiting
+            return Place(self.freed_seqs.get(gid), "", waiting, None)
+        return Place(place[0], place[1], waiting, place[2])
 
-    def _heard(self, kind: str, gid: str, world_rank: int, seq: int | None, running: str,
-               waiting: str) -> None:  # fmt: skip
+    def _heard(self, kind: str, gid: str, world_rank: int, *place: Any) -> None:
         """A question (WHERE: a peer timed out in a call of ``gid`` and tells where it is;
         it gets this rank's answer) or an answer (HERE)."""
         asking = kind == WHERE
-        self.heard.setdefault(gid, {})[world_rank] = (
-            time.monotonic(),
-            seq,
-            running,
-            waiting,
-            asking,
-        )
+        self.heard.setdefault(gid, {})[world_rank] = (time.monotonic(), Place(*place), asking)
         if asking:
             msg = (HERE, gid, self.world_rank, *self._position(gid))
             self._sent.append(self.comm.isend(msg, dest=world_rank, tag=NOTICE_TAG))
@@ -151,7 +153,7 @@ class NoticeBoard:
         members: Sequence[int],
         wait: float = ASK_WAIT,
         stop: Callable[[], bool] | None = None,
-    ) -> tuple[float, dict[int, tuple[float, int | None, str, str, bool]]]:
+    ) -> tuple[float, dict[int, tuple[float, Place, bool]]]:
         """At a timeout in a call of group ``gid`` (its members: world ranks): ask every
         other member where it is on the group and wait up to ``wait`` seconds for their
         answers (a member answers while it waits in a collective with a timeout, of any

@@ -21,7 +21,7 @@ from . import flight, memory, profiler
 from .backends.shm import settings as shm_settings
 from .comm import Communicator, NodeInfo, member_gid
 from .cuda_aware import DeviceConfig, decide
-from .debug import EAGER_ENV, by_rank, level_from, ranks_by_text, ranks_text
+from .debug import EAGER_ENV, by_rank, fingerprint, level_from, ranks_by_text, ranks_text
 from .discovery import LaunchInfo, discover
 from .errors import GpuBindingError, HpccommError, InvalidArgumentError, LaunchMismatchError
 from .gpuselect import choose_on_node, format_uuid, sharing_allowed
@@ -886,17 +886,23 @@ EXIT_ANSWERING = ASK_WAIT + 0.5
 DEPART_MAX_RANKS = 64
 
 
-def _locate(gid: str) -> tuple[int, str] | None:
+def _locate(gid: str) -> tuple[int, str, Any] | None:
     """Where this rank is on the group with id ``gid`` (NoticeBoard.locate, for a peer that
-    timed out and asks): the number of its last collective call and what the group's worker
-    runs now ("" for nothing); None where this rank has no such group."""
+    timed out and asks): the number of its last collective call, what the group's worker
+    runs now ("" for nothing) and its latest bounded or async collective (its number and
+    fingerprint); None where this rank has no such group."""
     world = _world
     for c in [] if world is None else world._tree():
         d = c._dispatcher
         if d.gid == gid and not c.freed:
             ex = d.executor
             running = None if ex is None else ex.running
-            return c._group.seq, "" if running is None else running.what
+            current = d.current
+            call = None
+            if current is not None:
+                seq, made = current
+                call = (seq, fingerprint(made, made.spec.name, seq))
+            return c._group.seq, "" if running is None else running.what, call
     return None
 
 

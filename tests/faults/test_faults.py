@@ -23,11 +23,16 @@ def test_wrong_call_order_times_out_on_both_ranks(launch):
             outcome(c, "call", lambda: c.barrier())
         """,
     )
-    for rank, op in ((0, "all_reduce"), (1, "barrier")):
+    for rank, op, other in ((0, "all_reduce", "barrier"), (1, "barrier", "all_reduce")):
         got = job.of(rank, "call")
         assert got["cls"] == "CommTimeoutError", got
         assert got["msg"].startswith(f"{op} #1 on world (rank {rank} of 2): not complete after 2 s")
         assert 1.5 < got["s"] < 10
+        # where the other rank is (it answers: it waits in a bounded call too)
+        assert (
+            f"where the other ranks are (asked at the timeout): rank {1 - rank}: in {other} #1 "
+            f"on world (rank {1 - rank} of 2), another call with this number: the calls differ"
+        ) in got["msg"], got
     # The stuck calls stay inside MPI: the job ends with an abort that names them.
     assert job.rc != 0
     assert "never completed; aborting the job" in job.stderr
@@ -237,6 +242,29 @@ def test_scatter_object_with_the_wrong_count(launch):
     assert not job.crashed()
 
 
+def test_small_calls_that_hang_are_compared_at_the_timeout(launch):
+    # reduce_scatter with uneven sizes on rank 0 only, below the size the default level
+    # compares before MPI: both ranks waited in MPI until the timeout, told that "some rank
+    # has not joined it" though both had; at the timeout they ask each other and compare
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=2)
+        sizes = [3, 5] if c.rank == 0 else [4, 4]
+        outcome(c, "call", lambda: c.reduce_scatter(np.ones(8), sizes=sizes))
+        """,
+    )
+    for rank in (0, 1):
+        got = job.of(rank, "call")
+        assert got["cls"] == "CommTimeoutError", got
+        assert f"rank {1 - rank}: waits in it too" in got["msg"], got
+        assert (
+            "every rank is in it, but the calls differ: sizes is (3, 5) on rank 0 but equal "
+            "blocks (sizes= not given, or all equal) on rank 1"
+        ) in got["msg"], got
+    assert job.rc != 0 and not job.crashed()
+
+
 def test_split_on_one_rank_only(launch):
     job = launch(
         2,
@@ -252,7 +280,12 @@ def test_split_on_one_rank_only(launch):
     assert got["cls"] == "CommTimeoutError" and got["msg"].startswith(
         "split #1 on world (rank 0 of 2)"
     )
-    assert job.of(1, "call")["cls"] == "CommTimeoutError"
+    other = job.of(1, "call")  # (rank 0, exiting with its split stuck, answers it first)
+    assert other["cls"] == "CommTimeoutError"
+    assert (
+        "rank 0: in split #1 on world (rank 0 of 2), another call with this number"
+        in (other["msg"])
+    ), other
     assert job.rc != 0 and not job.crashed()
 
 
