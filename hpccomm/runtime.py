@@ -864,15 +864,30 @@ def _at_exit() -> None:
     sys.stderr.flush()
     notices = world._notices
     if stuck and notices is not None:  # peers timing out in its calls ask where it is:
-        # answer them for a while, so that they raise their errors before the abort
+        # answer them for a while (until every peer of those calls has asked), so that they
+        # raise their errors before the abort
         end = time.monotonic() + EXIT_ANSWERING
-        while time.monotonic() < end:
+        while time.monotonic() < end and _unasked(world, notices):
             try:
                 notices.poll(force=True)
             except Exception:  # noqa: BLE001 - aborting anyway
                 break
             time.sleep(0.005)
     MPI.COMM_WORLD.Abort(1)
+
+
+def _unasked(world: Communicator, notices: NoticeBoard) -> bool:
+    """Whether some member of a group with a call still running here has not yet asked this
+    rank where it is (NoticeBoard.ask: it may still time out in that call and ask)."""
+    for c in world._tree():
+        d = c._dispatcher
+        ex = d.executor
+        if c.freed or ex is None or ex.running is None:
+            continue
+        heard = notices.heard.get(d.gid, {})
+        if any(w != notices.world_rank and not (w in heard and heard[w][2]) for w in d.members):
+            return True
+    return False
 
 
 # seconds a rank that exits with a call stuck answers its peers' questions (NoticeBoard.ask)
