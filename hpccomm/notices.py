@@ -62,6 +62,8 @@ class NoticeBoard:
         # per group id: (seq, op, group rank, world rank, reason, kind: see post)
         self.received: dict[str, list[tuple[int, str, int, int, str, str]]] = {}
         self._sent: list[Any] = []
+        # (threads send at once: a failure notice, an answer from another thread's poll)
+        self._sent_lock = threading.Lock()
         self._monitor: dict[int, list[tuple]] = {}  # monitor messages that came early
         self._monitor_lock = threading.Lock()  # (threads in monitored barriers at once)
         self._last = 0.0
@@ -97,12 +99,19 @@ class NoticeBoard:
         msg = (gid, seq, op, group_rank, self.world_rank, reason, kind)
         for w in members:
             if w != self.world_rank:
-                self._sent.append(self.comm.isend(msg, dest=w, tag=NOTICE_TAG))
+                self._send(msg, w)
         self._drop_sent()
+
+    def _send(self, msg: Any, dest: int, tag: int = NOTICE_TAG) -> None:
+        """Send ``msg`` (kept until MPI has sent it: the request holds the pickled bytes)."""
+        req = self.comm.isend(msg, dest=dest, tag=tag)
+        with self._sent_lock:
+            self._sent.append(req)
 
     def _drop_sent(self) -> None:
         """Let go of the notices MPI has sent (the rest are cancelled at close)."""
-        self._sent = [r for r in self._sent if not r.Test()]
+        with self._sent_lock:
+            self._sent = [r for r in self._sent if not r.Test()]
 
     def poll(self, force: bool = False) -> None:
         """Receive the notices that arrived (at most every POLL_INTERVAL unless ``force``)."""
@@ -145,7 +154,7 @@ class NoticeBoard:
         self.heard.setdefault(gid, {})[world_rank] = (time.monotonic(), Place(*place), asking)
         if asking:
             msg = (HERE, gid, self.world_rank, *self._position(gid))
-            self._sent.append(self.comm.isend(msg, dest=world_rank, tag=NOTICE_TAG))
+            self._send(msg, world_rank)
 
     def ask(
         self,
@@ -167,7 +176,7 @@ class NoticeBoard:
             return since, {}
         msg = (WHERE, gid, self.world_rank, *self._position(gid))
         for w in others:
-            self._sent.append(self.comm.isend(msg, dest=w, tag=NOTICE_TAG))
+            self._send(msg, w)
         heard = self.heard.setdefault(gid, {})
 
         def answered() -> bool:
@@ -189,7 +198,7 @@ class NoticeBoard:
         msg = (DEPARTURES, self.world_rank, seqs, reason)
         for w in range(self.comm.Get_size()):
             if w != self.world_rank:
-                self._sent.append(self.comm.isend(msg, dest=w, tag=NOTICE_TAG))
+                self._send(msg, w)
         deadline = time.monotonic() + DEPART_WAIT
         while self._sent and time.monotonic() < deadline:
             self._drop_sent()
@@ -270,7 +279,7 @@ class NoticeBoard:
         told = self.watch(gid, seq, lambda: where, members)
         if group_rank != 0:
             self._drop_sent()  # (one more per call was kept for good)
-            self._sent.append(self.comm.isend((gid, seq, "arrived"), dest=root, tag=MONITOR_TAG))
+            self._send((gid, seq, "arrived"), root, MONITOR_TAG)
             # rank 0 may spend the whole timeout waiting for others: give it that and more
             msg = self._wait_for(root, (gid, seq, "release"), deadline + timeout + 1.0, told)
             if msg is None:
@@ -287,9 +296,7 @@ class NoticeBoard:
             came = [w for i, w in enumerate(members) if i > 0 and i not in missing]
             self._drop_sent()
             for w in came:
-                self._sent.append(
-                    self.comm.isend((gid, seq, "release", missing), dest=w, tag=MONITOR_TAG)
-                )
+                self._send((gid, seq, "release", missing), w, MONITOR_TAG)
         if missing:
             raise CommTimeoutError(
                 f"{where}: rank(s) {missing} of the group did not arrive within {timeout:g} s"
