@@ -1015,11 +1015,13 @@ class Dispatcher:
         late: str = "the debug check did not complete after {t} s; some rank of the group "
         "has not reached this call",
         timeout: Any = None,
+        step: tuple[int, str] | None = None,
     ) -> Any:
         """Run a small exchange inline, or on the worker with the timeout (not a step of the
         group's sequence: it belongs to the call it checks, or concerns some ranks only);
         ``late`` says what a timeout means; ``timeout``: a bound of its own (seconds)
-        instead of the group's."""
+        instead of the group's; ``step``: the (number, op) of the group's call it checks,
+        whose timeout asks the other ranks where they are (whereabouts)."""
         bound = self._timeout if timeout is None else timeout
         ex = self.executor
         if bound is None and (ex is None or not ex.pending):
@@ -1028,12 +1030,17 @@ class Dispatcher:
         self._slow = True
         if bound is not None and not fut.wait(bound):
             running = self.worker().running
+            queued = running is not None and running is not fut
             behind = (
                 f"; it is queued behind {running.what}, which has not completed"
-                if running is not None and running is not fut
+                if running is not None and queued
                 else ""
             )  # (not that a rank is missing: every rank may be here, behind a stuck call)
-            raise CommTimeoutError(f"{what}: {late.format(t=f'{bound:g}')}{behind}")
+            where_ = ""
+            if step is not None:
+                where_ = self.whereabouts(step[0], step[1], fut.wait, in_it=not queued)
+            if not fut.wait(0):  # (or it completed while the others were asked)
+                raise CommTimeoutError(f"{what}: {late.format(t=f'{bound:g}')}{behind}{where_}")
         fut.wait(None)
         return fut.outcome()
 
@@ -1106,7 +1113,8 @@ class Dispatcher:
             )
         if exc.stuck:
             done = pending.wait if isinstance(pending, Future) else None
-            said += self.whereabouts(seq, call.spec.name, done, call)
+            queued = running is not None and running is not pending
+            said += self.whereabouts(seq, call.spec.name, done, call, in_it=not queued)
         if said == str(exc):
             return exc
         err = CommTimeoutError(said)
@@ -1119,13 +1127,18 @@ class Dispatcher:
         op: str,
         done: Callable[[float], bool] | None = None,
         call: Call | None = None,
+        *,
+        in_it: bool = True,
     ) -> str:
         """At the timeout of call ``seq`` (``op``): where the group's other ranks are, as
         they answer (NoticeBoard.ask: a rank answers while it waits in a collective with a
         timeout, of any group); "" where there is no one to ask. ``done(0)``: whether the
         call has completed meanwhile (then the asking stops). Where every rank is in this
-        call (``call``), their fingerprints are compared: arguments that differ in a way MPI
-        does not report (small calls are compared only later) are named."""
+        call (``call``; ``in_it``: this rank's worker runs it, not queued behind another),
+        their fingerprints are compared: arguments that differ in a way MPI does not report
+        (small calls are compared only later) are named. Only answers to this question
+        count, and the questions of ranks that timed out in this call before this rank
+        asked (an older answer says where a rank was, not where it is)."""
         notices = self.notices
         if notices is None or len(self.members) < 2 or len(self.members) > ASK_MAX_RANKS:
             return ""
@@ -1139,19 +1152,27 @@ class Dispatcher:
         me = self.members[self.group.rank]
         parts, behind, silent = [], [], []
         fps: dict[int, dict[str, Any]] = {}
-        if call is not None:
+        if call is not None and in_it:
             fps[self.group.rank] = fingerprint(call, op, seq)
         for g, w in enumerate(self.members):
             if w == me:
                 continue
             who = f"rank {g}" if g == w else f"rank {g} (world rank {w})"
             got = said.get(w)
-            if got is None or got[0] < recent:
+            fresh = got is not None and (
+                got[0] >= since  # an answer to this question
+                or (got[2] and got[0] >= recent and (got[1].seq or 0) >= seq)  # its own, here
+            )
+            if got is None or not fresh:
                 silent.append(g)
                 continue
             when, place, asked = got
             their, running, waiting = place.seq, place.running, place.waiting
-            if place.call is not None and place.call[0] == seq:
+            if (
+                place.call is not None
+                and place.call[0] == seq
+                and running.startswith(f"{op} #{seq} on ")
+            ):  # (its worker runs this call: not one queued behind another)
                 fps[g] = place.call[1]
             if their is None:
                 text = "has no such group (not made there yet, or freed and forgotten)"
@@ -1245,7 +1266,7 @@ class Dispatcher:
             fp = {"op": what, "seq": group.seq, **(agree or {})}
             if self.debug == "detail":
                 fp["site"] = call_site()
-            self.bounded(name, self.agree, name, fp)
+            self.bounded(name, self.agree, name, fp, step=(group.seq, what))
         ex = self.executor
         if self._timeout is None and (ex is None or not ex.pending):
             return fn(*args)
@@ -1267,11 +1288,13 @@ class Dispatcher:
                 else (wait_watching(fut, self._timeout, watch))
             )
             if not done:
-                raise CommTimeoutError(
-                    f"{name}: not complete after {self._timeout:g} s; some rank of the group "
-                    f"has not joined it (MPI cannot cancel it: abort the job)"
-                    f"{self.whereabouts(seq, what)}"
-                )
+                where_ = self.whereabouts(seq, what, fut.wait)
+                if not fut.wait(0):  # (or it completed while the others were asked)
+                    raise CommTimeoutError(
+                        f"{name}: not complete after {self._timeout:g} s; some rank of the "
+                        f"group has not joined it (MPI cannot cancel it: abort the job)"
+                        f"{where_}"
+                    )
         try:
             return fut.outcome()
         except HpccommError as exc:

@@ -25,7 +25,7 @@ from .debug import EAGER_ENV, by_rank, fingerprint, level_from, ranks_by_text, r
 from .discovery import LaunchInfo, discover
 from .errors import GpuBindingError, HpccommError, InvalidArgumentError, LaunchMismatchError
 from .gpuselect import choose_on_node, format_uuid, sharing_allowed
-from .notices import ASK_WAIT, NoticeBoard
+from .notices import ASK_MAX_RANKS, ASK_WAIT, NoticeBoard
 from .ops import check_timeout
 from .switches import switch
 from .work import wait_bounded
@@ -882,8 +882,8 @@ def _unasked(world: Communicator, notices: NoticeBoard) -> bool:
     for c in world._tree():
         d = c._dispatcher
         ex = d.executor
-        if c.freed or ex is None or ex.running is None:
-            continue
+        if c.freed or ex is None or ex.running is None or len(d.members) > ASK_MAX_RANKS:
+            continue  # (nobody asks in groups above ASK_MAX_RANKS)
         heard = notices.heard.get(d.gid, {})
         if any(w != notices.world_rank and not (w in heard and heard[w][2]) for w in d.members):
             return True

@@ -79,3 +79,59 @@ def test_a_call_completed_while_the_peers_were_asked_returns_its_result(group):
         time.sleep(BOUND + ASK_WAIT / 3)
     group.all_reduce(x)
     assert x.tolist() == [p * (p - 1) / 2] * 3
+
+
+def test_an_earlier_answer_is_not_taken_for_a_later_one(group, world):
+    # the last rank answers at the first timeout (waiting, bounded, in another group's
+    # barrier), then is busy outside hpccomm at the second: the second said where it had
+    # been at the first ("waits in barrier #1 ..."), not that it gave no answer
+    r, last = group.rank, group.size - 1
+    x = np.ones(3)
+    elsewhere = world.dup()
+    elsewhere.timeout = BOUND + ASK_WAIT + 1.0
+    try:
+        if r == last:
+            try:
+                elsewhere.all_reduce(np.ones(2))
+            except hpccomm.CommTimeoutError:
+                pass
+            group.all_reduce(x)  # completes the others' first call
+            time.sleep(BOUND + ASK_WAIT + 1.0)  # busy while their second times out
+            group.all_reduce(x)
+            return
+        with pytest.raises(hpccomm.CommTimeoutError) as first:
+            group.all_reduce(x)
+        assert f"rank {last}: last call of this group #0, waits in all_reduce #1" in str(
+            first.value
+        )
+        elsewhere.all_reduce(np.ones(2))
+        with pytest.raises(hpccomm.CommTimeoutError) as second:
+            group.all_reduce(x)
+        said = str(second.value)
+        assert f"no answer within {ASK_WAIT:g} s from rank(s) [{last}]" in said, said
+        assert "waits in all_reduce #1" not in said, said
+    finally:
+        elsewhere.timeout = 60
+        elsewhere.barrier()
+        elsewhere.free()
+
+
+@pytest.mark.parametrize("level", ["large", "off"])
+def test_a_group_creation_completed_while_asked_returns_the_group(group, level):
+    # the last rank comes to a split while the others ask (their timeout passed, in the
+    # creation's check at the default level, in the creation itself with debug "off"): it
+    # raised all the same, and the group's next call then timed out on the late rank
+    p, r, last = group.size, group.rank, group.size - 1
+    group.debug = level
+    group.barrier()
+    if r == last:
+        time.sleep(BOUND + ASK_WAIT / 3)
+    sub = group.split(0)
+    try:
+        x = np.ones(2)
+        sub.all_reduce(x)
+        assert (x == p).all()
+    finally:
+        sub.timeout = 60
+        sub.free()
+        group.debug = "large"
