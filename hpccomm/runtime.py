@@ -916,7 +916,10 @@ def _locate(gid: str) -> tuple[int, str, Any] | None:
             call = None
             if current is not None:
                 seq, made = current
-                call = (seq, fingerprint(made, made.spec.name, seq))
+                try:
+                    call = (seq, fingerprint(made, made.spec.name, seq))
+                except Exception:  # noqa: BLE001 - the rest of the answer still holds
+                    call = None
             return c._group.seq, "" if running is None else running.what, call
     return None
 
