@@ -81,6 +81,7 @@ class NoticeBoard:
         # group id -> world rank -> what that rank said of itself on the group (ask):
         # (time.monotonic() when heard, its Place, whether it was asking: timed out itself)
         self.heard: dict[str, dict[int, tuple[float, Place, bool]]] = {}
+        self.last_question = 0.0  # time.monotonic() of the latest question heard
 
     def post(
         self,
@@ -151,7 +152,10 @@ class NoticeBoard:
         """A question (WHERE: a peer timed out in a call of ``gid`` and tells where it is;
         it gets this rank's answer) or an answer (HERE)."""
         asking = kind == WHERE
-        self.heard.setdefault(gid, {})[world_rank] = (time.monotonic(), Place(*place), asking)
+        now = time.monotonic()
+        self.heard.setdefault(gid, {})[world_rank] = (now, Place(*place), asking)
+        if asking:
+            self.last_question = now
         if asking:
             msg = (HERE, gid, self.world_rank, *self._position(gid))
             self._send(msg, world_rank)

@@ -864,10 +864,16 @@ def _at_exit() -> None:
     sys.stderr.flush()
     notices = world._notices
     if stuck and notices is not None:  # peers timing out in its calls ask where it is:
-        # answer them for a while (until every peer of those calls has asked), so that they
-        # raise their errors before the abort
-        end = time.monotonic() + EXIT_ANSWERING
-        while time.monotonic() < end and _unasked(world, notices):
+        # answer them for a while (until every peer of those calls has asked, and a while
+        # after the last question), so that they raise their errors (and the flight
+        # recorder writes its dump) before the abort
+        start = time.monotonic()
+        while (
+            time.monotonic() < start + EXIT_ANSWERING and _unasked(world, notices)
+        ) or time.monotonic() < min(
+            notices.last_question + EXIT_AFTER_QUESTION,
+            start + EXIT_ANSWERING + EXIT_AFTER_QUESTION,
+        ):
             try:
                 notices.poll(force=True)
             except Exception:  # noqa: BLE001 - aborting anyway
@@ -894,6 +900,7 @@ def _unasked(world: Communicator, notices: NoticeBoard) -> bool:
 # before it aborts the job: a peer that timed out in the same call asks and raises within
 # ASK_WAIT
 EXIT_ANSWERING = ASK_WAIT + 0.5
+EXIT_AFTER_QUESTION = 1.0  # and the time an asking peer has after its answers, to raise
 
 # Departure notices go from every leaving rank to every other: size^2 small messages at
 # exit, and across nodes a connection to every rank; above this size they are not sent
