@@ -1088,7 +1088,8 @@ class Dispatcher:
         said = str(exc)
         ex = self.executor
         running = ex.running if isinstance(pending, Future) and ex is not None else None
-        if running is not None and running is not pending:
+        queued = running is not None and running is not pending
+        if running is not None and queued:
             said = f"{said}; it is queued behind {running.what}, which has not completed"
         elif self._checking == seq and self.debug == "large" and call.spec.objects:
             said = (
@@ -1113,7 +1114,6 @@ class Dispatcher:
             )
         if exc.stuck:
             done = pending.wait if isinstance(pending, Future) else None
-            queued = running is not None and running is not pending
             said += self.whereabouts(seq, call.spec.name, done, call, in_it=not queued)
         if said == str(exc):
             return exc
@@ -1163,23 +1163,20 @@ class Dispatcher:
                 got[0] >= since  # an answer to this question
                 or (got[2] and got[0] >= recent and (got[1].seq or 0) >= seq)  # its own, here
             )
-            if got is None or not fresh:
+            if got is None or not fresh:  # (fresh implies got; said for the type checker)
                 silent.append(g)
                 continue
             when, place, asked = got
             their, running, waiting = place.seq, place.running, place.waiting
-            if (
-                place.call is not None
-                and place.call[0] == seq
-                and running.startswith(f"{op} #{seq} on ")
-            ):  # (its worker runs this call: not one queued behind another)
-                fps[g] = place.call[1]
+            in_call = their == seq and running.startswith(f"{op} #{seq} on ")
+            if in_call and place.call is not None and place.call[0] == seq:
+                fps[g] = place.call[1]  # (its worker runs this call, not one queued behind)
             if their is None:
                 text = "has no such group (not made there yet, or freed and forgotten)"
             elif their < seq:
                 behind.append(g)
                 text = f"last call of this group #{their}"
-            elif their == seq and running.startswith(f"{op} #{seq} on "):
+            elif in_call:
                 text = "waits in it too"
             elif their == seq and f" #{seq} on " in running:
                 text = f"in {running}, another call with this number: the calls differ"

@@ -156,7 +156,6 @@ class NoticeBoard:
         self.heard.setdefault(gid, {})[world_rank] = (now, Place(*place), asking)
         if asking:
             self.last_question = now
-        if asking:
             msg = (HERE, gid, self.world_rank, *self._position(gid))
             self._send(msg, world_rank)
 

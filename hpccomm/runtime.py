@@ -867,12 +867,9 @@ def _at_exit() -> None:
         # answer them for a while (until every peer of those calls has asked, and a while
         # after the last question), so that they raise their errors (and the flight
         # recorder writes its dump) before the abort
-        start = time.monotonic()
-        while (
-            time.monotonic() < start + EXIT_ANSWERING and _unasked(world, notices)
-        ) or time.monotonic() < min(
-            notices.last_question + EXIT_AFTER_QUESTION,
-            start + EXIT_ANSWERING + EXIT_AFTER_QUESTION,
+        end = time.monotonic() + EXIT_ANSWERING
+        while (time.monotonic() < end and _unasked(world, notices)) or (
+            time.monotonic() < min(notices.last_question, end) + EXIT_AFTER_QUESTION
         ):
             try:
                 notices.poll(force=True)
@@ -926,7 +923,7 @@ def _locate(gid: str) -> tuple[int, str, Any] | None:
                 try:
                     call = (seq, fingerprint(made, made.spec.name, seq))
                 except Exception:  # noqa: BLE001 - the rest of the answer still holds
-                    call = None
+                    pass
             return c._group.seq, "" if running is None else running.what, call
     return None
 
