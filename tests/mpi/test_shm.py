@@ -802,18 +802,27 @@ def test_direct_ranks_that_disagree_raise_a_mismatch_on_every_rank(direct, debug
     assert (y == comm.size * (comm.size + 1) / 2).all()
 
 
-def fail_read(fast, monkeypatch, nth):
-    """This rank's ``nth`` read of a peer's memory fails as with a peer that is gone."""
-    calls = {"n": 0}
-    real = fast.cma.read
+REAL_READ = shm_mod._Lane.read
 
-    def failing(rank, pid, addr, into):
+
+def fail_read(fast, monkeypatch, nth):
+    """This rank's ``nth`` read of a peer's memory fails as with a peer that is gone (until
+    :func:`heal_reads` or the test's end)."""
+    calls = {"n": 0}
+    real = REAL_READ
+
+    def failing(lane, rank, pid, addr, local, n):
         calls["n"] += 1
         if calls["n"] == nth:
             raise shm_mod._Unreachable(rank, "process_vm_readv: No such process")
-        real(rank, pid, addr, into)
+        real(lane, rank, pid, addr, local, n)
 
-    monkeypatch.setattr(fast.cma, "read", failing)
+    monkeypatch.setattr(shm_mod._Lane, "read", failing)
+
+
+def heal_reads(monkeypatch):
+    """Reads of peers' memory work again (after :func:`fail_read`; on any rank)."""
+    monkeypatch.setattr(shm_mod._Lane, "read", REAL_READ)
 
 
 def test_a_rank_that_cannot_reach_a_peer_fails_the_call_on_every_rank(direct, monkeypatch):
@@ -821,7 +830,6 @@ def test_a_rank_that_cannot_reach_a_peer_fails_the_call_on_every_rank(direct, mo
     # BackendError naming it (no rank returns a result with that rank's part missing), and the
     # group goes on.
     comm, fast = direct
-    real = fast.cma.read
     if comm.rank == 1:
         fail_read(fast, monkeypatch, 3)
     x = np.full(5 * PIECE, comm.rank + 1.0)
@@ -829,8 +837,7 @@ def test_a_rank_that_cannot_reach_a_peer_fails_the_call_on_every_rank(direct, mo
                        r"failed: rank 1 could not reach rank \d+'s array \(process id \d+\): "
                        r"process_vm_readv: No such process; the result is incomplete"):  # fmt: skip
         comm.all_reduce(x)
-    if comm.rank == 1:
-        monkeypatch.setattr(fast.cma, "read", real)
+    heal_reads(monkeypatch)
     y = np.full(5 * PIECE, comm.rank + 1.0)
     comm.all_reduce(y)
     assert (y == comm.size * (comm.size + 1) / 2).all()
@@ -1343,14 +1350,13 @@ def test_hierarchical_single_copy_failures_and_factors(comm, monkeypatch):
     plain(0)
     ran_as(fast, "single_copy", 1)
     last = n - 1
-    real = fast.cma.read
     if comm.rank == last:
         fail_read(fast, monkeypatch, 2)
     with pytest.raises(hpccomm.BackendError, match=rf"single-copy path failed: rank {last} "
                        rf"could not reach rank {half}'s array \(process id \d+\): "
                        r"process_vm_readv: No such process; the result is incomplete"):  # fmt: skip
         comm.all_reduce(np.full(count, 1.0))
-    monkeypatch.setattr(fast.cma, "read", real)
+    heal_reads(monkeypatch)
     plain(1)
     if comm.rank == 0:
 

@@ -25,6 +25,25 @@ def test_read_and_write_move_the_bytes():
     cma.read(3, os.getpid(), 0, np.zeros(0))  # nothing to move: no call
 
 
+def test_a_lane_moves_piece_after_piece_by_address():
+    # One lane (the iovecs a call reuses) moves pieces of different sizes and places in
+    # turn; a bad address in the middle raises and the next piece moves all the same.
+    lane = shm._Cma().lane()
+    src = np.arange(50_001, dtype=np.int32)
+    into = np.full(50_001, -1, np.int32)
+    pieces = [(0, 4096), (4096, 1), (4097, 30_000), (34_097, 15_904)]
+    for k, (at, n) in enumerate(pieces):
+        if k == 2:
+            with pytest.raises(shm._Unreachable, match="process_vm_readv: Bad address"):
+                lane.read(5, os.getpid(), 8, into.ctypes.data, 4)
+        lane.read(5, os.getpid(), src.ctypes.data + 4 * at, into.ctypes.data + 4 * at, 4 * n)
+    assert np.array_equal(into, src)
+    back = np.zeros(3, np.int32)
+    lane.write(5, os.getpid(), back.ctypes.data + 4, src.ctypes.data + 40, 8)
+    assert back.tolist() == [0, 10, 11]
+    lane.write(5, os.getpid(), 8, 16, 0)  # nothing to move: no call (the addresses unread)
+
+
 def test_a_bad_address_names_the_rank_and_the_reason():
     cma = shm._Cma()
     with pytest.raises(shm._Unreachable) as got:
