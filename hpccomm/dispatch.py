@@ -63,6 +63,7 @@ from .executor import Executor, Future, on_worker
 from .notices import ASK_MAX_RANKS, ASK_WAIT, ENTERED, FAILED, REFUSED, NoticeBoard
 from .ops import (
     BARRIER,
+    BATCH_P2P,
     BROADCAST,
     OVERLAP_CHECKED,
     REDUCE,
@@ -71,9 +72,10 @@ from .ops import (
     OpSpec,
     as_int,
     check_stream,
+    p2p_counterparts,
 )
 from .record import Record
-from .work import ORPHANS, Done, Work, reap, wait_watching
+from .work import ORPHANS, Done, Work, batch_tags, reap, wait_watching
 
 __all__ = ["Dispatcher", "CACHE_LIMIT"]
 
@@ -284,7 +286,7 @@ class Dispatcher:
                 if stream is not None:
                     check_stream(stream, here)
             except InvalidArgumentError as exc:
-                self.refused(spec, exc)
+                self.refused(spec, exc, (data, peer, src, tag))
                 raise
         # resolve + validate, once per description of host arrays (the key holds only what
         # validation depends on; a freed communicator has an empty cache and is refused by
@@ -348,7 +350,7 @@ class Dispatcher:
                         spec, data, out, peer, src, tag, redop, sizes, in_splits, out_splits
                     )
                 except HpccommError as exc:
-                    self.refused(spec, exc)
+                    self.refused(spec, exc, (data, peer, src, tag))
                     raise
                 if key:
                     if len(self.cache) >= CACHE_LIMIT:
@@ -361,7 +363,7 @@ class Dispatcher:
                     spec, data, out, peer, src, tag, redop, sizes, in_splits, out_splits
                 )
             except HpccommError as exc:
-                self.refused(spec, exc)
+                self.refused(spec, exc, (data, peer, src, tag))
                 raise
         # record: the group's next sequence number
         group = self.group
@@ -544,11 +546,16 @@ class Dispatcher:
             rec = Record(call, seq, async_op, self.gid, site)
             record.notify("start", rec)
         notices = self.notices
-        watch = on_failure = None
+        watch: Callable[..., Any] | None = None
+        on_failure = None
+        started = None
         if notices is not None and not call.spec.p2p:
             watch = notices.watch(self.gid, seq, partial(call.where, seq), self.members)
             on_failure = partial(self.report, call)
             self.current = (seq, call)  # (told to a peer that times out and asks)
+        elif notices is not None:  # a bounded wait answers a peer's question (Work.wait)
+            watch = notices.answer
+            started = (time.time(), data if call.spec is BATCH_P2P else None)
         pending: Any = None
         checking = self.debug in CHECKING
         checked = (checking and not call.spec.p2p) or check
@@ -645,7 +652,7 @@ class Dispatcher:
             closed=self._is_closed,
             on_failure=on_failure,
             after=None if guard is None else guard.release,
-            explain=partial(self.timed_out, call, seq, pending),
+            explain=partial(self.timed_out, call, seq, pending, started),
         )
         if async_op:
             if call.spec.p2p:
@@ -663,7 +670,9 @@ class Dispatcher:
                 self._update_slow()
             raise
 
-    def refused(self, spec: OpSpec, exc: BaseException) -> None:
+    def refused(
+        self, spec: OpSpec, exc: BaseException, args: tuple[Any, Any, Any, Any] | None = None
+    ) -> None:
         """A collective refused by validation on this rank takes its sequence number all the
         same (the other ranks may have entered it: their counters moved on too; or they
         refused it too), and the others are told, since they may be waiting in it.
@@ -674,10 +683,25 @@ class Dispatcher:
         ran (every rank compared the call: nobody entered it) this rank's next collective on
         the group first waits (see settle) for every other member's word that it refused the
         call too; without it, or told that one entered the call, the group is unusable on
-        this rank (that call and later ones: ClosedError, and the others are told)."""
+        this rank (that call and later ones: ClosedError, and the others are told).
+
+        A point-to-point call refused here (``args``: its data, peer, src and tag) takes
+        no number (they are not matched across ranks) and tells the ranks it names, whose
+        side of it then says so at its timeout (see p2p_whereabouts)."""
         if record.error_hooks:
             record.report_error(exc)
         if spec.p2p:
+            if self.notices is not None and args is not None and not self.closed:
+                try:
+                    told = p2p_counterparts(self.group, spec.name, *args)
+                    self.notices.refuse_p2p(
+                        self.gid,
+                        self.group.rank,
+                        [(self.members[r], what) for r, what in told],
+                        f"{type(exc).__name__}: {exc}",
+                    )
+                except Exception:  # noqa: BLE001 - only a hint for the peer: this rank
+                    pass  # raises its own error
             return
         self.group.seq += 1
         seq = self.group.seq
@@ -1080,11 +1104,17 @@ class Dispatcher:
         return call.backend.error(call, seq, exc)
 
     def timed_out(
-        self, call: Call, seq: int, pending: Any, exc: CommTimeoutError
+        self,
+        call: Call,
+        seq: int,
+        pending: Any,
+        p2p: tuple[float, Any] | None,
+        exc: CommTimeoutError,
     ) -> CommTimeoutError:
         """The error of a bounded call that did not complete; says when it waits behind an
         earlier call of the group that is stuck, and, where the group's own bound ran out,
-        where the other ranks are (whereabouts)."""
+        where the other ranks are (whereabouts; for a point-to-point call, ``p2p``: when
+        it began (time.time()) and a batch's ops, where its peers are)."""
         said = str(exc)
         ex = self.executor
         running = ex.running if isinstance(pending, Future) and ex is not None else None
@@ -1112,7 +1142,9 @@ class Dispatcher:
                 f"a buffer: a rank with smaller buffers goes straight to MPI, so the ranks' "
                 f"sizes may differ (debug='check' on every rank compares every call)"
             )
-        if exc.stuck:
+        if exc.stuck and p2p is not None:
+            said += self.p2p_whereabouts(call, *p2p)
+        elif exc.stuck and not call.spec.p2p:
             done = pending.wait if isinstance(pending, Future) else None
             said += self.whereabouts(seq, call.spec.name, done, call, in_it=not queued)
         if said == str(exc):
@@ -1192,8 +1224,8 @@ class Dispatcher:
         if silent:
             parts.append(
                 f"no answer within {ASK_WAIT:g} s from rank(s) {silent} (not waiting in a "
-                f"collective with a timeout: busy outside hpccomm, in a point-to-point call or "
-                f"a call without a timeout, or gone)"
+                f"call with a timeout: busy outside hpccomm, in a call without a timeout, or "
+                f"gone)"
             )
         head = f"rank(s) {behind} have not reached it; " if behind else ""
         tail = ""
@@ -1213,6 +1245,68 @@ class Dispatcher:
                     "rank is stuck inside MPI"
                 )
         return f"; where the other ranks are (asked at the timeout): {head}{'; '.join(parts)}{tail}"
+
+    def p2p_whereabouts(self, call: Call, started: float, items: Any) -> str:
+        """At a point-to-point call's timeout: the refusals its peers told of (a call of
+        theirs with this rank, refused there: nothing was posted) from one timeout before
+        this call began on, and where each peer is, as it answers (NoticeBoard.ask: a rank
+        answers while it waits in a call with a timeout); a receive from any rank asks
+        every other member (up to ASK_MAX_RANKS). ``items``: a batch's ops."""
+        notices = self.notices
+        g = self.group
+        if notices is None or g.size < 2:
+            return ""
+        named = p2p_counterparts(g, call.spec.name, items, call.peer, call.src, call.tag)
+        peers = sorted({r for r, _ in named}) or [r for r in range(g.size) if r != g.rank]
+        try:
+            if len(peers) < ASK_MAX_RANKS:
+                since, said = notices.ask(self.gid, [self.members[r] for r in peers])
+            else:
+                notices.poll(force=True)
+                since, said = time.monotonic(), {}
+        except Exception:  # noqa: BLE001 - the timeout is the error; this only explains it
+            return ""
+        hints, parts = [], []
+        now = time.time()
+        worlds = {self.members[r] for r in peers}
+        for ref in notices.p2p_refusals.get(self.gid, ()):
+            if ref.world_rank in worlds and ref.wall >= started - (self._timeout or 0.0):
+                hints.append(
+                    f"{g.peer(ref.group_rank)} refused {ref.what} {max(0.0, now - ref.wall):.1f} s "
+                    f"before this timeout (nothing was sent or posted there): {ref.reason}"
+                )
+        if items is not None:
+            hints += batch_tags(call, items)
+        silent = []
+        for r in peers:
+            got = said.get(self.members[r])
+            gone = notices.departed.get(self.members[r])
+            if (got is None or got[0] < since) and gone is not None:
+                parts.append(f"{g.peer(r)} has left the job ({gone[1]})")
+                continue
+            if got is None or got[0] < since:
+                silent.append(g.peer(r))
+                continue
+            place = got[1]
+            if place.seq is None:
+                text = "has no such group (not made there yet, or freed and forgotten)"
+            else:
+                text = f"last collective of this group #{place.seq}"
+            if place.running:
+                text += f", its worker runs {place.running}"
+            if place.waiting and place.waiting != place.running:
+                text += f", waits in {place.waiting}"
+            parts.append(f"{g.peer(r)}: {text}")
+        if silent and len(peers) < ASK_MAX_RANKS:
+            parts.append(
+                f"no answer within {ASK_WAIT:g} s from {', '.join(silent)} (not waiting in a "
+                f"call with a timeout: busy outside hpccomm, in a call without a timeout, or "
+                f"gone)"
+            )
+        said_ = "".join(f"; {h}" for h in hints)
+        if parts:
+            said_ += f"; where its peers are (asked at the timeout): {'; '.join(parts)}"
+        return said_
 
     def running_p2p(self) -> list[str]:
         """The point-to-point operations handed out (Works) not yet seen complete (wait(),

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from .errors import CommTimeoutError, PeerError
-from .work import wait_bounded
+from .work import p2p_waiting, wait_bounded
 
 __all__ = ["NoticeBoard", "NOTICE_TAG", "POLL_INTERVAL", "FAILED", "REFUSED", "ENTERED",
-           "DEPARTURES", "ASK_WAIT", "ASK_MAX_RANKS", "Place"]  # fmt: skip
+           "DEPARTURES", "ASK_WAIT", "ASK_MAX_RANKS", "Place", "P2pRefusal"]  # fmt: skip
 
 NOTICE_TAG = 7
 FAILED, REFUSED, ENTERED = "failed", "refused", "entered"  # what a notice says (see post)
@@ -39,6 +40,11 @@ WHERE, HERE = "<where>", "<here>"
 ASK_WAIT = 1.0
 ASK_MAX_RANKS = 64
 WAITING_FRESH = 0.5  # seconds after its last look a bounded wait counts as current
+# A point-to-point call refused on one rank (bad arguments: nothing was posted) tells the
+# ranks it names (refuse_p2p), so that their side of it, past its timeout, says why the
+# message never came; the latest few per group are kept
+P2P_REFUSED = "<p2p-refused>"
+P2P_REFUSALS_KEPT = 16
 
 
 class Place(NamedTuple):
@@ -49,6 +55,16 @@ class Place(NamedTuple):
     waiting: str  # the bounded wait it is in, of any group ("" for none)
     call: tuple[int, dict[str, Any]] | None  # its latest bounded or async collective there:
     # (number, fingerprint), compared with the asker's where the numbers agree
+
+
+class P2pRefusal(NamedTuple):
+    """A peer's point-to-point call refused there (see NoticeBoard.refuse_p2p)."""
+
+    world_rank: int
+    group_rank: int
+    what: str  # what it would have done with this rank: "a send to rank 1 (tag 0)"
+    reason: str  # its error
+    wall: float  # time.time() there when it was refused
 
 
 class NoticeBoard:
@@ -82,6 +98,8 @@ class NoticeBoard:
         # (time.monotonic() when heard, its Place, whether it was asking: timed out itself)
         self.heard: dict[str, dict[int, tuple[float, Place, bool]]] = {}
         self.last_question = 0.0  # time.monotonic() of the latest question heard
+        # group id -> the latest point-to-point refusals peers told this rank of
+        self.p2p_refusals: dict[str, deque[P2pRefusal]] = {}
 
     def post(
         self,
@@ -132,6 +150,11 @@ class NoticeBoard:
                 world_rank, seqs, reason = rest
                 self.departed[world_rank] = (seqs, reason)
                 continue
+            if gid == P2P_REFUSED:
+                group_id, *refusal = rest
+                kept = self.p2p_refusals.setdefault(group_id, deque(maxlen=P2P_REFUSALS_KEPT))
+                kept.append(P2pRefusal(*refusal))
+                continue
             self.received.setdefault(gid, []).append(tuple(rest))
 
     def _position(self, gid: str) -> Place:
@@ -158,6 +181,28 @@ class NoticeBoard:
             self.last_question = now
             msg = (HERE, gid, self.world_rank, *self._position(gid))
             self._send(msg, world_rank)
+
+    def answer(self, call: Any, seq: int) -> None:
+        """Run between the polls of a bounded point-to-point wait (call ``seq``, a Call; see
+        work.idle_while): looks for notices every POLL_INTERVAL, so that a peer that timed
+        out and asks hears where this rank is. It never raises: a point-to-point call is
+        not matched by number, so no notice ends it."""
+        now = time.monotonic()
+        if now - self._last >= POLL_INTERVAL:
+            self._waiting = (p2p_waiting(call, seq), now)
+            self.poll()
+
+    def refuse_p2p(
+        self, gid: str, group_rank: int, told: Sequence[tuple[int, str]], reason: str
+    ) -> None:
+        """A point-to-point call refused here (nothing posted): tell each rank it names
+        (``told``: world rank, what the call would have done with it), which keeps the
+        latest P2P_REFUSALS_KEPT per group and says it at its own call's timeout."""
+        wall = time.time()
+        for w, what in told:
+            if w != self.world_rank:
+                self._send((P2P_REFUSED, gid, self.world_rank, group_rank, what, reason, wall), w)
+        self._drop_sent()
 
     def ask(
         self,

@@ -35,7 +35,8 @@ from .dtypes import (
 )
 from .errors import DtypeError, HpccommError, InvalidArgumentError, where
 
-__all__ = ["OpSpec", "Call", "Group", "P2POp", "SPECS", "as_int", "check_stream", "check_timeout"]
+__all__ = ["OpSpec", "Call", "Group", "P2POp", "SPECS", "as_int", "check_stream", "check_timeout",
+           "p2p_counterparts"]  # fmt: skip
 
 Counts = tuple[list[int], list[int]]  # elements per rank, displacement per rank
 _NO_COUNTS: Counts = ([], [])
@@ -892,3 +893,38 @@ SPECS: tuple[OpSpec, ...] = (
     SEND_OBJECT,
     RECV_OBJECT,
 )
+
+
+def p2p_counterparts(
+    group: Group, name: str, data: Any, peer: Any, src: Any, tag: Any
+) -> list[tuple[int, str]]:
+    """The ranks a point-to-point call (op ``name`` with the dispatch's arguments) sends to
+    or receives from, as (group rank, what it does with that rank: ``"a send to rank 1
+    (tag 0)"``), leaving out this rank, wildcards and arguments that are no rank of the
+    group (the call may have been refused for them). For a refusal's notice and a timeout's
+    question."""
+
+    def rank(value: Any) -> int | None:
+        if type(value) is not int or not 0 <= value < group.size or value == group.rank:
+            return None
+        return value
+
+    def tagged(value: Any) -> str:
+        return "any tag" if value is None else f"tag {value!r}"
+
+    out: list[tuple[int, str]] = []
+    me = group.peer(group.rank)
+    if name in ("send", "send_object", "sendrecv"):
+        if (to := rank(peer)) is not None:
+            out.append((to, f"a {name} from {me} to {group.peer(to)} ({tagged(tag)})"))
+    if name in ("recv", "recv_object") and (frm := rank(peer)) is not None:
+        out.append((frm, f"a {name} by {me} from {group.peer(frm)} ({tagged(tag)})"))
+    if name == "sendrecv" and (frm := rank(src)) is not None:
+        out.append((frm, f"a sendrecv by {me} from {group.peer(frm)} ({tagged(tag)})"))
+    if name == "batch_isend_irecv" and isinstance(data, (list, tuple)):
+        for i, item in enumerate(data):
+            if isinstance(item, P2POp) and (other := rank(item.peer)) is not None:
+                way = "to" if item.op == "send" else "from"
+                out.append((other, f"ops[{i}] of a batch of {me}: {item.op} {way} "
+                                   f"{group.peer(other)} ({tagged(item.tag)})"))  # fmt: skip
+    return out

@@ -29,7 +29,8 @@ from .errors import (
 from .executor import Future
 from .ops import Call, check_timeout
 
-__all__ = ["Work", "Pending", "ORPHANS", "reap", "wait_bounded", "wait_watching"]
+__all__ = ["Work", "Pending", "ORPHANS", "reap", "wait_bounded", "wait_watching", "idle_while",
+           "batch_tags", "p2p_waiting"]  # fmt: skip
 
 _DEFAULT: Any = object()  # wait() without an argument: the communicator's timeout
 
@@ -76,9 +77,36 @@ def wait_bounded(
         if now < spin_until:  # (not sleep(0): Linux's nanosleep(0) takes 50-100 us too)
             os.sched_yield()  # the CPU to a rank or thread that shares this core, as Open
             continue  # MPI's mpi_yield_when_idle does in its own waits
+        idle = _idle.__dict__.get("hook")
+        if idle is not None:
+            idle[0](idle[1], idle[2])
         time.sleep(pause)
         pause = min(pause * 2, 1e-3)
     return True
+
+
+# What a bounded wait of this thread does between its polls once it sleeps (idle_while)
+_idle = threading.local()
+
+
+def idle_while(
+    answer: Callable[[Call, int], None],
+    call: Call,
+    seq: int,
+    wait: Callable[[float], bool],
+    timeout: float,
+) -> bool:
+    """``wait(timeout)`` with ``answer(call, seq)`` run between the polls of every bounded
+    wait it makes on this thread (wait_bounded, after its first SPIN_SECONDS): a
+    point-to-point wait answers a peer's question that way (NoticeBoard.answer). Its
+    requests are polled as without it (a wait cut into slices would end a blocking checked
+    receive's header receive at the first slice). ``answer`` must not raise."""
+    before = _idle.__dict__.get("hook")
+    _idle.hook = (answer, call, seq)
+    try:
+        return wait(timeout)
+    finally:
+        _idle.hook = before
 
 
 # How long a bounded wait polls without sleeping: a message between ranks of a node arrives
@@ -139,7 +167,7 @@ class Work:
         pending: Pending,
         *,
         timeout: float | None = None,
-        watch: Callable[[], None] | None = None,
+        watch: Callable[..., Any] | None = None,
         rec: record.Record | None = None,
         closed: Callable[[], bool] | None = None,
         on_failure: Callable[[int, BaseException, bool], None] | None = None,
@@ -151,6 +179,9 @@ class Work:
         # point-to-point requests: tested and waited for by one thread at a time
         self._pending = _OneAtATime(pending) if call.spec.p2p else pending
         self._timeout = timeout  # the communicator's, for wait() without an argument
+        # a collective's: raises a peer's failure notice (called between slices of its
+        # wait); a point-to-point call's: answers a peer's question, given the call and
+        # its number (NoticeBoard.answer; see idle_while)
         self._watch = watch
         self._record = rec
         self._closed = closed
@@ -246,7 +277,14 @@ class Work:
                 timeout = self._timeout
             try:
                 watch = self._watch
-                if watch is None:
+                if watch is not None and self._call.spec.p2p:  # bounded: answers questions
+                    done = (  # (never raises: see idle_while; made once a test failed)
+                        self._pending.wait(None)
+                        if timeout is None
+                        else self._pending.test()
+                        or idle_while(watch, self._call, self._seq, self._pending.wait, timeout)
+                    )
+                elif watch is None:
                     done = self._pending.wait(timeout)
                 else:  # without a bound too: a peer's failure notice ends the wait
                     bound = math.inf if timeout is None else timeout
@@ -287,6 +325,7 @@ class Work:
                 f"{self._where()}: not complete after {timeout:g} s"
                 f"{_p2p_left(self._call, self._pending)}"
             )
+            err.stuck = True  # the group's own bound: the explanation asks the peer
         else:
             err = CommTimeoutError(
                 f"{self._where()}: not complete after {timeout:g} s; some rank of the group "
@@ -295,7 +334,7 @@ class Work:
             err.stuck = True  # the group's own bound: the explanation asks the peers
         if self._explain is not None:
             err = self._explain(err)
-            if completing and err.stuck and self._pending.wait(0):
+            if completing and err.stuck and not self._call.spec.p2p and self._pending.wait(0):
                 return None
         if record.error_hooks and self._closed is not _always:
             record.report_error(err)
@@ -432,6 +471,22 @@ def _always() -> bool:
     return True
 
 
+def p2p_waiting(call: Call, seq: int) -> str:
+    """A point-to-point call as a rank waiting in it tells a peer that asks where it is:
+    ``recv #3 on world (rank 1 of 2) from rank 0 (tag 0)``."""
+    g = call.group
+    text = call.where(seq)
+    tag = "any tag" if call.tag is None else f"tag {call.tag}"
+    name = call.spec.name
+    if name in ("recv", "recv_object"):
+        return f"{text} from {g.peer(call.peer)} ({tag})"
+    if name in ("send", "send_object"):
+        return f"{text} to {g.peer(call.peer)} ({tag})"
+    if name == "sendrecv":
+        return f"{text} to {g.peer(call.peer)}, from {g.peer(call.src)} ({tag})"
+    return text
+
+
 def _p2p_left(call: Call, pending: Any) -> str:
     """What a point-to-point call that timed out leaves behind (the end of its error)."""
     name = call.spec.name
@@ -471,23 +526,56 @@ def _p2p_left(call: Call, pending: Any) -> str:
 def _other_tag(call: Call) -> str:
     """For a receive with a tag that timed out: a message from its source with another tag
     waiting in MPI (the sender's tag differs), named; else ""."""
-    mpi = getattr(call.backend, "mpi", None)
-    if call.tag is None or call.spec.name != "recv" or mpi is None:
+    if call.tag is None or call.spec.name != "recv":
         return ""
+    found = _waiting_message(call, call.peer)
+    if found is None or found[1] == call.tag:
+        return ""
+    return (
+        f"; a message from {call.group.peer(found[0])} with tag {found[1]} is waiting (do "
+        f"the tags differ?)"
+    )
+
+
+def batch_tags(call: Call, items: Any) -> list[str]:
+    """For a batch that timed out: each of its receives (with a source and a tag) from a
+    rank that has a message with another tag waiting in MPI, named, as _other_tag does for
+    a receive (a receive that matched its message has taken it: what waits matched none)."""
+    said = []
+    wanted: dict[int, set[Any]] = {}
+    for item in items:
+        if getattr(item, "op", None) == "recv" and type(item.peer) is int:
+            wanted.setdefault(item.peer, set()).add(item.tag)
+    for i, item in enumerate(items):
+        if getattr(item, "op", None) != "recv" or type(item.peer) is not int:
+            continue
+        found = _waiting_message(call, item.peer)
+        if found is not None and found[1] not in wanted[item.peer]:
+            said.append(
+                f"ops[{i}] receives from {call.group.peer(item.peer)} with tag {item.tag!r}; "
+                f"a message from there with tag {found[1]} is waiting (do the tags differ?)"
+            )
+            wanted[item.peer].add(found[1])  # (said once per waiting tag)
+    return said
+
+
+def _waiting_message(call: Call, source: int | None) -> tuple[int, int] | None:
+    """(source, tag) of a message from ``source`` (None: any rank) that waits in MPI on the
+    call's communicator, matched by no receive; None if there is none or MPI cannot say."""
+    mpi = getattr(call.backend, "mpi", None)
+    if mpi is None:
+        return None
     try:
         from mpi4py import MPI
 
         status = MPI.Status()
-        source = MPI.ANY_SOURCE if call.peer is None else call.peer
-        if mpi.Iprobe(source=source, tag=MPI.ANY_TAG, status=status):
-            if status.Get_tag() != call.tag:
-                return (
-                    f"; a message from {call.group.peer(status.Get_source())} with tag {status.Get_tag()} "
-                    f"is waiting (do the tags differ?)"
-                )
+        if mpi.Iprobe(
+            source=MPI.ANY_SOURCE if source is None else source, tag=MPI.ANY_TAG, status=status
+        ):
+            return status.Get_source(), status.Get_tag()
     except Exception:  # noqa: BLE001 - only a hint: the timeout is the error
         pass
-    return ""
+    return None
 
 
 def _posted(pending: Any) -> list[Any]:

@@ -1,0 +1,139 @@
+"""A point-to-point call that times out says where its peer is (it asks, as a timed-out
+collective asks its group), what the peer refused (a call of the peer's with this rank that
+was refused there, so nothing was sent), and for a batch, receives whose source has a
+message with another tag waiting; a rank waiting in a bounded point-to-point call answers a
+collective's question. Ranks 0 and 1 of the world play each scenario on a pair group; every
+scenario ends with the calls that timed out completed or received, so the group goes on."""
+
+import re
+import time
+
+import numpy as np
+import pytest
+
+import hpccomm
+from hpccomm import P2POp
+from hpccomm.notices import ASK_WAIT
+
+pytestmark = pytest.mark.mpi(min_size=2)
+BOUND = 1.0  # the pair's timeout in these tests
+
+
+@pytest.fixture
+def pair(world):
+    c = world.split(0 if world.rank < 2 else None)
+    if not c:
+        yield None
+        return
+    c.timeout = BOUND
+    yield c
+    c.timeout = 60
+    c.barrier()  # both ranks past their scenario
+    c.free()
+
+
+def test_a_receive_names_a_peer_in_a_collective_and_that_peer_names_it(pair):
+    # Rank 0 goes on to a barrier instead of sending; rank 1 waits in its receive. Each
+    # times out, asks the other, and says where the other is.
+    if pair is None:
+        return
+    x = np.ones(3)
+    pair.all_reduce(x)
+    if pair.rank == 0:
+        with pytest.raises(hpccomm.CommTimeoutError) as info:
+            pair.barrier()
+        said = str(info.value)
+        assert re.search(r"rank 1: last call of this group #1, waits in recv #1 on \S+ "
+                         r"\(rank 1 of 2\) from rank 0 \(tag 4\)", said), said  # fmt: skip
+        pair.send(np.full(2, 7.0), 1, tag=4)  # (rank 1 receives it after the barrier)
+    else:
+        y = np.zeros(2)
+        with pytest.raises(hpccomm.CommTimeoutError) as info:
+            pair.recv(y, 0, tag=4)
+        said = str(info.value)
+        assert "no message from rank 0 with tag 4 arrived" in said, said
+        assert re.search(r"where its peers are \(asked at the timeout\): rank 0: last "
+                         r"collective of this group #2, its worker runs barrier #2 on \S+ "
+                         r"\(rank 0 of 2\)", said), said  # fmt: skip
+        time.sleep(ASK_WAIT + 0.5)  # rank 0's asking is over: its barrier has raised
+        pair.barrier()  # completes rank 0's barrier, still running on its worker
+        assert pair.recv(y, 0, tag=4) == 0  # nothing stayed posted: this receive takes it
+        assert y.tolist() == [7.0, 7.0]
+
+
+@pytest.mark.parametrize("form", ["send", "batch"])
+def test_a_receive_names_the_send_its_peer_refused(pair, form):
+    # Rank 0's send is refused (a dtype hpccomm does not send): nothing reaches rank 1,
+    # whose receive says why at its timeout, then rank 0 sends again and it completes.
+    if pair is None:
+        return
+    bad = np.ones(3, np.float64).astype(object)
+    if pair.rank == 0:
+        with pytest.raises(hpccomm.DtypeError):
+            if form == "send":
+                pair.send(bad, 1, tag=2)
+            else:
+                pair.batch_isend_irecv([P2POp("send", bad, 1, tag=2)])
+        time.sleep(BOUND + ASK_WAIT + 0.5)  # busy: rank 1 times out, asks, hears nothing
+        pair.send(np.arange(3.0), 1, tag=2)
+        return
+    y = np.zeros(3)
+    with pytest.raises(hpccomm.CommTimeoutError) as info:
+        if form == "send":
+            pair.recv(y, 0, tag=2)
+        else:
+            work = pair.batch_isend_irecv([P2POp("recv", y, 0, tag=2)])
+            work.wait()
+    said = str(info.value)
+    what = ("a send from rank 0 to rank 1 (tag 2)" if form == "send"
+            else "ops[0] of a batch of rank 0: send to rank 1 (tag 2)")  # fmt: skip
+    assert re.search(rf"; rank 0 refused {re.escape(what)} \d+\.\d s before this timeout "
+                     r"\(nothing was sent or posted there\): DtypeError: ", said), said  # fmt: skip
+    assert "no answer within" in said, said  # (rank 0 sleeps: not in a call)
+    if form == "send":
+        pair.recv(y, 0, tag=2)
+    else:
+        work.wait(timeout=30)  # the batch's receive stayed posted: the message completes it
+    assert y.tolist() == [0.0, 1.0, 2.0]
+
+
+def test_a_refusal_from_long_before_is_not_named(pair):
+    # A refusal older than one timeout before the receive began is another story.
+    if pair is None:
+        return
+    if pair.rank == 0:
+        with pytest.raises(hpccomm.DtypeError):
+            pair.send(np.ones(2).astype(object), 1)
+        pair.send(np.ones(2), 1)  # the retry that worked
+        time.sleep(2 * BOUND + ASK_WAIT + 0.5)
+        pair.send(np.ones(2), 1)
+        return
+    y = np.zeros(2)
+    pair.recv(y, 0)
+    time.sleep(BOUND + 0.2)
+    with pytest.raises(hpccomm.CommTimeoutError) as info:
+        pair.recv(y, 0)
+    assert "refused" not in str(info.value), str(info.value)
+    pair.recv(y, 0)
+
+
+def test_a_batch_names_a_message_with_another_tag(pair):
+    # Rank 0 sends with tag 5; rank 1's batch receives with tag 6: its timeout says a
+    # message with tag 5 waits. Then the tag-5 message is received and a tag-6 one sent.
+    if pair is None:
+        return
+    if pair.rank == 0:
+        pair.send(np.full(2, 5.0), 1, tag=5)  # small: sent eagerly, completes
+        time.sleep(BOUND + ASK_WAIT + 0.5)
+        pair.send(np.full(2, 6.0), 1, tag=6)
+        return
+    y6, y5 = np.zeros(2), np.zeros(2)
+    work = pair.batch_isend_irecv([P2POp("recv", y6, 0, tag=6)])
+    with pytest.raises(hpccomm.CommTimeoutError) as info:
+        work.wait()
+    said = str(info.value)
+    assert ("; ops[0] receives from rank 0 with tag 6; a message from there with tag 5 is "
+            "waiting (do the tags differ?)") in said, said  # fmt: skip
+    pair.recv(y5, 0, tag=5)
+    work.wait(timeout=30)
+    assert (y5.tolist(), y6.tolist()) == ([5.0, 5.0], [6.0, 6.0])
