@@ -24,6 +24,7 @@ from .record import CallLog
 __all__ = [
     "gather_launch",
     "format_launch_table",
+    "Check",
     "CheckResult",
     "run_checks",
     "format_checks",
@@ -122,6 +123,7 @@ class CheckResult:
     ok: bool
     detail: str
     paths: str = ""  # the backends that ran the check's calls on rank 0 ("shm 5, mpi 2")
+    large: bool = False  # a check of large arrays: its line shows ``paths``
 
 
 def _expect(found: list[str], ok: object, detail: object) -> None:
@@ -378,26 +380,36 @@ def _c_symmetric(c: Communicator, found: list[str]) -> None:
         _same(found, x, want, f"{_label(x, 'SUM')} in comm.empty's {kind} array")
 
 
-CHECKS: tuple[tuple[str, Callable[[Communicator, list[str]], None]], ...] = (
-    ("all_reduce", _c_all_reduce),
-    ("reduce", _c_reduce),
-    ("broadcast", _c_broadcast),
-    ("all_gather", _c_all_gather),
-    ("gather/scatter", _c_gather_scatter),
-    ("reduce_scatter", _c_reduce_scatter),
-    ("all_to_all", _c_all_to_all),
-    ("barrier", _c_barrier),
-    ("send/recv", _c_p2p),
-    ("async", _c_async),
-    ("objects", _c_objects),
-    ("all_reduce, large", _c_all_reduce_large),
-    ("reduce_scatter, large", _c_reduce_scatter_large),
-    ("reduce, large", _c_reduce_large),
-    ("broadcast/all_gather, large", _c_broadcast_gather_large),
-    ("comm.empty (symmetric)", _c_symmetric),
+@dataclass(frozen=True)
+class Check:
+    """One of the doctor's checks: its name, its function (run on every rank of the group;
+    it appends each wrong result it finds to its list and goes on), and whether it uses
+    large arrays, where the cross-rank check, MPI's rendezvous protocol and the
+    shared-memory fast path take over (its line names the backends that ran its calls)."""
+
+    name: str
+    run: Callable[[Communicator, list[str]], None]
+    large: bool = False
+
+
+CHECKS: tuple[Check, ...] = (
+    Check("all_reduce", _c_all_reduce),
+    Check("reduce", _c_reduce),
+    Check("broadcast", _c_broadcast),
+    Check("all_gather", _c_all_gather),
+    Check("gather/scatter", _c_gather_scatter),
+    Check("reduce_scatter", _c_reduce_scatter),
+    Check("all_to_all", _c_all_to_all),
+    Check("barrier", _c_barrier),
+    Check("send/recv", _c_p2p),
+    Check("async", _c_async),
+    Check("objects", _c_objects),
+    Check("all_reduce, large", _c_all_reduce_large, large=True),
+    Check("reduce_scatter, large", _c_reduce_scatter_large, large=True),
+    Check("reduce, large", _c_reduce_large, large=True),
+    Check("broadcast/all_gather, large", _c_broadcast_gather_large, large=True),
+    Check("comm.empty (symmetric)", _c_symmetric, large=True),
 )
-# the checks whose line says which backends ran their calls (the fast path, or MPI)
-_PATHS_SHOWN = frozenset(name for name, _ in CHECKS[-5:])
 
 
 def run_checks(comm: Communicator, *, timeout: float = 60.0) -> list[CheckResult]:
@@ -406,12 +418,12 @@ def run_checks(comm: Communicator, *, timeout: float = 60.0) -> list[CheckResult
     results = []
     with comm.dup() as c:
         c.timeout = timeout
-        for name, check in CHECKS:
+        for check in CHECKS:
             log = CallLog()
             found: list[str] = []  # wrong results (the check goes on after one)
             try:
                 with log:
-                    check(c, found)
+                    check.run(c, found)
                 error = f"wrong result: {found[0]}" if found else ""
             except Exception as exc:  # report, never hide
                 error = f"{type(exc).__name__}: {exc}".strip() or traceback.format_exc(limit=1)
@@ -420,7 +432,7 @@ def run_checks(comm: Communicator, *, timeout: float = 60.0) -> list[CheckResult
             detail = "" if not bad else f"ranks {[i for i, _ in bad]}: {bad[0][1]}"
             ran = Counter(d["backend"] for d in log.records if d["group"] == c.name)
             paths = ", ".join(f"{b} {k}" for b, k in sorted(ran.items(), key=lambda t: -t[1]))
-            results.append(CheckResult(name, not bad, detail, paths))
+            results.append(CheckResult(check.name, not bad, detail, paths, check.large))
     return results
 
 
@@ -428,7 +440,7 @@ def format_checks(results: list[CheckResult], size: int) -> str:
     lines = [
         f"{'PASS' if r.ok else 'FAIL'}  {r.name}"
         + (f"  ({r.detail})" if r.detail else "")
-        + (f"  [calls by path: {r.paths}]" if r.paths and r.name in _PATHS_SHOWN else "")
+        + (f"  [calls by path: {r.paths}]" if r.paths and r.large else "")
         for r in results
     ]
     failed = sum(not r.ok for r in results)

@@ -9,7 +9,7 @@ import pytest
 from hpccomm.backends import shm
 from hpccomm.diagnose import CHECKS, format_checks, run_checks
 
-LARGE = [name for name, _ in CHECKS if "large" in name or "symmetric" in name]
+LARGE = [c.name for c in CHECKS if c.large]
 
 
 def _by_name(results):
@@ -23,6 +23,7 @@ def test_every_check_passes_and_says_which_path_ran(world):
     text = format_checks(results, world.size)
     assert f"{len(CHECKS)} of {len(CHECKS)} operations passed" in text
     got = _by_name(results)
+    assert len(LARGE) == 5 and "all_reduce, large" in LARGE and "all_reduce" not in LARGE
     for name in LARGE:
         assert f"PASS  {name}  [calls by path: " in text
         assert got[name].paths  # every large check made calls
@@ -43,7 +44,7 @@ def test_a_wrong_fast_path_fails_the_large_checks_only(world, monkeypatch):
 
     monkeypatch.setattr(shm, "_finish", wrong)
     got = _by_name(run_checks(world, timeout=60))
-    small = [name for name, _ in CHECKS if name not in LARGE]
+    small = [c.name for c in CHECKS if not c.large]
     assert [n for n in small if not got[n].ok] == []
     r = got["all_reduce, large"]
     assert not r.ok, r
