@@ -39,6 +39,10 @@ DEPART_WAIT = 1.0  # seconds a leaving rank waits for its departure notices to g
 WHERE, HERE = "<where>", "<here>"
 ASK_WAIT = 1.0
 ASK_MAX_RANKS = 64
+# A question answered (or waited for) less than this long ago is not asked again for the
+# same group: its answers are given (torch's watchdog fails the Works of a group that
+# expire together one after the other, and each asked anew: up to ASK_WAIT apiece)
+ASK_REUSE = 0.5
 WAITING_FRESH = 0.5  # seconds after its last look a bounded wait counts as current
 # A point-to-point call refused on one rank (bad arguments: nothing was posted) tells the
 # ranks it names (refuse_p2p), so that their side of it, past its timeout, says why the
@@ -98,6 +102,9 @@ class NoticeBoard:
         # (time.monotonic() when heard, its Place, whether it was asking: timed out itself)
         self.heard: dict[str, dict[int, tuple[float, Place, bool]]] = {}
         self.last_question = 0.0  # time.monotonic() of the latest question heard
+        # group id -> the latest question this rank asked there: (when its wait ended,
+        # when it was asked, the world ranks asked), time.monotonic()
+        self._asked: dict[str, tuple[float, float, frozenset[int]]] = {}
         # group id -> the latest point-to-point refusals peers told this rank of
         self.p2p_refusals: dict[str, deque[P2pRefusal]] = {}
 
@@ -217,15 +224,22 @@ class NoticeBoard:
         group: it looks for notices every POLL_INTERVAL). Returns the time of the question
         and what each member said (answers, and the questions of members that timed out
         before this rank and asked first), by world rank; members that said nothing are
-        missing. ``stop()`` true ends the wait early (the call that timed out completed)."""
+        missing. ``stop()`` true ends the wait early (the call that timed out completed).
+        Within ASK_REUSE seconds of the end of a question to the same ranks (or more) of
+        the group, that question's time and answers are returned instead, with what came
+        since (another call of the group that timed out with it: no second wait)."""
         since = time.monotonic()
         others = [w for w in members if w != self.world_rank]
         if not others or len(members) > ASK_MAX_RANKS:
             return since, {}
+        heard = self.heard.setdefault(gid, {})
+        last = self._asked.get(gid)
+        if last is not None and since - last[0] < ASK_REUSE and last[2].issuperset(others):
+            self.poll(force=True)
+            return last[1], {w: heard[w] for w in others if w in heard}
         msg = (WHERE, gid, self.world_rank, *self._position(gid))
         for w in others:
             self._send(msg, w)
-        heard = self.heard.setdefault(gid, {})
 
         def answered() -> bool:
             self.poll(force=True)
@@ -235,6 +249,7 @@ class NoticeBoard:
 
         wait_bounded(answered, wait)
         self._drop_sent()
+        self._asked[gid] = (time.monotonic(), since, frozenset(others))
         return since, {w: heard[w] for w in others if w in heard}
 
     def depart(self, seqs: dict[str, int], reason: str) -> None:
@@ -389,6 +404,7 @@ class NoticeBoard:
     def forget_group(self, gid: str, seq: int) -> None:
         """A group freed here after call ``seq``: kept for the departure notice (the latest
         FREED_KEPT such groups)."""
+        self._asked.pop(gid, None)
         seqs = self.freed_seqs
         seqs.pop(gid, None)
         seqs[gid] = seq

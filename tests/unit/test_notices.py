@@ -103,3 +103,26 @@ def test_the_counterparts_of_a_point_to_point_call():
         (3, "ops[0] of a batch of rank 1 (world rank 5): send to rank 3 (world rank 7) (tag 1)"),
         (0, "ops[3] of a batch of rank 1 (world rank 5): recv from rank 0 (world rank 4) (tag 0)"),
     ]
+
+
+def test_a_question_asked_a_moment_ago_is_not_asked_again():
+    # torch's watchdog fails a group's Works that expire together one after another; each
+    # asked anew and waited up to ASK_WAIT for a rank that does not answer. A question to
+    # the same ranks of the group that ended less than ASK_REUSE ago is answered from it.
+    import time
+
+    from hpccomm.notices import ASK_REUSE, WHERE
+
+    wire = {}
+    asking = NoticeBoard(FakeComm(0, wire), -1)
+    since, said = asking.ask("world", [0, 1], wait=0.05)
+    assert said == {} and [m[0] for m in wire[1]] == [WHERE]
+    t = time.monotonic()
+    again, said = asking.ask("world", [0, 1], wait=0.05)
+    assert again == since and said == {} and len(wire[1]) == 1  # not asked: no wait either
+    assert time.monotonic() - t < 0.04
+    asking.ask("world/2@0", [0, 1], wait=0.05)  # another group: asked
+    assert len(wire[1]) == 2
+    time.sleep(ASK_REUSE)
+    later, _ = asking.ask("world", [0, 1], wait=0.05)  # too long ago: asked again
+    assert later > since and len(wire[1]) == 3
