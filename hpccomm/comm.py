@@ -1121,7 +1121,9 @@ class Communicator:
             # about 20 KB each, 0.6 MB with the fast path's buffers, in a soak review)
             parent._children[:] = [c for c in parent._children if c is not self]
         if self._notices is not None:  # its last call, for this rank's departure notice
-            self._notices.forget_group(self._dispatcher.gid, self._group.seq)
+            self._notices.forget_group(
+                self._dispatcher.gid, self._group.seq, self._dispatcher.members
+            )
         shm = self._shm()
         stuck = self._dispatcher.close()
         self._devices.close()

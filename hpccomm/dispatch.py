@@ -1281,10 +1281,18 @@ class Dispatcher:
         for r in peers:
             got = said.get(self.members[r])
             gone = notices.departed.get(self.members[r])
+            freed = notices.freed_by.get(self.gid, {}).get(self.members[r])
             if (got is None or got[0] < since) and gone is not None:
                 parts.append(f"{g.peer(r)} has left the job ({gone[1]})")
                 continue
-            if got is None or got[0] < since:
+            fresh = got is not None and got[0] >= since
+            if freed is not None:
+                text = f"{g.peer(r)} freed this group (after its collective #{freed})"
+                if got is not None and fresh and got[1].waiting:
+                    text += f" and waits in {got[1].waiting}"
+                parts.append(text)
+                continue
+            if got is None or not fresh:
                 silent.append(g.peer(r))
                 continue
             place = got[1]

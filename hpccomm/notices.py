@@ -49,6 +49,10 @@ WAITING_FRESH = 0.5  # seconds after its last look a bounded wait counts as curr
 # message never came; the latest few per group are kept
 P2P_REFUSED = "<p2p-refused>"
 P2P_REFUSALS_KEPT = 16
+# A rank that frees a group (of up to ASK_MAX_RANKS ranks) tells the other members the
+# number of its last call there, so that a member waiting (bounded) in a later call of the
+# group hears at once that this rank will not join it (the latest FREED_KEPT groups kept)
+FREED = "<freed>"
 
 
 class Place(NamedTuple):
@@ -105,6 +109,8 @@ class NoticeBoard:
         # group id -> the latest question this rank asked there: (when its wait ended,
         # when it was asked, the world ranks asked), time.monotonic()
         self._asked: dict[str, tuple[float, float, frozenset[int]]] = {}
+        # group id -> world rank -> the last call number there of a member that freed it
+        self.freed_by: dict[str, dict[int, int]] = {}
         # group id -> the latest point-to-point refusals peers told this rank of
         self.p2p_refusals: dict[str, deque[P2pRefusal]] = {}
 
@@ -156,6 +162,14 @@ class NoticeBoard:
             if gid == DEPARTURES:
                 world_rank, seqs, reason = rest
                 self.departed[world_rank] = (seqs, reason)
+                continue
+            if gid == FREED:
+                group_id, world_rank, seq = rest
+                by = self.freed_by.pop(group_id, {})  # (latest last: dropped last)
+                by[world_rank] = seq
+                self.freed_by[group_id] = by
+                while len(self.freed_by) > FREED_KEPT:
+                    del self.freed_by[next(iter(self.freed_by))]
                 continue
             if gid == P2P_REFUSED:
                 group_id, *refusal = rest
@@ -269,7 +283,8 @@ class NoticeBoard:
 
     def check(self, gid: str, seq: int, where: str, members: Sequence[int] = ()) -> None:
         """Raise PeerError if a member reported failing call ``seq`` of group ``gid``, or a
-        member (world ranks ``members``) left the job before reaching it."""
+        member (world ranks ``members``) left the job or freed the group before reaching
+        it."""
         self._waiting = (where, time.monotonic())
         self.poll()
         for w in members:
@@ -283,6 +298,16 @@ class NoticeBoard:
                 )
                 err.told = True
                 raise err
+        freed = self.freed_by.get(gid)
+        if freed:
+            for g, w in enumerate(members):
+                if w in freed and freed[w] < seq:
+                    err = PeerError(
+                        f"{where}: rank {g} (world rank {w}) freed this group after call "
+                        f"#{freed[w]}: it will not join this one"
+                    )
+                    err.told = True
+                    raise err
         for nseq, op, group_rank, world_rank, reason, kind in self.received.get(gid, ()):
             if nseq == seq and kind != ENTERED:
                 err = PeerError(
@@ -401,9 +426,16 @@ class NoticeBoard:
             return got[0]
         return None
 
-    def forget_group(self, gid: str, seq: int) -> None:
+    def forget_group(self, gid: str, seq: int, members: Sequence[int] = ()) -> None:
         """A group freed here after call ``seq``: kept for the departure notice (the latest
-        FREED_KEPT such groups)."""
+        FREED_KEPT such groups); its other ``members`` (world ranks; groups of up to
+        ASK_MAX_RANKS) are told, so that one waiting in a later call of it hears that this
+        rank will not join (check)."""
+        if len(members) <= ASK_MAX_RANKS:
+            for w in members:
+                if w != self.world_rank:
+                    self._send((FREED, gid, self.world_rank, seq), w)
+            self._drop_sent()
         self._asked.pop(gid, None)
         seqs = self.freed_seqs
         seqs.pop(gid, None)

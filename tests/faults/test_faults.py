@@ -929,6 +929,45 @@ def test_a_rank_whose_program_ends_early_is_named_at_once(launch):
     ), node
 
 
+def test_a_rank_that_freed_the_group_is_named_at_once(launch):
+    # One rank freed a group its peers still call (it went on elsewhere): they waited out
+    # their timeout, or, where the freeing rank was not in a bounded call, heard nothing.
+    # The freeing rank tells the members: a collective after its last one raises at once,
+    # a point-to-point call's timeout names it.
+    job = launch(
+        3,
+        """
+        c = hpccomm.init(timeout=30)
+        sub, pair = c.dup(), c.dup()
+        sub.all_reduce(np.ones(4))
+        if c.rank == 0:
+            sub.free()
+            pair.free()
+            time.sleep(8)  # busy: answers no question
+        elif c.rank == 1:
+            outcome(c, "coll", lambda: sub.all_reduce(np.ones(4)))
+            time.sleep(6)  # (its exit aborts the job: its call stays inside MPI)
+        else:
+            pair.timeout = 2
+            outcome(c, "p2p", lambda: pair.recv(np.zeros(4), 0))
+        """,
+        bound=90,
+    )
+    got = job.of(1, "coll")
+    assert got["cls"] == "PeerError", got
+    assert got["msg"].startswith(
+        "all_reduce #2 on world/dup (rank 1 of 3): rank 0 (world rank 0) freed this group "
+        "after call #1: it will not join this one"
+    ), got
+    assert got["s"] < 5, got
+    p2p = job.of(2, "p2p")
+    assert p2p["cls"] == "CommTimeoutError", p2p
+    assert (
+        "where its peers are (asked at the timeout): rank 0 freed this group (after its "
+        "collective #0)" in p2p["msg"]
+    ), p2p
+
+
 def test_init_refused_alike_on_every_rank_and_caught_ends_normally(launch):
     # a bad device_backend= is refused on every rank; caught, the ranks ended normally
     # until init's abort-on-exit also took such refusals for one rank's own failure
