@@ -22,6 +22,7 @@ call with device arrays; it imports nothing above it.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -60,7 +61,15 @@ from .errors import (
     where,
 )
 from .executor import Executor, Future, on_worker
-from .notices import ASK_MAX_RANKS, ASK_WAIT, ENTERED, FAILED, REFUSED, NoticeBoard
+from .notices import (
+    ASK_MAX_RANKS,
+    ASK_WAIT,
+    ENTERED,
+    FAILED,
+    P2P_REFUSALS_KEPT,
+    REFUSED,
+    NoticeBoard,
+)
 from .ops import (
     BARRIER,
     BATCH_P2P,
@@ -68,10 +77,12 @@ from .ops import (
     OVERLAP_CHECKED,
     REDUCE,
     Call,
+    Counterpart,
     Group,
     OpSpec,
     as_int,
     check_stream,
+    matches,
     p2p_counterparts,
 )
 from .record import Record
@@ -80,6 +91,8 @@ from .work import ORPHANS, Done, Work, batch_tags, reap, wait_watching
 __all__ = ["Dispatcher", "CACHE_LIMIT"]
 
 CACHE_LIMIT = 512  # validated call descriptions kept per communicator (cleared when full)
+# Seconds between two notices of refused point-to-point calls to one rank (see _refuse_p2p)
+P2P_REFUSAL_GAP = 0.1
 # Seconds after which a rank that refused a collective, waiting without a timeout to hear
 # that every other member refused it too, says on stderr whom it waits for (see settle)
 REFUSAL_WAIT = 10.0
@@ -139,6 +152,8 @@ class Dispatcher:
         "_unsettled",
         "_settling",
         "_p2p",
+        "_p2p_refused",
+        "_p2p_refused_at",
         "_deferred",
         "_uncompared",
     )
@@ -183,6 +198,10 @@ class Dispatcher:
         # the point-to-point Works handed out and not seen complete (free() refuses while
         # one runs: MPI would go on using its arrays on a communicator freed under it)
         self._p2p: weakref.WeakSet[Work] = weakref.WeakSet()
+        # point-to-point refusals told to peers: (world rank, way, tag, objects), and when
+        # this rank last told each world rank of one (see _refuse_p2p, _cleared_p2p)
+        self._p2p_refused: dict[tuple[int, str, int | None, bool], float] = {}
+        self._p2p_refused_at: dict[int, float] = {}
         # "large": the calls not compared when they ran, (seq, Call) in order, until the next
         # comparison takes them (verify, agree); and how many were made since the last call
         # that was compared (counted at the dispatch, alike on every rank of a group in step)
@@ -555,6 +574,8 @@ class Dispatcher:
             self.current = (seq, call)  # (told to a peer that times out and asks)
         elif notices is not None:  # a bounded wait answers a peer's question (Work.wait)
             watch = notices.answer
+            if self._p2p_refused:  # a retry of a call refused here: no longer a reason
+                self._cleared_p2p(call, data)
             started = (time.time(), data if call.spec is BATCH_P2P else None)
         pending: Any = None
         checking = self.debug in CHECKING
@@ -691,15 +712,10 @@ class Dispatcher:
         if record.error_hooks:
             record.report_error(exc)
         if spec.p2p:
-            if self.notices is not None and args is not None and not self.closed:
+            # (without a timeout nobody asks: notices nobody receives pile up in MPI)
+            if self.notices is not None and args is not None and self._timeout is not None:
                 try:
-                    told = p2p_counterparts(self.group, spec.name, *args)
-                    self.notices.refuse_p2p(
-                        self.gid,
-                        self.group.rank,
-                        [(self.members[r], what) for r, what in told],
-                        f"{type(exc).__name__}: {exc}",
-                    )
+                    self._refuse_p2p(spec, args, exc)
                 except Exception:  # noqa: BLE001 - only a hint for the peer: this rank
                     pass  # raises its own error
             return
@@ -736,6 +752,51 @@ class Dispatcher:
         ):
             return
         self._expect_refusals(seq, where_, exc)
+
+    def _refuse_p2p(
+        self, spec: OpSpec, args: tuple[Any, Any, Any, Any], exc: BaseException
+    ) -> None:
+        """Tell the ranks a refused point-to-point call names: the same refusal (rank, way,
+        tag, kind) not again within P2P_REFUSAL_GAP seconds unless a retry cleared it, and
+        with more than P2P_REFUSALS_KEPT different ones outstanding, one per rank in that
+        time (a loop of refused calls sent one notice per call, and a rank that never asks
+        kept them all inside MPI: 66 MB for 50,000 in a review)."""
+        if self.closed or self.notices is None:
+            return
+        now = time.monotonic()
+        told = []
+        outstanding = self._p2p_refused
+        for c in p2p_counterparts(self.group, spec.name, *args):
+            w = self.members[c.rank]
+            key = (w, c.way, c.tag if type(c.tag) is int else None, c.objects)
+            if now - outstanding.get(key, -math.inf) < P2P_REFUSAL_GAP:
+                continue
+            if (
+                key not in outstanding
+                and len(outstanding) >= P2P_REFUSALS_KEPT
+                and now - self._p2p_refused_at.get(w, -math.inf) < P2P_REFUSAL_GAP
+            ):
+                continue
+            if len(outstanding) >= 4 * P2P_REFUSALS_KEPT:  # the oldest go (dicts keep order)
+                del outstanding[next(iter(outstanding))]
+            outstanding.pop(key, None)
+            outstanding[key] = self._p2p_refused_at[w] = now
+            told.append((w, c))
+        if told:
+            self.notices.refuse_p2p(self.gid, self.group.rank, told, f"{type(exc).__name__}: {exc}")
+
+    def _cleared_p2p(self, call: Call, data: Any) -> None:
+        """A point-to-point call posted here repeats a refused one (a retry): the ranks told
+        of that refusal drop it (it no longer explains anything)."""
+        items = data if call.spec is BATCH_P2P else None
+        done = []
+        for c in p2p_counterparts(self.group, call.spec.name, items, call.peer, call.src, call.tag):
+            key = (self.members[c.rank], c.way, c.tag if type(c.tag) is int else None, c.objects)
+            if key in self._p2p_refused:
+                del self._p2p_refused[key]
+                done.append((key[0], c))
+        if done and self.notices is not None:
+            self.notices.clear_p2p(self.gid, done)
 
     def refused_creation(self, what: str, exc: BaseException) -> None:
         """A group creation (split, new_group, a layout group) refused on this rank before
@@ -1257,7 +1318,10 @@ class Dispatcher:
         if notices is None or g.size < 2:
             return ""
         named = p2p_counterparts(g, call.spec.name, items, call.peer, call.src, call.tag)
-        peers = sorted({r for r, _ in named}) or [r for r in range(g.size) if r != g.rank]
+        peers = sorted({c.rank for c in named}) or [r for r in range(g.size) if r != g.rank]
+        if not named:  # a receive from any rank: from each of them
+            objects = call.spec.name.endswith("_object")
+            named = [Counterpart(r, "", "recv", call.tag, objects) for r in peers]
         try:
             if len(peers) < ASK_MAX_RANKS:
                 since, said = notices.ask(self.gid, [self.members[r] for r in peers])
@@ -1268,9 +1332,14 @@ class Dispatcher:
             return ""
         hints, parts = [], []
         now = time.time()
-        worlds = {self.members[r] for r in peers}
-        for ref in notices.p2p_refusals.get(self.gid, ()):
-            if ref.world_rank in worlds and ref.wall >= started - (self._timeout or 0.0):
+        mine: dict[int, list[Counterpart]] = {}
+        for c in named:
+            mine.setdefault(self.members[c.rank], []).append(c)
+        for ref in list(notices.p2p_refusals.get(self.gid, ())):  # (a poll may append)
+            theirs = Counterpart(g.rank, ref.what, ref.way, ref.tag, ref.objects)
+            if ref.wall >= started - (self._timeout or 0.0) and any(
+                matches(theirs, c) for c in mine.get(ref.world_rank, ())
+            ):
                 hints.append(
                     f"{g.peer(ref.group_rank)} refused {ref.what} {max(0.0, now - ref.wall):.1f} s "
                     f"before this timeout (nothing was sent or posted there): {ref.reason}"

@@ -21,7 +21,8 @@ from .errors import CommTimeoutError, PeerError
 from .work import p2p_waiting, wait_bounded
 
 __all__ = ["NoticeBoard", "NOTICE_TAG", "POLL_INTERVAL", "FAILED", "REFUSED", "ENTERED",
-           "DEPARTURES", "ASK_WAIT", "ASK_MAX_RANKS", "Place", "P2pRefusal"]  # fmt: skip
+           "DEPARTURES", "ASK_WAIT", "ASK_MAX_RANKS", "Place", "P2pRefusal",
+           "P2P_REFUSALS_KEPT"]  # fmt: skip
 
 NOTICE_TAG = 7
 FAILED, REFUSED, ENTERED = "failed", "refused", "entered"  # what a notice says (see post)
@@ -47,7 +48,7 @@ WAITING_FRESH = 0.5  # seconds after its last look a bounded wait counts as curr
 # A point-to-point call refused on one rank (bad arguments: nothing was posted) tells the
 # ranks it names (refuse_p2p), so that their side of it, past its timeout, says why the
 # message never came; the latest few per group are kept
-P2P_REFUSED = "<p2p-refused>"
+P2P_REFUSED, P2P_CLEARED = "<p2p-refused>", "<p2p-cleared>"
 P2P_REFUSALS_KEPT = 16
 # A rank that frees a group (of up to ASK_MAX_RANKS ranks) tells the other members the
 # number of its last call there, so that a member waiting (bounded) in a later call of the
@@ -71,6 +72,9 @@ class P2pRefusal(NamedTuple):
     world_rank: int
     group_rank: int
     what: str  # what it would have done with this rank: "a send to rank 1 (tag 0)"
+    way: str  # "send" or "recv": what it would have done with this rank
+    tag: int | None  # its tag (None: any tag, or a tag that was no integer)
+    objects: bool  # send_object / recv_object
     reason: str  # its error
     wall: float  # time.time() there when it was refused
 
@@ -176,6 +180,17 @@ class NoticeBoard:
                 kept = self.p2p_refusals.setdefault(group_id, deque(maxlen=P2P_REFUSALS_KEPT))
                 kept.append(P2pRefusal(*refusal))
                 continue
+            if gid == P2P_CLEARED:  # the refusing rank made that call since: stale
+                group_id, world_rank, way, tag, objects = rest
+                held = self.p2p_refusals.get(group_id)
+                if held:
+                    stale = [
+                        r for r in held if r.world_rank == world_rank
+                        and (r.way, r.tag, r.objects) == (way, tag, objects)
+                    ]  # fmt: skip
+                    for r in stale:
+                        held.remove(r)
+                continue
             self.received.setdefault(gid, []).append(tuple(rest))
 
     def _position(self, gid: str) -> Place:
@@ -214,15 +229,26 @@ class NoticeBoard:
             self.poll()
 
     def refuse_p2p(
-        self, gid: str, group_rank: int, told: Sequence[tuple[int, str]], reason: str
+        self, gid: str, group_rank: int, told: Sequence[tuple[int, Any]], reason: str
     ) -> None:
         """A point-to-point call refused here (nothing posted): tell each rank it names
-        (``told``: world rank, what the call would have done with it), which keeps the
-        latest P2P_REFUSALS_KEPT per group and says it at its own call's timeout."""
+        (``told``: world rank, the ops.Counterpart of that rank), which keeps the latest
+        P2P_REFUSALS_KEPT per group and says it at its own call's timeout."""
         wall = time.time()
-        for w, what in told:
+        for w, c in told:
             if w != self.world_rank:
-                self._send((P2P_REFUSED, gid, self.world_rank, group_rank, what, reason, wall), w)
+                tag = c.tag if type(c.tag) is int else None
+                msg = (P2P_REFUSED, gid, self.world_rank, group_rank, c.what, c.way, tag,
+                       c.objects, reason, wall)  # fmt: skip
+                self._send(msg, w)
+        self._drop_sent()
+
+    def clear_p2p(self, gid: str, told: Sequence[tuple[int, Any]]) -> None:
+        """The calls refused here that ``told`` (world rank, ops.Counterpart) repeat were
+        made since (a retry that was posted): their receivers drop the refusals."""
+        for w, c in told:
+            tag = c.tag if type(c.tag) is int else None
+            self._send((P2P_CLEARED, gid, self.world_rank, c.way, tag, c.objects), w)
         self._drop_sent()
 
     def ask(

@@ -19,7 +19,7 @@ import itertools
 import math
 import numbers
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from .dtypes import (
 from .errors import DtypeError, HpccommError, InvalidArgumentError, where
 
 __all__ = ["OpSpec", "Call", "Group", "P2POp", "SPECS", "as_int", "check_stream", "check_timeout",
-           "p2p_counterparts"]  # fmt: skip
+           "p2p_counterparts", "Counterpart", "matches"]  # fmt: skip
 
 Counts = tuple[list[int], list[int]]  # elements per rank, displacement per rank
 _NO_COUNTS: Counts = ([], [])
@@ -895,14 +895,23 @@ SPECS: tuple[OpSpec, ...] = (
 )
 
 
+class Counterpart(NamedTuple):
+    """A rank a point-to-point call sends to or receives from (see p2p_counterparts)."""
+
+    rank: int  # the group rank
+    what: str  # what the call does with it: "a send from rank 0 to rank 1 (tag 0)"
+    way: str  # "send" or "recv": what the call does with that rank
+    tag: Any  # the tag (None: any tag)
+    objects: bool  # send_object / recv_object (they travel apart from arrays)
+
+
 def p2p_counterparts(
     group: Group, name: str, data: Any, peer: Any, src: Any, tag: Any
-) -> list[tuple[int, str]]:
+) -> list[Counterpart]:
     """The ranks a point-to-point call (op ``name`` with the dispatch's arguments) sends to
-    or receives from, as (group rank, what it does with that rank: ``"a send to rank 1
-    (tag 0)"``), leaving out this rank, wildcards and arguments that are no rank of the
-    group (the call may have been refused for them). For a refusal's notice and a timeout's
-    question."""
+    or receives from, and what it does with each, leaving out this rank, wildcards and
+    arguments that are no rank of the group (the call may have been refused for them).
+    For a refusal's notice and a timeout's question."""
 
     def rank(value: Any) -> int | None:
         if type(value) is not int or not 0 <= value < group.size or value == group.rank:
@@ -912,19 +921,35 @@ def p2p_counterparts(
     def tagged(value: Any) -> str:
         return "any tag" if value is None else f"tag {value!r}"
 
-    out: list[tuple[int, str]] = []
+    out: list[Counterpart] = []
     me = group.peer(group.rank)
-    if name in ("send", "send_object", "sendrecv"):
-        if (to := rank(peer)) is not None:
-            out.append((to, f"a {name} from {me} to {group.peer(to)} ({tagged(tag)})"))
+    objects = name.endswith("_object")
+    if name in ("send", "send_object", "sendrecv") and (to := rank(peer)) is not None:
+        what = f"a {name} from {me} to {group.peer(to)} ({tagged(tag)})"
+        out.append(Counterpart(to, what, "send", tag, objects))
     if name in ("recv", "recv_object") and (frm := rank(peer)) is not None:
-        out.append((frm, f"a {name} by {me} from {group.peer(frm)} ({tagged(tag)})"))
+        what = f"a {name} by {me} from {group.peer(frm)} ({tagged(tag)})"
+        out.append(Counterpart(frm, what, "recv", tag, objects))
     if name == "sendrecv" and (frm := rank(src)) is not None:
-        out.append((frm, f"a sendrecv by {me} from {group.peer(frm)} ({tagged(tag)})"))
+        what = f"a sendrecv by {me} from {group.peer(frm)} ({tagged(tag)})"
+        out.append(Counterpart(frm, what, "recv", tag, False))
     if name == "batch_isend_irecv" and isinstance(data, (list, tuple)):
         for i, item in enumerate(data):
             if isinstance(item, P2POp) and (other := rank(item.peer)) is not None:
                 way = "to" if item.op == "send" else "from"
-                out.append((other, f"ops[{i}] of a batch of {me}: {item.op} {way} "
-                                   f"{group.peer(other)} ({tagged(item.tag)})"))  # fmt: skip
+                what = (f"ops[{i}] of a batch of {me}: {item.op} {way} {group.peer(other)} "
+                        f"({tagged(item.tag)})")  # fmt: skip
+                out.append(Counterpart(other, what, item.op, item.tag, False))
     return out
+
+
+def matches(refused: Counterpart, mine: Counterpart) -> bool:
+    """Whether ``refused`` (what a peer's refused call would have done with this rank, its
+    ``rank`` being this rank) could have been the other side of ``mine`` (this rank's call
+    with that peer): opposite ways, the same kind (arrays or objects), tags that agree
+    (any tag agrees with every tag)."""
+    return (
+        refused.way != mine.way
+        and refused.objects == mine.objects
+        and (refused.tag is None or mine.tag is None or refused.tag == mine.tag)
+    )

@@ -63,46 +63,80 @@ def test_a_departed_rank_fails_only_the_calls_it_never_reached():
 def test_a_point_to_point_refusal_reaches_the_ranks_it_names_and_is_kept_per_group():
     # A refused send tells its receiver (world rank 1 here), which keeps the latest
     # P2P_REFUSALS_KEPT per group for its own call's timeout; the refusing rank does not
-    # tell itself; a refusal never raises at the receiver (no check() ends a call for it).
+    # tell itself; a refusal never raises at the receiver (no check() ends a call for it);
+    # a retry that was posted clears the refusals it repeats (they explain nothing now).
     from hpccomm.notices import P2P_REFUSALS_KEPT, P2pRefusal
+    from hpccomm.ops import Counterpart
+
+    def send(k, tag=0):
+        return Counterpart(1, f"a send #{k}", "send", tag, False)
 
     wire = {}
     refusing, told = NoticeBoard(FakeComm(0, wire), -1), NoticeBoard(FakeComm(1, wire), -1)
     for k in range(P2P_REFUSALS_KEPT + 3):
-        refusing.refuse_p2p("world", 0, [(1, f"a send #{k}"), (0, "itself")], "DtypeError: x")
-    assert len(wire[1]) == P2P_REFUSALS_KEPT + 3 and 0 not in wire
+        refusing.refuse_p2p("world", 0, [(1, send(k)), (0, send(-1))], "DtypeError: x")
+    refusing.refuse_p2p("world", 0, [(1, send("t", tag=object()))], "TypeError: tag")
+    assert len(wire[1]) == P2P_REFUSALS_KEPT + 4 and 0 not in wire
     told.poll(force=True)
     kept = list(told.p2p_refusals["world"])
     assert len(kept) == P2P_REFUSALS_KEPT
-    last = P2pRefusal(0, 0, f"a send #{P2P_REFUSALS_KEPT + 2}", "DtypeError: x", kept[-1].wall)
-    assert kept[-1] == last
-    assert kept[0].what == "a send #3" and kept[0].wall > 0
+    last = P2pRefusal(0, 0, f"a send #{P2P_REFUSALS_KEPT + 2}", "send", 0, False,
+                      "DtypeError: x", kept[-2].wall)  # fmt: skip
+    assert kept[-2] == last and kept[0].what == "a send #4" and kept[0].wall > 0
+    assert kept[-1].tag is None  # a tag that is no integer: any tag
     told.check("world", 1, "all_reduce #1 on world (rank 1 of 2)", [0, 1])  # not a failure
+    refusing.clear_p2p("world", [(1, send("retry"))])  # tag 0 sends: cleared, not the other
+    told.poll(force=True)
+    assert [r.what for r in told.p2p_refusals["world"]] == ["a send #t"]
 
 
 def test_the_counterparts_of_a_point_to_point_call():
     # The ranks a refused call would have sent to or received from, and what with each:
-    # wildcards, this rank and values that are no rank of the group are left out.
-    from hpccomm.ops import Group, P2POp, p2p_counterparts
+    # wildcards, this rank and values that are no rank of the group are left out; a
+    # refusal matches a call of this rank's only the other way round, of the same kind
+    # (arrays or objects), with tags that agree.
+    from hpccomm.ops import Counterpart, Group, P2POp, matches, p2p_counterparts
 
     g = Group("world/tp", 1, 4)
     g.world_ranks = [4, 5, 6, 7]
     assert p2p_counterparts(g, "send", None, 2, None, 0) == [
-        (2, "a send from rank 1 (world rank 5) to rank 2 (world rank 6) (tag 0)")
+        Counterpart(
+            2,
+            "a send from rank 1 (world rank 5) to rank 2 (world rank 6) (tag 0)",
+            "send",
+            0,
+            False,
+        )  # fmt: skip
     ]
-    assert p2p_counterparts(g, "recv", None, 0, None, None) == [
-        (0, "a recv by rank 1 (world rank 5) from rank 0 (world rank 4) (any tag)")
+    assert p2p_counterparts(g, "recv_object", None, 0, None, None) == [
+        Counterpart(
+            0,
+            "a recv_object by rank 1 (world rank 5) from rank 0 (world rank 4) (any tag)",
+            "recv",
+            None,
+            True,
+        )  # fmt: skip
     ]
     assert p2p_counterparts(g, "recv", None, None, None, 3) == []  # any source
     assert p2p_counterparts(g, "send", None, 1, None, 0) == []  # itself
     assert p2p_counterparts(g, "send", None, 9, None, 0) == []  # no such rank
     assert p2p_counterparts(g, "send", None, True, None, 0) == []  # not an int
-    assert [r for r, _ in p2p_counterparts(g, "sendrecv", None, 3, 0, 5)] == [3, 0]
+    both = p2p_counterparts(g, "sendrecv", None, 3, 0, 5)
+    assert [(c.rank, c.way) for c in both] == [(3, "send"), (0, "recv")]
     ops = [P2POp("send", None, 3, tag=1), P2POp("recv", None, 7), "junk", P2POp("irecv", None, 0)]
-    assert p2p_counterparts(g, "batch_isend_irecv", ops, None, None, None) == [
-        (3, "ops[0] of a batch of rank 1 (world rank 5): send to rank 3 (world rank 7) (tag 1)"),
-        (0, "ops[3] of a batch of rank 1 (world rank 5): recv from rank 0 (world rank 4) (tag 0)"),
-    ]
+    got = p2p_counterparts(g, "batch_isend_irecv", ops, None, None, None)
+    assert [(c.rank, c.what, c.way, c.tag) for c in got] == [
+        (3, "ops[0] of a batch of rank 1 (world rank 5): send to rank 3 (world rank 7) (tag 1)",
+         "send", 1),
+        (0, "ops[3] of a batch of rank 1 (world rank 5): recv from rank 0 (world rank 4) (tag 0)",
+         "recv", 0),
+    ]  # fmt: skip
+    send = Counterpart(1, "", "send", 2, False)
+    assert matches(send, Counterpart(0, "", "recv", 2, False))
+    assert matches(send, Counterpart(0, "", "recv", None, False))  # any tag
+    assert not matches(send, Counterpart(0, "", "send", 2, False))  # the same way
+    assert not matches(send, Counterpart(0, "", "recv", 3, False))  # another tag
+    assert not matches(send, Counterpart(0, "", "recv", 2, True))  # objects vs arrays
 
 
 def test_a_question_asked_a_moment_ago_is_not_asked_again():
