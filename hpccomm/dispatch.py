@@ -91,6 +91,13 @@ from .work import ORPHANS, Done, Work, batch_tags, reap, wait_watching
 __all__ = ["Dispatcher", "CACHE_LIMIT"]
 
 CACHE_LIMIT = 512  # validated call descriptions kept per communicator (cleared when full)
+# What a timeout says of a peer that did not answer where it is, and of one that has no
+# such group (whereabouts, p2p_whereabouts)
+_SILENT_WHY = (
+    "(not waiting in a call with a timeout: busy outside hpccomm, in a call without a "
+    "timeout, or gone)"
+)
+_NO_SUCH_GROUP = "has no such group (not made there yet, or freed and forgotten)"
 # Seconds between two notices of refused point-to-point calls to one rank (see _refuse_p2p)
 P2P_REFUSAL_GAP = 0.1
 # Seconds after which a rank that refused a collective, waiting without a timeout to hear
@@ -767,8 +774,8 @@ class Dispatcher:
         told = []
         outstanding = self._p2p_refused
         for c in p2p_counterparts(self.group, spec.name, *args):
-            w = self.members[c.rank]
-            key = (w, c.way, c.tag if type(c.tag) is int else None, c.objects)
+            key = self._refusal_key(c)
+            w = key[0]
             if now - outstanding.get(key, -math.inf) < P2P_REFUSAL_GAP:
                 continue
             if (
@@ -785,13 +792,17 @@ class Dispatcher:
         if told:
             self.notices.refuse_p2p(self.gid, self.group.rank, told, f"{type(exc).__name__}: {exc}")
 
+    def _refusal_key(self, c: Counterpart) -> tuple[int, str, int | None, bool]:
+        """What identifies a refusal told to a rank: its world rank, way, tag and kind."""
+        return (self.members[c.rank], c.way, c.int_tag, c.objects)
+
     def _cleared_p2p(self, call: Call, data: Any) -> None:
         """A point-to-point call posted here repeats a refused one (a retry): the ranks told
         of that refusal drop it (it no longer explains anything)."""
         items = data if call.spec is BATCH_P2P else None
         done = []
         for c in p2p_counterparts(self.group, call.spec.name, items, call.peer, call.src, call.tag):
-            key = (self.members[c.rank], c.way, c.tag if type(c.tag) is int else None, c.objects)
+            key = self._refusal_key(c)
             if key in self._p2p_refused:
                 del self._p2p_refused[key]
                 done.append((key[0], c))
@@ -1265,7 +1276,7 @@ class Dispatcher:
             if in_call and place.call is not None and place.call[0] == seq:
                 fps[g] = place.call[1]  # (its worker runs this call, not one queued behind)
             if their is None:
-                text = "has no such group (not made there yet, or freed and forgotten)"
+                text = _NO_SUCH_GROUP
             elif their < seq:
                 behind.append(g)
                 text = f"last call of this group #{their}"
@@ -1283,11 +1294,7 @@ class Dispatcher:
                 text += f" (it timed out and asked {since - when:.1f} s before this rank)"
             parts.append(f"{who}: {text}")
         if silent:
-            parts.append(
-                f"no answer within {ASK_WAIT:g} s from rank(s) {silent} (not waiting in a "
-                f"call with a timeout: busy outside hpccomm, in a call without a timeout, or "
-                f"gone)"
-            )
+            parts.append(f"no answer within {ASK_WAIT:g} s from rank(s) {silent} {_SILENT_WHY}")
         head = f"rank(s) {behind} have not reached it; " if behind else ""
         tail = ""
         listed = [fps[g] for g in range(len(self.members)) if g in fps]
@@ -1366,7 +1373,7 @@ class Dispatcher:
                 continue
             place = got[1]
             if place.seq is None:
-                text = "has no such group (not made there yet, or freed and forgotten)"
+                text = _NO_SUCH_GROUP
             else:
                 text = f"last collective of this group #{place.seq}"
             if place.running:
@@ -1375,11 +1382,7 @@ class Dispatcher:
                 text += f", waits in {place.waiting}"
             parts.append(f"{g.peer(r)}: {text}")
         if silent and len(peers) < ASK_MAX_RANKS:
-            parts.append(
-                f"no answer within {ASK_WAIT:g} s from {', '.join(silent)} (not waiting in a "
-                f"call with a timeout: busy outside hpccomm, in a call without a timeout, or "
-                f"gone)"
-            )
+            parts.append(f"no answer within {ASK_WAIT:g} s from {', '.join(silent)} {_SILENT_WHY}")
         said_ = "".join(f"; {h}" for h in hints)
         if parts:
             said_ += f"; where its peers are (asked at the timeout): {'; '.join(parts)}"

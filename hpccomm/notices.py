@@ -237,8 +237,7 @@ class NoticeBoard:
         wall = time.time()
         for w, c in told:
             if w != self.world_rank:
-                tag = c.tag if type(c.tag) is int else None
-                msg = (P2P_REFUSED, gid, self.world_rank, group_rank, c.what, c.way, tag,
+                msg = (P2P_REFUSED, gid, self.world_rank, group_rank, c.what, c.way, c.int_tag,
                        c.objects, reason, wall)  # fmt: skip
                 self._send(msg, w)
         self._drop_sent()
@@ -247,8 +246,7 @@ class NoticeBoard:
         """The calls refused here that ``told`` (world rank, ops.Counterpart) repeat were
         made since (a retry that was posted): their receivers drop the refusals."""
         for w, c in told:
-            tag = c.tag if type(c.tag) is int else None
-            self._send((P2P_CLEARED, gid, self.world_rank, c.way, tag, c.objects), w)
+            self._send((P2P_CLEARED, gid, self.world_rank, c.way, c.int_tag, c.objects), w)
         self._drop_sent()
 
     def ask(

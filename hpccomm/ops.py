@@ -904,6 +904,12 @@ class Counterpart(NamedTuple):
     tag: Any  # the tag (None: any tag)
     objects: bool  # send_object / recv_object (they travel apart from arrays)
 
+    @property
+    def int_tag(self) -> int | None:
+        """The tag where it is an integer, else None (any tag: a refused call's tag may be
+        what was wrong with it): what a refusal's notice carries and is matched by."""
+        return self.tag if type(self.tag) is int else None
+
 
 def p2p_counterparts(
     group: Group, name: str, data: Any, peer: Any, src: Any, tag: Any
