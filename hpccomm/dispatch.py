@@ -69,6 +69,7 @@ from .notices import (
     P2P_REFUSALS_KEPT,
     REFUSED,
     NoticeBoard,
+    Place,
 )
 from .ops import (
     BARRIER,
@@ -113,6 +114,20 @@ DEFERRED_LIMIT = 64
 _CONSEQUENCES = (CommTimeoutError, PeerError, ClosedError)
 _ndarray = np.ndarray
 _CRC_OF = attrgetter("crc")
+
+
+def _reached(seq: int, op: str, mine: dict[str, Any] | None, place: Place) -> bool:
+    """Whether a rank that answered (``place``) is in call ``seq`` (``op``) of the group with
+    the arguments of this rank's (fingerprint ``mine``, where known), has completed it, or
+    is past it: then the call can complete at any moment."""
+    if place.seq is None or place.seq < seq:
+        return False
+    if place.seq > seq:
+        return True
+    if place.running and not place.running.startswith(f"{op} #{seq} on "):
+        return False  # another call with this number
+    theirs = place.call
+    return mine is None or theirs is None or theirs[0] != seq or crc(theirs[1]) == crc(mine)
 
 
 def _base_crc(call: Call, seq: int) -> int:
@@ -1246,9 +1261,13 @@ class Dispatcher:
         notices = self.notices
         if notices is None or len(self.members) < 2 or len(self.members) > ASK_MAX_RANKS:
             return ""
+        mine = fingerprint(call, op, seq) if call is not None and in_it else None
         try:
             since, said = notices.ask(
-                self.gid, self.members, stop=None if done is None else partial(done, 0)
+                self.gid,
+                self.members,
+                stop=None if done is None else partial(done, 0),
+                reached=partial(_reached, seq, op, mine),
             )
         except Exception:  # noqa: BLE001 - the timeout is the error; this only explains it
             return ""
@@ -1256,8 +1275,8 @@ class Dispatcher:
         me = self.members[self.group.rank]
         parts, behind, silent = [], [], []
         fps: dict[int, dict[str, Any]] = {}
-        if call is not None and in_it:
-            fps[self.group.rank] = fingerprint(call, op, seq)
+        if mine is not None:
+            fps[self.group.rank] = mine
         for g, w in enumerate(self.members):
             if w == me:
                 continue

@@ -255,6 +255,7 @@ class NoticeBoard:
         members: Sequence[int],
         wait: float = ASK_WAIT,
         stop: Callable[[], bool] | None = None,
+        reached: Callable[[Place], bool] | None = None,
     ) -> tuple[float, dict[int, tuple[float, Place, bool]]]:
         """At a timeout in a call of group ``gid`` (its members: world ranks): ask every
         other member where it is on the group and wait up to ``wait`` seconds for their
@@ -263,6 +264,11 @@ class NoticeBoard:
         and what each member said (answers, and the questions of members that timed out
         before this rank and asked first), by world rank; members that said nothing are
         missing. ``stop()`` true ends the wait early (the call that timed out completed).
+        Where every member's answer has ``reached(place)`` (it is in the call that timed
+        out, or past it), the call may complete at any moment: the wait goes on for
+        ``stop()`` until ``wait`` is over, rather than ending with the answers (a rank that
+        arrives while asked answers at its first look, 20 ms into its call, which would
+        otherwise end the others' call a moment before it completes).
         Within ASK_REUSE seconds of the end of a question to the same ranks (or more) of
         the group, that question's time and answers are returned instead, with what came
         since (another call of the group that timed out with it: no second wait)."""
@@ -281,9 +287,11 @@ class NoticeBoard:
 
         def answered() -> bool:
             self.poll(force=True)
-            return all(w in heard and heard[w][0] >= since for w in others) or (
-                stop is not None and stop()
-            )
+            if stop is not None and stop():
+                return True
+            if not all(w in heard and heard[w][0] >= since for w in others):
+                return False
+            return stop is None or reached is None or not all(reached(heard[w][1]) for w in others)
 
         wait_bounded(answered, wait)
         self._drop_sent()

@@ -26,7 +26,7 @@ def test_env_variable_profiles_an_unchanged_program(launch, tmp_path, capsys):
         c = hpccomm.init()
         for i in range(5):
             if c.rank == 1:
-                time.sleep(0.03)
+                time.sleep(0.15)
             c.all_reduce(np.ones(256, np.float32))
         c.broadcast(np.ones(8), 0)
         report(c, "done")

@@ -338,8 +338,8 @@ def test_a_checked_receive_retried_after_its_timeout(checked, n):
         a, b, d = np.zeros(n), np.zeros(n), np.zeros(n)
         with pytest.raises(CommTimeoutError, match=r"recv #\d+ .*Nothing stays posted"):
             c.recv(a, 0, tag=3)
+        c.timeout = 60  # (before the barrier: the others may be late to it)
         c.barrier()  # the peer sends now
-        c.timeout = 60
         assert c.recv(b, 0, tag=3) == 0 and c.recv(d, 0, tag=3) == 0
         assert (b == 1.0).all() and (d == 2.0).all() and (a == 0.0).all()
     else:

@@ -81,6 +81,30 @@ def test_a_call_completed_while_the_peers_were_asked_returns_its_result(group):
     assert x.tolist() == [p * (p - 1) / 2] * 3
 
 
+def test_a_call_the_late_rank_completes_slowly_while_asked_returns_its_result(group, monkeypatch):
+    # as above, but the late rank's call takes 0.2 s once it came (a large array, say): it
+    # answers "in it" at its first look, 20 ms in, which ended the others' asking, and
+    # their call raised CommTimeoutError ("every rank is in it with the same arguments")
+    # a moment before it completed; where every rank has reached the call, they wait on
+    p, r, last = group.size, group.rank, group.size - 1
+    x = np.full(3, float(r))
+    group.barrier()
+    if r == last:
+        from hpccomm.ops import ALL_REDUCE
+
+        bodies = group._backend._bodies  # (the MPI backend's op table)
+        real = bodies[ALL_REDUCE]
+
+        def slow(*args):
+            time.sleep(0.2)
+            return real(*args)
+
+        monkeypatch.setitem(bodies, ALL_REDUCE, slow)
+        time.sleep(BOUND + ASK_WAIT / 3)
+    group.all_reduce(x)
+    assert x.tolist() == [p * (p - 1) / 2] * 3
+
+
 def test_an_earlier_answer_is_not_taken_for_a_later_one(group, world):
     # the last rank answers at the first timeout (waiting, bounded, in another group's
     # barrier), then is busy outside hpccomm at the second: the second said where it had

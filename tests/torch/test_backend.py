@@ -663,8 +663,10 @@ def test_the_settling_threads_survive_errors_count_early_and_run_inline_without_
     settler.drain()  # counted at run(): waits for it
     assert finished == [1]
 
-    time.sleep(0.3)  # no idle thread left: the next run() starts one, and cannot
-    assert not settler._idle
+    deadline = time.monotonic() + 10  # (a fixed 0.3 s raced a loaded machine)
+    while settler._idle and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not settler._idle  # no idle thread left: the next run() starts one, and cannot
     monkeypatch.setattr(
         threading.Thread,
         "start",

@@ -152,11 +152,64 @@ def test_a_question_asked_a_moment_ago_is_not_asked_again():
     since, said = asking.ask("world", [0, 1], wait=0.05)
     assert said == {} and [m[0] for m in wire[1]] == [WHERE]
     t = time.monotonic()
-    again, said = asking.ask("world", [0, 1], wait=0.05)
+    again, said = asking.ask("world", [0, 1], wait=1.0)
     assert again == since and said == {} and len(wire[1]) == 1  # not asked: no wait either
-    assert time.monotonic() - t < 0.04
+    assert time.monotonic() - t < 0.5
     asking.ask("world/2@0", [0, 1], wait=0.05)  # another group: asked
     assert len(wire[1]) == 2
     time.sleep(ASK_REUSE)
     later, _ = asking.ask("world", [0, 1], wait=0.05)  # too long ago: asked again
     assert later > since and len(wire[1]) == 3
+
+
+def test_asking_waits_on_for_a_call_every_peer_has_reached():
+    # A rank that arrives while the others ask answers at its first look (20 ms into its
+    # call): that ended their asking and their call raised a moment before it completed.
+    # Where every answer shows the call reached, the asking waits on for it to complete.
+    import time
+
+    wire = {}
+    answering = NoticeBoard(FakeComm(1, wire), -1)
+    answering.locate = lambda gid: (3, "all_reduce #3 on world (rank 1 of 2)", None)
+
+    class Asking(FakeComm):
+        def isend(self, msg, dest, tag):
+            req = super().isend(msg, dest, tag)
+            if dest == 1:
+                answering.poll(force=True)  # rank 1 answers at once
+            return req
+
+    asking = NoticeBoard(Asking(0, wire), -1)
+    for gid, reached, completes_at in [("world", True, 0.3), ("world/2@0", False, 0.3),
+                                       ("world/3@0", True, None)]:  # fmt: skip
+        t0 = time.monotonic()
+        stop = None
+        if completes_at is not None:
+            stop = lambda t0=t0, at=completes_at: time.monotonic() - t0 > at  # noqa: E731
+        since, said = asking.ask(
+            gid, [0, 1], wait=5.0, stop=stop, reached=lambda place, r=reached: r
+        )
+        took = time.monotonic() - t0
+        assert said[1][1].seq == 3
+        if reached and completes_at is not None:
+            assert completes_at <= took < 4, took  # waited on until it completed
+        else:  # another call (or nothing to wait for): the answers end the asking
+            assert took < 0.25, took
+
+
+def test_a_peer_has_reached_a_call_in_it_with_the_same_arguments_or_past_it():
+    from hpccomm.debug import fingerprint
+    from hpccomm.dispatch import _reached
+    from hpccomm.notices import Place
+
+    mine = fingerprint(None, "all_reduce", 3)
+    other = dict(mine, dtype="float32")
+    here = "all_reduce #3 on world (rank 1 of 2)"
+    assert _reached(3, "all_reduce", mine, Place(3, here, "", (3, mine)))
+    assert _reached(3, "all_reduce", mine, Place(3, "", "", None))  # completed it
+    assert _reached(3, "all_reduce", mine, Place(4, "", "", None))  # past it
+    assert _reached(3, "all_reduce", None, Place(3, here, "", (3, other)))  # mine unknown
+    assert not _reached(3, "all_reduce", mine, Place(3, here, "", (3, other)))  # differs
+    assert not _reached(3, "all_reduce", mine, Place(2, "", "", None))  # not yet
+    assert not _reached(3, "all_reduce", mine, Place(None, "", "", None))  # no such group
+    assert not _reached(3, "all_reduce", mine, Place(3, "barrier #3 on world (...)", "", None))
