@@ -18,6 +18,7 @@ from .errors import (
     LaunchMismatchError,
     MismatchError,
     PeerError,
+    PlacementWarning,
     UnwaitedWorkWarning,
 )
 from .flight import dump
@@ -45,6 +46,7 @@ __all__ = [
     "MismatchError",
     "NotMember",
     "PeerError",
+    "PlacementWarning",
     "UnwaitedWorkWarning",
     "Layout",
     "P2POp",

@@ -77,6 +77,11 @@ class UnwaitedWorkWarning(RuntimeWarning):
     """An ``async_op`` Work was dropped before its operation completed."""
 
 
+class PlacementWarning(RuntimeWarning):
+    """A layout's tensor-parallel group spans nodes where a node could hold it (the
+    launcher placed ranks round-robin across nodes, not node by node)."""
+
+
 def where(
     op: str,
     rank: int | None = None,

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from .errors import InvalidArgumentError, MismatchError
+from .errors import InvalidArgumentError, MismatchError, PlacementWarning
 from .layout import Layout
 
 __all__ = ["ParallelGroups", "Splittable"]
@@ -26,6 +27,9 @@ class Splittable(Protocol):
 
     @property
     def nccl(self) -> Any: ...
+
+    @property
+    def local_size(self) -> int: ...
 
     def split(self, color: int | None, *, key: int | None = None, expect: Any = None) -> Any: ...
 
@@ -100,6 +104,12 @@ class ParallelGroups:
             if self.comm.nccl is not None:  # subgroups of an NCCL communicator get theirs too
                 group.enable_nccl()
             self._groups[key] = group
+            if key == ("tp",) and self.comm.rank == 0:  # (once per job, not once per group)
+                note = placement_note(
+                    self.comm.name, members, group.num_nodes, self.comm.local_size
+                )
+                if note:
+                    warnings.warn(note, PlacementWarning, stacklevel=3)
         return group
 
     @property
@@ -127,3 +137,22 @@ class ParallelGroups:
         for group in self._groups.values():
             group.free()
         self._groups.clear()
+
+
+def placement_note(comm: str, members: Sequence[int], nodes: int, per_node: int) -> str:
+    """Why rank 0's tensor-parallel group (``members``, ranks of ``comm``, on ``nodes``
+    nodes) is placed badly, or "": it spans nodes though rank 0's node holds ``per_node``
+    ranks of ``comm``, enough for it. The layout numbers tp fastest, which keeps tp groups
+    inside a node only where the launcher numbers ranks node by node (Megatron's
+    assumption too); round-robin placement sends every layer's tp all_reduce across the
+    network."""
+    if nodes < 2 or len(members) > per_node:
+        return ""
+    return (
+        f"hpccomm: layout group tp on {comm} (rank 0's: ranks {list(members)}) spans {nodes} "
+        f"nodes, though rank 0's node holds {per_node} ranks of {comm}: its collectives, "
+        f"every layer's, cross the network. The layout keeps tp groups inside nodes where "
+        f"the launcher numbers ranks node by node (srun's default --distribution=block, "
+        f"mpirun --map-by slot), not round-robin across nodes (srun --distribution=cyclic, "
+        f"mpirun --map-by node)"
+    )

@@ -125,3 +125,18 @@ def test_dense_and_expert_groups_have_their_own_names(comm):
     finally:
         dense.free()
         experts.free()
+
+
+def test_a_tp_group_inside_one_node_is_not_warned_of(comm):
+    # (every rank of these runs is on one node; across nodes placed round-robin, rank 0
+    # gets a PlacementWarning: tests/slurm)
+    import warnings
+
+    from hpccomm import PlacementWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        groups = comm.layout(tp=comm.size)
+        assert groups.tp.size == comm.size
+    assert not [w for w in caught if issubclass(w.category, PlacementWarning)], caught
+    groups.free()

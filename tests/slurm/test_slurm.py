@@ -235,3 +235,51 @@ def test_flight_recorder_on_sigterm_across_nodes(cluster, tmp_path):
         "world #2: ranks 0-3 entered different calls (ranks 0-2 all_reduce; rank 3 barrier)"
     ), out.stdout
     assert "(dumps written on: SIGTERM)" in out.stdout
+
+
+LAYOUT_SCRIPT = """
+import sys, warnings
+sys.path.insert(0, {root!r})
+import hpccomm
+assert hpccomm.__file__.startswith({root!r}), hpccomm.__file__
+c = hpccomm.init(timeout=60)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    groups = c.layout(tp=2)
+    tp = groups.tp
+said = [str(w.message) for w in caught if issubclass(w.category, hpccomm.PlacementWarning)]
+print(f"rank {{c.rank}} node {{c.node_index}} tp {{tp.translate(range(tp.size), c)}} "
+      f"nodes {{tp.num_nodes}} warned {{said}}", flush=True)
+groups.free()
+"""
+
+
+@pytest.mark.parametrize("placed", ["node1 node1 node2 node2", "node1 node2 node1 node2"],
+                         ids=["block", "round_robin"])  # fmt: skip
+def test_a_tp_group_placed_across_nodes_is_warned_of_on_rank_0(cluster, tmp_path, placed):
+    # Ranks placed round-robin across nodes (srun --distribution=cyclic, mpirun --map-by
+    # node) put every tp=2 group of a layout on two nodes: its collectives cross the network
+    # every layer. Rank 0 warns (PlacementWarning); placed node by node, nobody does.
+    root = str(Path(__file__).resolve().parents[2])
+    script = tmp_path / "layout.py"
+    script.write_text(LAYOUT_SCRIPT.format(root=root))
+    hosts = tmp_path / "hosts"
+    hosts.write_text("\n".join(placed.split()) + "\n")
+    env = cluster.env()
+    env["SLURM_HOSTFILE"] = str(hosts)
+    cmd = ["srun", "-n4", "--distribution=arbitrary", "--mpi=pmix", "--kill-on-bad-exit=1",
+           str(cluster.bin / "python"), str(script)]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, f"srun failed:\n{out.stdout}\n{out.stderr}"
+    lines = sorted(line for line in out.stdout.splitlines() if line.startswith("rank "))
+    assert len(lines) == 4, out.stdout
+    across = placed.split()[0] != placed.split()[1]
+    for r, line in enumerate(lines):
+        assert f"nodes {2 if across else 1} " in line, line
+        if across and r == 0:
+            assert (
+                "warned [\"hpccomm: layout group tp on world (rank 0's: ranks [0, 1]) "
+                "spans 2 nodes, though rank 0's node holds 2 ranks of world" in line
+            ), line
+        else:
+            assert line.endswith("warned []"), line

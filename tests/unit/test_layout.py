@@ -598,3 +598,18 @@ def test_layouts_that_differ_only_where_size_one_dimensions_sit_are_equal():
     assert a == b and hash(a) == hash(b) and a.groups_json() == b.groups_json()
     assert all(a.groups(d) == b.groups(d) for d in ("tp", "dp", "pp", "cp", "ep", "tp-dp"))
     assert Layout(8, tp=2, dp=4, order="dp-tp") != Layout(8, tp=2, dp=4, order="tp-dp")
+
+
+def test_a_tp_group_across_nodes_is_named_where_a_node_could_hold_it():
+    # Round-robin placement (srun --distribution=cyclic, mpirun --map-by node) puts ranks
+    # 0 and 1 on two nodes: a tp=2 group then crosses the network every layer, silently
+    from hpccomm.parallel import placement_note
+
+    note = placement_note("world", [0, 1], nodes=2, per_node=2)
+    assert note.startswith(
+        "hpccomm: layout group tp on world (rank 0's: ranks [0, 1]) spans 2 nodes, though "
+        "rank 0's node holds 2 ranks of world"
+    ), note
+    assert "srun --distribution=cyclic" in note
+    assert placement_note("world", [0, 1], nodes=1, per_node=2) == ""  # inside a node
+    assert placement_note("world", [0, 1, 2, 3], nodes=2, per_node=2) == ""  # cannot fit
