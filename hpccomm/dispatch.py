@@ -23,6 +23,7 @@ call with device arrays; it imports nothing above it.
 from __future__ import annotations
 
 import math
+import re
 import sys
 import threading
 import time
@@ -66,6 +67,7 @@ from .notices import (
     ASK_WAIT,
     ENTERED,
     FAILED,
+    LEAVING,
     P2P_REFUSALS_KEPT,
     REFUSED,
     NoticeBoard,
@@ -116,18 +118,30 @@ _ndarray = np.ndarray
 _CRC_OF = attrgetter("crc")
 
 
-def _reached(seq: int, op: str, mine: dict[str, Any] | None, place: Place) -> bool:
-    """Whether a rank that answered (``place``) is in call ``seq`` (``op``) of the group with
-    the arguments of this rank's (fingerprint ``mine``, where known), has completed it, or
-    is past it: then the call can complete at any moment."""
-    if place.seq is None or place.seq < seq:
+_RUN_SEQ = re.compile(r"^\S+ #(\d+) on ")  # the number in a worker's "op #seq on group ..."
+
+
+def _reached(seq: int, op: str, mine: int | None, place: Place) -> bool:
+    """Whether a rank that answered (``place``) is in call ``seq`` (``op``) of the group
+    with the arguments of this rank's (``mine``: the CRC of its fingerprint, where known),
+    has completed it, or is past it: then the call can complete at any moment. Not where
+    its worker still runs an earlier call, or it is exiting with a call stuck."""
+    if place.seq is None or place.seq < seq or place.waiting == LEAVING:
         return False
+    running = _RUN_SEQ.match(place.running) if place.running else None
+    if running is not None and int(running.group(1)) < seq:
+        return False  # its worker is still on an earlier call (#seq queued behind it)
     if place.seq > seq:
         return True
-    if place.running and not place.running.startswith(f"{op} #{seq} on "):
-        return False  # another call with this number
     theirs = place.call
-    return mine is None or theirs is None or theirs[0] != seq or crc(theirs[1]) == crc(mine)
+    if place.running:
+        if not place.running.startswith(f"{op} #{seq} on "):
+            return False  # another call with this number
+    elif theirs is None or theirs[0] != seq or theirs[1].get("op") != op:
+        return False  # completed #seq, but what it ran is not known
+    if mine is None or theirs is None or theirs[0] != seq:
+        return True
+    return crc(theirs[1]) == mine
 
 
 def _base_crc(call: Call, seq: int) -> int:
@@ -1267,7 +1281,7 @@ class Dispatcher:
                 self.gid,
                 self.members,
                 stop=None if done is None else partial(done, 0),
-                reached=partial(_reached, seq, op, mine),
+                reached=partial(_reached, seq, op, None if mine is None else crc(mine)),
             )
         except Exception:  # noqa: BLE001 - the timeout is the error; this only explains it
             return ""

@@ -38,6 +38,9 @@ DEPART_WAIT = 1.0  # seconds a leaving rank waits for its departure notices to g
 # group ids of the question and of an answer, how long it waits for answers, and the
 # largest group it asks (one message to every member and back)
 WHERE, HERE = "<where>", "<here>"
+# what a rank that exits with a call stuck answers as the wait it is in (see runtime's exit):
+# its call will not complete, so a peer asking does not wait on for it
+LEAVING = "its exit (its program ended with this call stuck: it aborts the job)"
 ASK_WAIT = 1.0
 ASK_MAX_RANKS = 64
 # A question answered (or waited for) less than this long ago is not asked again for the
@@ -106,6 +109,7 @@ class NoticeBoard:
         self.locate: Callable[[str], tuple[int, str, Any] | None] | None = None
         # the bounded wait this rank is in (any group): (where, when it last looked)
         self._waiting: tuple[str, float] = ("", 0.0)
+        self.leaving = False  # exiting with a call stuck: answers say so (LEAVING)
         # group id -> world rank -> what that rank said of itself on the group (ask):
         # (time.monotonic() when heard, its Place, whether it was asking: timed out itself)
         self.heard: dict[str, dict[int, tuple[float, Place, bool]]] = {}
@@ -203,6 +207,8 @@ class NoticeBoard:
                 place = None
         where, when = self._waiting
         waiting = where if time.monotonic() - when < WAITING_FRESH else ""
+        if self.leaving:
+            waiting = LEAVING
         if place is None:
             return Place(self.freed_seqs.get(gid), "", waiting, None)
         return Place(place[0], place[1], waiting, place[2])
@@ -285,9 +291,13 @@ class NoticeBoard:
         for w in others:
             self._send(msg, w)
 
+        completed = False
+
         def answered() -> bool:
+            nonlocal completed
             self.poll(force=True)
             if stop is not None and stop():
+                completed = True
                 return True
             if not all(w in heard and heard[w][0] >= since for w in others):
                 return False
@@ -295,7 +305,8 @@ class NoticeBoard:
 
         wait_bounded(answered, wait)
         self._drop_sent()
-        self._asked[gid] = (time.monotonic(), since, frozenset(others))
+        if not completed:  # (answers to a call that completed are no story for the next)
+            self._asked[gid] = (time.monotonic(), since, frozenset(others))
         return since, {w: heard[w] for w in others if w in heard}
 
     def depart(self, seqs: dict[str, int], reason: str) -> None:

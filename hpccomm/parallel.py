@@ -104,10 +104,11 @@ class ParallelGroups:
             if self.comm.nccl is not None:  # subgroups of an NCCL communicator get theirs too
                 group.enable_nccl()
             self._groups[key] = group
-            if key == ("tp",) and self.comm.rank == 0:  # (once per job, not once per group)
+            if key == ("tp",) and self.comm.rank == 0:  # (once per layout, not per group)
                 note = placement_note(
-                    self.comm.name, members, group.num_nodes, self.comm.local_size
-                )
+                    self.comm.name, members, group.num_nodes, self.comm.local_size,
+                    self.name(key),
+                )  # fmt: skip
                 if note:
                     warnings.warn(note, PlacementWarning, stacklevel=3)
         return group
@@ -139,17 +140,25 @@ class ParallelGroups:
         self._groups.clear()
 
 
-def placement_note(comm: str, members: Sequence[int], nodes: int, per_node: int) -> str:
+def placement_note(
+    comm: str, members: Sequence[int], nodes: int, per_node: int, name: str = "tp"
+) -> str:
     """Why rank 0's tensor-parallel group (``members``, ranks of ``comm``, on ``nodes``
-    nodes) is placed badly, or "": it spans nodes though rank 0's node holds ``per_node``
-    ranks of ``comm``, enough for it. The layout numbers tp fastest, which keeps tp groups
-    inside a node only where the launcher numbers ranks node by node (Megatron's
-    assumption too); round-robin placement sends every layer's tp all_reduce across the
-    network."""
-    if nodes < 2 or len(members) > per_node:
+    nodes; the layout's group ``name``) is placed badly, or "": it holds consecutive ranks
+    (tp numbered fastest, the default order) yet spans nodes, though rank 0's node holds
+    ``per_node`` ranks of ``comm``, enough for it. Consecutive ranks share a node only where
+    the launcher numbers ranks node by node (Megatron's assumption too); round-robin
+    placement sends every layer's tp all_reduce across the network. (A tp group strided by
+    an ``order`` that does not put tp first is the user's choice: not judged.)"""
+    first = members[0] if members else 0
+    if (
+        nodes < 2
+        or len(members) > per_node
+        or list(members) != list(range(first, first + len(members)))
+    ):
         return ""
     return (
-        f"hpccomm: layout group tp on {comm} (rank 0's: ranks {list(members)}) spans {nodes} "
+        f"hpccomm: layout group {name} on {comm} (rank 0's: ranks {list(members)}) spans {nodes} "
         f"nodes, though rank 0's node holds {per_node} ranks of {comm}: its collectives, "
         f"every layer's, cross the network. The layout keeps tp groups inside nodes where "
         f"the launcher numbers ranks node by node (srun's default --distribution=block, "

@@ -867,6 +867,7 @@ def _at_exit() -> None:
         # answer them for a while (until every peer of those calls has asked, and a while
         # after the last question), so that they raise their errors (and the flight
         # recorder writes its dump) before the abort
+        notices.leaving = True  # (askers do not wait on for its call: see NoticeBoard.ask)
         end = time.monotonic() + EXIT_ANSWERING
         while (time.monotonic() < end and _unasked(world, notices)) or (
             time.monotonic() < min(notices.last_question, end) + EXIT_AFTER_QUESTION

@@ -613,3 +613,5 @@ def test_a_tp_group_across_nodes_is_named_where_a_node_could_hold_it():
     assert "srun --distribution=cyclic" in note
     assert placement_note("world", [0, 1], nodes=1, per_node=2) == ""  # inside a node
     assert placement_note("world", [0, 1, 2, 3], nodes=2, per_node=2) == ""  # cannot fit
+    assert placement_note("world", [0, 2], nodes=2, per_node=2) == ""  # strided by order=
+    assert "layout group expert-tp on world" in placement_note("world", [0, 1], 2, 2, "expert-tp")

@@ -193,23 +193,33 @@ def test_asking_waits_on_for_a_call_every_peer_has_reached():
         assert said[1][1].seq == 3
         if reached and completes_at is not None:
             assert completes_at <= took < 4, took  # waited on until it completed
+            assert gid not in asking._asked  # (no story for another call's timeout)
         else:  # another call (or nothing to wait for): the answers end the asking
             assert took < 0.25, took
+            assert gid in asking._asked  # (kept for calls timing out with it)
 
 
 def test_a_peer_has_reached_a_call_in_it_with_the_same_arguments_or_past_it():
-    from hpccomm.debug import fingerprint
+    from hpccomm.debug import crc, fingerprint
     from hpccomm.dispatch import _reached
-    from hpccomm.notices import Place
+    from hpccomm.notices import LEAVING, Place
 
     mine = fingerprint(None, "all_reduce", 3)
     other = dict(mine, dtype="float32")
     here = "all_reduce #3 on world (rank 1 of 2)"
-    assert _reached(3, "all_reduce", mine, Place(3, here, "", (3, mine)))
-    assert _reached(3, "all_reduce", mine, Place(3, "", "", None))  # completed it
-    assert _reached(3, "all_reduce", mine, Place(4, "", "", None))  # past it
+    c = crc(mine)
+    assert _reached(3, "all_reduce", c, Place(3, here, "", (3, mine)))
+    assert _reached(3, "all_reduce", c, Place(3, "", "", (3, mine)))  # completed it
+    assert _reached(3, "all_reduce", c, Place(4, "", "", None))  # past it
     assert _reached(3, "all_reduce", None, Place(3, here, "", (3, other)))  # mine unknown
-    assert not _reached(3, "all_reduce", mine, Place(3, here, "", (3, other)))  # differs
-    assert not _reached(3, "all_reduce", mine, Place(2, "", "", None))  # not yet
-    assert not _reached(3, "all_reduce", mine, Place(None, "", "", None))  # no such group
-    assert not _reached(3, "all_reduce", mine, Place(3, "barrier #3 on world (...)", "", None))
+    assert not _reached(3, "all_reduce", c, Place(3, here, "", (3, other)))  # differs
+    assert not _reached(3, "all_reduce", c, Place(2, "", "", None))  # not yet
+    assert not _reached(3, "all_reduce", c, Place(None, "", "", None))  # no such group
+    assert not _reached(3, "all_reduce", c, Place(3, "barrier #3 on world (...)", "", None))
+    barrier = fingerprint(None, "barrier", 3)
+    assert not _reached(3, "all_reduce", None, Place(3, "", "", (3, barrier)))  # ran another
+    assert not _reached(3, "all_reduce", None, Place(3, "", "", None))  # ran what?
+    # its worker still on an earlier call, #3 (and #4) queued behind it; exiting with a
+    # call stuck (it aborts the job: the asking rank must raise, not wait on)
+    assert not _reached(3, "all_reduce", c, Place(4, "all_reduce #2 on world (...)", "", None))
+    assert not _reached(3, "all_reduce", c, Place(3, here, LEAVING, (3, mine)))
