@@ -150,15 +150,11 @@ def placement_note(
     the launcher numbers ranks node by node (Megatron's assumption too); round-robin
     placement sends every layer's tp all_reduce across the network. (A tp group strided by
     an ``order`` that does not put tp first is the user's choice: not judged.)"""
-    first = members[0] if members else 0
-    if (
-        nodes < 2
-        or len(members) > per_node
-        or list(members) != list(range(first, first + len(members)))
-    ):
+    ranks = list(members)  # (rank 0's group: never empty)
+    if nodes < 2 or len(ranks) > per_node or ranks != list(range(ranks[0], ranks[0] + len(ranks))):
         return ""
     return (
-        f"hpccomm: layout group {name} on {comm} (rank 0's: ranks {list(members)}) spans {nodes} "
+        f"hpccomm: layout group {name} on {comm} (rank 0's: ranks {ranks}) spans {nodes} "
         f"nodes, though rank 0's node holds {per_node} ranks of {comm}: its collectives, "
         f"every layer's, cross the network. The layout keeps tp groups inside nodes where "
         f"the launcher numbers ranks node by node (srun's default --distribution=block, "
