@@ -516,16 +516,24 @@ class Dispatcher:
             out_splits=out_splits,
         )
         b = o = None
-        if not spec.arrays:
-            spec.validate(call, data, None)  # Python objects, or a list of P2POp
-        else:
-            if data is not None:
-                b = resolve(data, call)
-                data = b.array
-            if out is not None:
-                o = resolve(out, call, "out")
-                out = o.array
-            spec.validate(call, b, o)
+        try:
+            if not spec.arrays:
+                spec.validate(call, data, None)  # Python objects, or a list of P2POp
+            else:
+                if data is not None:
+                    b = resolve(data, call)
+                    data = b.array
+                if out is not None:
+                    o = resolve(out, call, "out")
+                    out = o.array
+                spec.validate(call, b, o)
+        except HpccommError:
+            raise
+        except Exception as exc:  # a case validation did not foresee: still a refusal
+            # (an IndexError here took no sequence number: the ranks went out of step)
+            raise InvalidArgumentError(
+                f"{call}: its arguments could not be checked ({type(exc).__name__}: {exc}); refused"
+            ) from exc
         # the one place a call's backend is chosen (a cached Call keeps the choice)
         backend: Backend
         if call.device is not None:

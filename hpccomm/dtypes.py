@@ -15,7 +15,7 @@ from typing import NamedTuple
 import ml_dtypes
 import numpy as np
 
-from .errors import DtypeError
+from .errors import DtypeError, InvalidArgumentError
 
 __all__ = [
     "DtypeInfo",
@@ -128,6 +128,14 @@ class ReduceOp(tuple):
                 f"ReduceOp.PREMUL_SUM: factor is {factor!r} ({type(factor).__name__}), expected "
                 f"a real or complex number (not bool)"
             )
+        else:
+            try:
+                complex(factor)  # (every factor is used as a float or complex number)
+            except OverflowError:  # an int past float64's range failed at the call
+                raise InvalidArgumentError(
+                    f"ReduceOp.PREMUL_SUM: factor is an int of {len(str(abs(factor)))} "
+                    f"digits, out of float64's range (magnitude up to about 1.8e308)"
+                ) from None
         return tuple.__new__(cls, (name, factor))
 
     name = property(itemgetter(0), doc="The op's name: 'SUM', ..., 'PREMUL_SUM'.")

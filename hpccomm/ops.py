@@ -513,9 +513,14 @@ def _counts(rows: list[int], row_elems: int) -> Counts:
 def _equal_blocks(call: Call, rows: int, arg: str = "array") -> int:
     n = call.group.size
     if rows % n:
+        uneven = (
+            "sizes="
+            if call.spec.name != "all_to_all"
+            else "all_to_all_single with input_split_sizes= and output_split_sizes="
+        )
         raise InvalidArgumentError(
             f"{call}: {arg} has {rows} rows along axis 0, expected a multiple of {n} "
-            f"(one equal block per rank); pass sizes= for uneven blocks"
+            f"(one equal block per rank); pass {uneven} for uneven blocks"
         )
     return rows // n
 
@@ -632,10 +637,9 @@ def _v_scatter(call: Call, b: Buffer | None, o: Buffer | None) -> None:
             )
         info = _check_array(call, o, "out")
         call.info, call.device = info, o.device
-        shape = tuple(o.array.shape)
-        rest, row_elems = shape[1:], math.prod(shape[1:])
+        rows, rest, row_elems = _rows(tuple(o.array.shape))  # (0-d: one row, refused below)
         call.shape = None
-        blocks = [shape[0]] * n if sizes is None else _check_sizes(call, sizes, "sizes", None)
+        blocks = [rows] * n if sizes is None else _check_sizes(call, sizes, "sizes", None)
         template = o
     if sizes is not None:
         _set_sizes(call, blocks)
@@ -692,7 +696,8 @@ def _v_all_to_all(call: Call, b: Buffer | None, o: Buffer | None) -> None:
         else:
             raise InvalidArgumentError(
                 f"{call}: output_split_sizes is None with uneven input_split_sizes; pass "
-                f"output_split_sizes (what each rank sends here) or out="
+                f"output_split_sizes (the rows each rank sends here; with only out=, they "
+                f"are taken as equal blocks of it)"
             )
     else:
         recv = call.out_splits = _check_sizes(call, out_splits, "output_split_sizes", None)

@@ -31,7 +31,11 @@ from ..work import ORPHANS, wait_bounded
 __all__ = ["MPIBackend", "Requests", "probe_integer_ops", "reduces_on_host"]
 
 _MPI_TYPE_BY_NAME = {
-    "bool": MPI.C_BOOL,
+    # bool as bytes: Open MPI's C_BOOL ops take every byte for 0 or 1 (C's _Bool), so a
+    # bool array whose bytes are not (np.frombuffer, .view(bool)) came out of LXOR as their
+    # bitwise XOR, [2, 1] ^ [1, 2] = [3, 3], True where NumPy's logical XOR is False; on
+    # uint8 MPI's logical ops compare with 0, as NumPy does, and give 0 or 1
+    "bool": MPI.UINT8_T,
     "int8": MPI.INT8_T,
     "int16": MPI.INT16_T,
     "int32": MPI.INT32_T,
@@ -486,9 +490,6 @@ _DTYPES = list(SUPPORTED_DTYPES)
 # cycle); a group uses all its MPI allows (MPI_TAG_UB; Open MPI's is 2**31 - 1), so a tag is
 # unique per sender among its last 2**31 checked sends.
 _DATA_TAGS = 32768
-# checked sends up to this size send the caller's array itself (within any eager limit:
-# they complete without the receiver); larger ones a copy (see MPIBackend._send_checked)
-_EAGER_COPY = 4096
 
 
 class _CheckedRecv:
@@ -974,19 +975,20 @@ class MPIBackend:
         return _All(parts, None)
 
     def _send_checked(self, call: Call, seq: int, x: np.ndarray, dst: int, tag: int) -> Any:
-        """The header, then the data on the data communicator. Above the eager limit the
-        data goes from a copy and the send completes with its header: the receiver posts
-        the data's receive only once it has read the header (in its own test or wait),
-        so a sender waiting for the data to be taken could wait for a receiver that is
-        itself waiting in a send to it (two ranks that irecv and then send), or in a
-        collective. The copy is kept (work.ORPHANS) until MPI has sent it."""
+        """The header, then the data on the data communicator. The data goes from a copy
+        and the send completes with its header: the receiver posts the data's receive only
+        once it has read the header (in its own test or wait), so a sender waiting for the
+        data to be taken could wait for a receiver that is itself waiting in a send to it
+        (two ranks that irecv and then send), or in a collective. Every size: a message
+        above the eager limit needs the receiver's receive, and that limit may be below
+        the node's 4 KiB-32 KiB (Open MPI's transport to the rank itself: about 1 KiB; a
+        user's OMPI_MCA_btl_sm_eager_limit): a 2 KiB send to itself, the array itself
+        sent, waited until its timeout. The copy is kept (work.ORPHANS) until MPI has
+        sent it."""
         data_tag = next(self._data_tag) % self._data_tags
         words = encode_header(seq, _CODES[x.dtype], x.size, x.shape, data_tag)
         header = np.array(words, np.int64)
         head = self.mpi.Isend([header, MPI.INT64_T], dst, tag)
-        if x.nbytes <= _EAGER_COPY:
-            data = self.data.Isend([x, _mpi_types[x.dtype]], dst, data_tag)
-            return Requests(call, [head, data], None, keep=(header, x))
         copy = np.array(x, copy=True)
         sent = _Sent(self.data.Isend([copy, _mpi_types[copy.dtype]], dst, data_tag), copy)
         ORPHANS.append(

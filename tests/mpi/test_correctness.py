@@ -225,3 +225,25 @@ def test_nan_inf_and_overflow_raise_no_numpy_warnings(comm):
                     comm.reduce_scatter(np.repeat(x, comm.size), op=op)
     mine = [w for w in caught if "hpccomm" in w.filename]
     assert not mine, [(w.filename, w.lineno, str(w.message)) for w in mine]
+
+
+@pytest.mark.parametrize("opname", ["SUM", "MAX", "BOR", "PRODUCT", "MIN", "BAND", "BXOR"])
+@pytest.mark.parametrize("count", [7, 300_001], ids=["small", "large"])
+def test_bool_reductions_are_logical_whatever_the_bytes(comm, opname, count):
+    # A bool array whose bytes are not 0/1 (np.frombuffer, .view(bool)) is True wherever its
+    # byte is not 0, to NumPy. MPI's C_BOOL ops took the bytes as they were: BXOR of [2, 1]
+    # and [1, 2] gave [3, 3] (True) where logical XOR is False, and the others left bytes
+    # other than 0/1 in the result. (The large size runs on the shared-memory path.)
+    logical = {"SUM": np.logical_or, "MAX": np.logical_or, "BOR": np.logical_or,
+               "PRODUCT": np.logical_and, "MIN": np.logical_and, "BAND": np.logical_and,
+               "BXOR": np.logical_xor}[opname]  # fmt: skip
+
+    def raw(r):
+        return ((np.arange(count) * 7 + 3 * r) % 4).astype(np.uint8) * (1 + r % 3)
+
+    x = raw(comm.rank).view(np.bool_)
+    expect = raw(0) != 0
+    for r in range(1, comm.size):
+        expect = logical(expect, raw(r) != 0)
+    comm.all_reduce(x, op=opname)
+    assert np.array_equal(x.view(np.uint8), expect.view(np.uint8))

@@ -366,6 +366,23 @@ def test_two_ranks_that_irecv_then_send_large_messages(checked):
     assert w.wait() == other and (got == other).all()
 
 
+@pytest.mark.parametrize("nbytes", [8, 1000, 2048, 4096, 4097])
+def test_a_rank_that_irecvs_from_itself_then_sends_small_messages(checked, nbytes):
+    # Checked sends of up to 4 KiB sent the array itself, counting on Open MPI's eager limit
+    # between ranks of a node (4-32 KiB); a send to the rank itself goes over its self
+    # transport, whose limit is about 1 KiB: from there to 4 KiB the blocking send waited
+    # for a data receive its own irecv posts only in wait() (a CommTimeoutError at the
+    # timeout; without one, a hang). The same with a user's lower OMPI_MCA_btl_sm_eager_limit
+    c = checked
+    c.timeout = 20
+    sent = np.arange(nbytes, dtype=np.uint8)
+    got = np.zeros(nbytes, np.uint8)
+    w = c.irecv(got, c.rank, tag=7)
+    c.send(sent, c.rank, tag=7)
+    assert w.wait() == c.rank
+    assert np.array_equal(got, sent)
+
+
 def test_two_reads_of_an_array_in_use_go_on(guarded):
     # A buffer sent to two peers, or one input to two async collectives with outputs of
     # their own: both calls only read it, and the second was refused ("in use by")

@@ -158,7 +158,10 @@ def test_equal_blocks_need_multiple(comm):
     with pytest.raises(
         InvalidArgumentError,
         match=where(comm, "all_to_all")
-        + rf": array has {n + 1} rows along axis 0, expected a multiple of {n}",
+        + rf": array has {n + 1} rows along axis 0, expected a multiple of {n}"
+        # (it said "pass sizes=", which neither all_to_all form takes)
+        + r" \(one equal block per rank\); pass all_to_all_single with input_split_sizes= "
+        r"and output_split_sizes= for uneven blocks",
     ):
         comm.all_to_all(np.ones(n + 1))
 
@@ -172,8 +175,11 @@ def test_split_sizes_must_sum(comm):
         comm.all_to_all_single(
             np.ones(n + 3), input_split_sizes=[1] * n, output_split_sizes=[1] * n
         )
-    with pytest.raises(
-        InvalidArgumentError, match="output_split_sizes is None with uneven input_split_sizes"
+    with pytest.raises(  # (it offered out= instead, which is taken as equal blocks)
+        InvalidArgumentError,
+        match="output_split_sizes is None with uneven input_split_sizes; pass "
+        r"output_split_sizes \(the rows each rank sends here; with only out=, they are "
+        r"taken as equal blocks of it\)",
     ):
         comm.all_to_all_single(np.ones(n), input_split_sizes=[1] * n)
 
@@ -185,6 +191,40 @@ def test_scatter_non_source_needs_out(comm):
             InvalidArgumentError, match=where(comm, "scatter") + ": non-source ranks need out="
         ):
             comm.scatter(None, src=0)
+
+
+@pytest.mark.mpi(min_size=2)  # a non-source rank
+def test_scatter_non_source_with_a_0d_out_is_refused(comm):
+    # A 0-d out= on a non-source rank raised IndexError (no HpccommError), took no
+    # sequence number and told nobody: the ranks went out of step on the group for good
+    if comm.rank != 0:
+        with pytest.raises(
+            InvalidArgumentError,
+            match=where(comm, "scatter") + re.escape(": out has shape (), expected (1,)"),
+        ):
+            comm.scatter(None, src=0, out=np.array(0.0))
+
+
+def test_a_validation_that_fails_unforeseen_is_a_refusal(comm, monkeypatch):
+    # Any exception out of validation is a refusal like any other (HpccommError, the call's
+    # number taken, the others told): the group goes on when every rank refused it
+    from hpccomm import ops
+
+    def broken(call, b, o):
+        raise IndexError("tuple index out of range")
+
+    monkeypatch.setattr(ops.ALL_REDUCE, "validate", broken)
+    with pytest.raises(
+        InvalidArgumentError,
+        match=where(comm, "all_reduce")
+        + re.escape(": its arguments could not be checked (IndexError: tuple index out of range)"),
+    ) as err:
+        comm.all_reduce(np.ones(3))
+    assert isinstance(err.value.__cause__, IndexError)
+    monkeypatch.undo()
+    x = np.ones(3)
+    comm.all_reduce(x)
+    assert (x == comm.size).all()
 
 
 def test_batch_needs_p2pops(comm):

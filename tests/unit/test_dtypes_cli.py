@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from hpccomm import DtypeError, ReduceOp
+from hpccomm import DtypeError, InvalidArgumentError, ReduceOp
 from hpccomm.cli import main
 from hpccomm.dtypes import SUPPORTED_DTYPES, as_reduce_op, check_op, dtype_info
 
@@ -56,6 +56,10 @@ def test_reduce_op_names_and_equality():
     assert repr(ReduceOp.PREMUL_SUM(0.5)) == "ReduceOp.PREMUL_SUM(0.5)"
     with pytest.raises(DtypeError, match=r"factor is .x. \(str\)"):
         ReduceOp.PREMUL_SUM("x")
+    # an int past float64's range was accepted and failed at the call, on every rank
+    with pytest.raises(InvalidArgumentError, match=r"factor is an int of 401 digits, out of"):
+        ReduceOp.PREMUL_SUM(10**400)
+    assert ReduceOp.PREMUL_SUM(10**300).factor == 10**300
 
 
 @pytest.mark.parametrize(
