@@ -767,7 +767,10 @@ class Dispatcher:
         seq = self.group.seq
         # an object collective at "large": the others are in the comparison, told there
         # (the notice after it: seen first, a bounded peer raised a PeerError instead)
-        objects = self.debug == "large" and spec.objects
+        # object collectives and all_to_all on arrays: compared at "large" too (see prepare)
+        objects = self.debug == "large" and (
+            spec.objects or (spec.arrays and spec.name == "all_to_all")
+        )
         if self.notices is not None and not objects:
             self._post(spec.name, seq, exc, REFUSED)
         g = self.group
