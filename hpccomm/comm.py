@@ -958,11 +958,14 @@ class Communicator:
         # the members only: not a step of this group's sequence, bounded by its timeout
         with record.reported():  # the flight recorder's dump, as for an operation
             backend, keys = self._dispatcher.bounded(
-                f"create_group {ranks} on {self.name} (rank {self.rank} of {self.size})",
+                f"create_group {ranks}{f' (tag {tag_value})' if tag_value else ''} on "
+                f"{self.name} (rank {self.rank} of {self.size})",
                 job,
                 late="not complete after {t} s; some rank of the list has not called "
-                "create_group (MPI cannot cancel it: abort the job)",
+                "create_group, or called it with another list or tag (MPI cannot cancel it: "
+                "abort the job)",
                 timeout=check_timeout(timeout, self._here("create_group")),
+                some=ranks,
             )
         count = self._created.get((tuple(ranks), tag_value), 0)
         self._created[(tuple(ranks), tag_value)] = count + 1

@@ -29,7 +29,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from operator import attrgetter
 from typing import Any, ClassVar
@@ -69,6 +69,7 @@ from .notices import (
     FAILED,
     LEAVING,
     P2P_REFUSALS_KEPT,
+    POLL_INTERVAL,
     REFUSED,
     NoticeBoard,
     Place,
@@ -1152,19 +1153,28 @@ class Dispatcher:
         "has not reached this call",
         timeout: Any = None,
         step: tuple[int, str] | None = None,
+        some: Sequence[int] = (),
     ) -> Any:
         """Run a small exchange inline, or on the worker with the timeout (not a step of the
         group's sequence: it belongs to the call it checks, or concerns some ranks only);
         ``late`` says what a timeout means; ``timeout``: a bound of its own (seconds)
         instead of the group's; ``step``: the (number, op) of the group's call it checks,
-        whose timeout asks the other ranks where they are (whereabouts)."""
+        whose timeout asks the other ranks where they are (whereabouts); ``some``: the
+        ranks of an exchange among some ranks only (create_group's list), which answer
+        each other's questions while they wait in it and are asked at its timeout."""
         bound = self._timeout if timeout is None else timeout
         ex = self.executor
         if bound is None and (ex is None or not ex.pending):
             return fn(*args)
         fut = self.worker().submit(what, fn, *args)
         self._slow = True
-        if bound is not None and not fut.wait(bound):
+        notices = self.notices if some else None
+        if bound is not None and notices is not None:  # answering while it waits
+            deadline = time.monotonic() + bound
+            while not fut.wait(0) and (left := deadline - time.monotonic()) > 0:
+                notices.waits_in(what)
+                fut.wait(min(POLL_INTERVAL, left))
+        if bound is not None and not fut.wait(0 if notices is not None else bound):
             running = self.worker().running
             queued = running is not None and running is not fut
             behind = (
@@ -1175,6 +1185,8 @@ class Dispatcher:
             where_ = ""
             if step is not None:
                 where_ = self.whereabouts(step[0], step[1], fut.wait, in_it=not queued)
+            elif notices is not None:
+                where_ = self.some_whereabouts(what, some, fut.wait)
             if not fut.wait(0):  # (or it completed while the others were asked)
                 raise CommTimeoutError(f"{what}: {late.format(t=f'{bound:g}')}{behind}{where_}")
         fut.wait(None)
@@ -1312,7 +1324,21 @@ class Dispatcher:
                 or (got[2] and got[0] >= recent and (got[1].seq or 0) >= seq)  # its own, here
             )
             if got is None or not fresh:  # (fresh implies got; said for the type checker)
-                silent.append(g)
+                gone = notices.departed.get(w)
+                if gone is None:
+                    silent.append(g)
+                    continue
+                last = gone[0].get(self.gid)
+                if last is None:
+                    text = "without a call on this group"
+                elif last >= seq:  # (a rooted call's sender completes without the others)
+                    text = (
+                        f"after its call #{last} of this group: its #{seq} completed there "
+                        f"without this rank (another call, or a rooted call's sender)"
+                    )
+                else:
+                    text = f"after its call #{last} of this group"
+                parts.append(f"{who} has left the job ({gone[1]}) {text}")
                 continue
             when, place, asked = got
             their, running, waiting = place.seq, place.running, place.waiting
@@ -1357,6 +1383,56 @@ class Dispatcher:
                     "rank is stuck inside MPI"
                 )
         return f"; where the other ranks are (asked at the timeout): {head}{'; '.join(parts)}{tail}"
+
+    def some_whereabouts(
+        self, what: str, ranks: Sequence[int], done: Callable[[float], bool]
+    ) -> str:
+        """At the timeout of ``what``, an exchange among ``ranks`` of this group only (a
+        create_group): where the others of them are, as they answer (each answers while
+        it waits in such an exchange or in a bounded call); one waiting in an exchange of
+        the same kind on this group with another list is named so."""
+        notices = self.notices
+        g = self.group
+        others = [r for r in ranks if r != g.rank]
+        if notices is None or not others or len(ranks) > ASK_MAX_RANKS:
+            return ""
+        try:
+            since, said = notices.ask(
+                self.gid, [self.members[r] for r in ranks], stop=partial(done, 0)
+            )
+        except Exception:  # noqa: BLE001 - the timeout is the error; this only explains it
+            return ""
+        mine, _, _ = what.partition(" (rank ")
+        kind, _, rest = mine.partition(" ")
+        on = rest[rest.find(" on ") :]
+        parts, silent = [], []
+        for r in others:
+            w = self.members[r]
+            got = said.get(w)
+            if got is None or got[0] < since:
+                gone = notices.departed.get(w)
+                if gone is not None:
+                    parts.append(f"{g.peer(r)} has left the job ({gone[1]})")
+                else:
+                    silent.append(r)
+                continue
+            place = got[1]
+            theirs, _, _ = place.waiting.partition(" (rank ")
+            if theirs == mine:
+                text = "waits in it too"
+            elif theirs.startswith(f"{kind} [") and theirs.endswith(on):
+                text = (
+                    f"waits in {theirs}: the calls differ (every rank listed passes the same "
+                    f"ranks and tag)"
+                )
+            elif place.waiting:
+                text = f"waits in {place.waiting}"
+            else:
+                text = f"last call of this group #{place.seq}"
+            parts.append(f"{g.peer(r)}: {text}")
+        if silent:
+            parts.append(f"no answer within {ASK_WAIT:g} s from rank(s) {silent} {_SILENT_WHY}")
+        return f"; where the other ranks listed are (asked at the timeout): {'; '.join(parts)}"
 
     def p2p_whereabouts(self, call: Call, started: float, items: Any) -> str:
         """At a point-to-point call's timeout: the refusals its peers told of (a call of

@@ -234,6 +234,15 @@ class NoticeBoard:
             self._waiting = (p2p_waiting(call, seq), now)
             self.poll()
 
+    def waits_in(self, where: str) -> None:
+        """Run between the slices of a bounded wait that is no call of a group's sequence
+        (a create_group, made by its members only): looks for notices every POLL_INTERVAL,
+        so that a member that timed out and asks hears that this rank waits in ``where``."""
+        now = time.monotonic()
+        if now - self._last >= POLL_INTERVAL:
+            self._waiting = (where, now)
+            self.poll()
+
     def refuse_p2p(
         self, gid: str, group_rank: int, told: Sequence[tuple[int, Any]], reason: str
     ) -> None:

@@ -546,7 +546,7 @@ class _TorchWork(dist.Work):
         if self._finished.is_set() or self._work is None:
             _watchdog.done(self)
             return
-        if self._work.is_completed():
+        if self._work._completed(bounded=False):
             self._complete(self._work)
             return
         self._fail(self._work._timed_out(self._timeout or 0.0))
@@ -593,7 +593,8 @@ class _TorchWork(dist.Work):
                 pass
 
     def is_completed(self) -> bool:
-        if not self._driven and self._work is not None and self._work.is_completed():
+        # (a peer's failure notice ends a collective; its timeout is the watchdog's)
+        if not self._driven and self._work is not None and self._work._completed(False):
             self._complete(self._work)
         future = self._future
         return self._finished.is_set() and self._base.done() and (future is None or future.done())

@@ -157,6 +157,7 @@ class Work:
         "_callbacks",
         "_finishing",
         "_waited",
+        "_started",
         "__weakref__",
     )
 
@@ -190,6 +191,7 @@ class Work:
         self._explain = explain  # adds what the dispatch knows to a timeout's message
         self._callbacks: list[Callable[[Work], None]] = []
         self._waited = False  # a wait() that timed out (the caller saw CommTimeoutError)
+        self._started = time.monotonic()  # is_completed() counts the group's bound from it
         self._done = False
         self._exc: BaseException | None = None
         self._result: Any = None
@@ -246,7 +248,21 @@ class Work:
             fn(self)
 
     def is_completed(self) -> bool:
-        """True when the operation has finished, successfully or not (never blocks)."""
+        """True when the operation has finished, successfully or not. A collective a peer's
+        failure notice ends (the peer refused or failed it, or left the job) has finished:
+        exception() is that PeerError and wait() raises it. Past the communicator's timeout,
+        counted from the call, it raises the CommTimeoutError wait() raises then (asking
+        the peers where they are takes up to 1 s; the operation goes on, as after wait()).
+        Otherwise it never blocks.
+
+        (It only tested the operation: a program polling it, as torch programs poll their
+        Works while they compute, polled for ever past the timeout, or after a peer's
+        refusal that wait() raised at once.)"""
+        return self._completed(bounded=True)
+
+    def _completed(self, bounded: bool) -> bool:
+        """is_completed(); past the timeout only where ``bounded`` (else False then: the
+        torch backend's watchdog fails its Works at the timeout itself)."""
         if not self._done:
             try:
                 done = self._pending.test()
@@ -256,7 +272,33 @@ class Work:
                     raise self._exc from exc.__cause__
             if done:
                 self._finish()
+            else:
+                self._look(bounded)
         return self._done
+
+    def _look(self, bounded: bool) -> None:
+        """A pending operation: a peer's failure notice ends a collective; past the group's
+        bound (``bounded``) the wait's CommTimeoutError is raised."""
+        watch = self._watch
+        if watch is not None and not self._call.spec.p2p:
+            try:
+                watch()  # (looks for notices at most every 20 ms)
+            except HpccommError as exc:
+                self._finish(exc)
+                return
+        bound = self._timeout
+        if not bounded or bound is None:
+            return
+        elapsed = time.monotonic() - self._started
+        if elapsed < bound:
+            return
+        self._waited = True
+        err = self._timed_out(bound, completing=True)
+        if err is None:  # it completed while the peers were asked
+            if not self._done:
+                self._finish()
+            return
+        raise err
 
     def wait(self, timeout: float | None = _DEFAULT) -> Any:
         """Block until the operation completes; return its result.
@@ -351,7 +393,7 @@ class Work:
             return
         if not self._done:
             try:
-                self.is_completed()  # finishes it (keeping the status) if it is done
+                self._completed(bounded=False)  # finishes it (keeping the status) if done
             except HpccommError:
                 pass  # kept: fn sees it as exception()
         with self._finishing:  # not between _finish's taking of the list and its end
@@ -381,8 +423,9 @@ class Work:
         return self.wait()
 
     def exception(self) -> BaseException | None:
-        """The error the finished operation raised, or None (None too while pending)."""
-        self.is_completed()
+        """The error the finished operation raised, or None (None too while pending, and
+        past the timeout: is_completed() and wait() raise that)."""
+        self._completed(bounded=False)
         return self._exc
 
     def __del__(self) -> None:

@@ -406,9 +406,38 @@ def test_create_group_a_member_never_calls_times_out(launch):
     assert got["cls"] == "CommTimeoutError", got
     assert got["msg"].startswith("create_group [0, 1] on world (rank 0 of 2): not complete "
                                  "after 2 s; some rank of the list has not called"), got  # fmt: skip
+    assert got["msg"].endswith(
+        "where the other ranks listed are (asked at the timeout): no answer within 1 s from "
+        "rank(s) [1] (not waiting in a call with a timeout: busy outside hpccomm, in a call "
+        "without a timeout, or gone)"
+    ), got
     assert 1.5 < got["s"] < 10
     assert job.rc != 0 and "exiting while create_group [0, 1] on world" in job.stderr
     assert not job.crashed()
+
+
+def test_create_group_with_lists_that_differ_names_them(launch):
+    # Both ranks called it, with lists in another order: both timed out saying "some rank
+    # of the list has not called create_group", naming nobody. The members answer each
+    # other's questions while they wait in it now
+    job = launch(
+        3,
+        """
+        c = hpccomm.init(timeout=2)
+        if c.rank < 2:
+            outcome(c, "call", lambda: c.create_group([0, 1] if c.rank == 0 else [1, 0]))
+        """,
+    )
+    for rank in (0, 1):
+        got = job.of(rank, "call")
+        assert got["cls"] == "CommTimeoutError", got
+        theirs = "[1, 0]" if rank == 0 else "[0, 1]"
+        assert got["msg"].endswith(
+            f"where the other ranks listed are (asked at the timeout): rank {1 - rank}: waits "
+            f"in create_group {theirs} on world: the calls differ (every rank listed passes "
+            f"the same ranks and tag)"
+        ), got
+    assert job.rc != 0 and not job.crashed()
 
 
 def test_free_with_a_pending_work(launch):
@@ -931,6 +960,65 @@ def test_a_rank_whose_program_ends_early_is_named_at_once(launch):
         )
         and node["s"] < 10
     ), node
+
+
+@pytest.mark.parametrize("peer", ["refuses", "leaves"])
+def test_polling_an_async_collective_ends_at_a_peers_refusal_or_departure(launch, peer):
+    # A program that polls its Work while it computes (torch's pattern) polled for ever:
+    # is_completed() only tested the operation, never the peers' notices that wait() raises
+    # at once (a refusal: "rank 1 failed all_reduce #1 and will not join it"; a departure)
+    job = launch(
+        2,
+        f"""
+        c = hpccomm.init(timeout=30)
+        if c.rank == 1:
+            if "{peer}" == "refuses":
+                outcome(c, "call", lambda: c.all_reduce(np.array(["a"])))
+            sys.exit(0)
+        def poll():
+            w = c.all_reduce(np.ones(4), async_op=True)
+            t = time.monotonic()
+            while not w.is_completed():
+                time.sleep(0.01)
+                if time.monotonic() - t > 20:
+                    return "still polling after 20 s"
+            return f"{{type(w.exception()).__name__}}: {{w.exception()}}"
+        outcome(c, "poll", poll)
+        """,
+        bound=90,
+    )
+    got = job.of(0, "poll")
+    assert got["cls"] is None and got["value"].startswith("'PeerError: all_reduce #1 on world"), got
+    said = "failed all_reduce #1 and will not join it" if peer == "refuses" else "has left the job"
+    assert said in got["value"], got
+    assert got["s"] < 10, got
+    assert not job.crashed()
+
+
+def test_a_timeout_names_a_peer_that_completed_its_call_and_left(launch):
+    # Rank 1, a broadcast's root, completes it at once (its message goes out eagerly) and
+    # its program ends; rank 0, in an all_reduce with that number, timed out saying only
+    # "no answer ... (busy outside hpccomm, ..., or gone)", though rank 1's departure notice
+    # had come
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=2)
+        x = np.ones(4)
+        if c.rank == 1:
+            c.broadcast(x, 1)
+            sys.exit(0)
+        outcome(c, "call", lambda: c.all_reduce(x))
+        """,
+    )
+    got = job.of(0, "call")
+    assert got["cls"] == "CommTimeoutError", got
+    assert (
+        "where the other ranks are (asked at the timeout): rank 1 has left the job (its "
+        "program ended: a normal exit or sys.exit) after its call #1 of this group: its #1 "
+        "completed there without this rank"
+    ) in got["msg"], got
+    assert not job.crashed()
 
 
 def test_a_rank_that_freed_the_group_is_named_at_once(launch):

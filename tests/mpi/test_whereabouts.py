@@ -3,6 +3,7 @@ out asks the others (NoticeBoard.ask), and a rank answers while it waits in a co
 with a timeout (of any group). Every scenario ends with the late rank joining, so the
 stuck call completes on its worker and the group goes on."""
 
+import re
 import time
 
 import numpy as np
@@ -159,3 +160,29 @@ def test_a_group_creation_completed_while_asked_returns_the_group(group, level):
         sub.timeout = 60
         sub.free()
         group.debug = "large"
+
+
+def test_polling_an_async_collective_past_the_timeout_raises_and_it_goes_on(group):
+    # is_completed() only tested the operation: a program polling it while it computes
+    # polled for ever past the group's timeout. Now it raises the CommTimeoutError wait()
+    # raises there; the operation goes on (a later wait() completes it)
+    r, last = group.rank, group.size - 1
+    x = np.ones(3)
+    if r == last:
+        time.sleep(BOUND + ASK_WAIT + 1.0)  # past the others' timeout and their asking
+        group.all_reduce(x)
+        assert (x == group.size).all()
+        return
+    w = group.all_reduce(x, async_op=True)
+    t0 = time.monotonic()
+    with pytest.raises(hpccomm.CommTimeoutError) as info:
+        while not w.is_completed():
+            time.sleep(0.01)
+            assert time.monotonic() - t0 < 30, "is_completed() polled past the timeout"
+    assert time.monotonic() - t0 >= BOUND
+    said = str(info.value)
+    assert f"all_reduce #1 on {group.name} (rank {r} of {group.size}): not complete after " in said
+    silent = re.search(rf"no answer within {ASK_WAIT:g} s from rank\(s\) \[([\d, ]+)\]", said)
+    assert silent and str(last) in silent.group(1).split(", "), said  # (a poller may be too)
+    assert w.exception() is None  # pending still: it goes on
+    assert (w.wait(timeout=60) == group.size).all()
