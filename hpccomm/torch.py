@@ -1405,7 +1405,14 @@ def init_process_group(
         offer = (_addresses(world), store.port)
     else:
         offer = None
-    hosts, port = world.broadcast_object(offer, src=0)
+    # bounded by torch's timeout, as gloo's start is (a rank that never calls this left the
+    # others here for good: the world may have no timeout)
+    saved = world.timeout
+    world.timeout = delta.total_seconds()
+    try:
+        hosts, port = world.broadcast_object(offer, src=0)
+    finally:
+        world.timeout = saved
     host = hosts[0]
     if world.rank != 0:
         host = _reachable(world, hosts, port)
