@@ -1310,7 +1310,7 @@ class Dispatcher:
             return ""
         recent = since - (self._timeout or 0.0) - ASK_WAIT  # (older: another call's timeout)
         me = self.members[self.group.rank]
-        parts, behind, silent = [], [], []
+        parts, behind, silent, past = [], [], [], []
         fps: dict[int, dict[str, Any]] = {}
         if mine is not None:
             fps[self.group.rank] = mine
@@ -1356,6 +1356,7 @@ class Dispatcher:
                 text = f"in {running}, another call with this number: the calls differ"
             else:
                 text = "reached it" if their == seq else f"reached it and #{their} after it"
+                past.append(g)
                 if running:
                     text += f", its worker runs {running}"
             if waiting and waiting != running:
@@ -1364,9 +1365,19 @@ class Dispatcher:
                 text += f" (it timed out and asked {since - when:.1f} s before this rank)"
             parts.append(f"{who}: {text}")
         if silent:
-            parts.append(f"no answer within {ASK_WAIT:g} s from rank(s) {silent} {_SILENT_WHY}")
+            parts.append(
+                f"no answer within {ASK_WAIT:g} s from rank(s) {silent}{self._world_ranks(silent)} "
+                f"{_SILENT_WHY}"
+            )
         head = f"rank(s) {behind} have not reached it; " if behind else ""
         tail = ""
+        if past and not behind and not silent and len(parts) == len(self.members) - 1:
+            # every other rank is in it or past it: it cannot be waiting for one to come
+            tail = (
+                f"; rank(s) {past} completed call #{seq} while this rank waits in it: the "
+                f"calls differ (another root or op: a rooted call's sender or a broadcast's "
+                f"root completes without the others), or an earlier call differed"
+            )
         listed = [fps[g] for g in range(len(self.members)) if g in fps]
         # every rank in this call (the same op: another op is said above): do they agree?
         if len(listed) == len(self.members) and len({fp["op"] for fp in listed}) == 1:
@@ -1383,6 +1394,11 @@ class Dispatcher:
                     "rank is stuck inside MPI"
                 )
         return f"; where the other ranks are (asked at the timeout): {head}{'; '.join(parts)}{tail}"
+
+    def _world_ranks(self, ranks: Sequence[int]) -> str:
+        """ " (world rank(s) [...])" for ranks of this group that are not the world's own."""
+        world = [self.members[g] for g in ranks]
+        return "" if world == list(ranks) else f" (world rank(s) {world})"
 
     def some_whereabouts(
         self, what: str, ranks: Sequence[int], done: Callable[[float], bool]
@@ -1431,7 +1447,10 @@ class Dispatcher:
                 text = f"last call of this group #{place.seq}"
             parts.append(f"{g.peer(r)}: {text}")
         if silent:
-            parts.append(f"no answer within {ASK_WAIT:g} s from rank(s) {silent} {_SILENT_WHY}")
+            parts.append(
+                f"no answer within {ASK_WAIT:g} s from rank(s) {silent}{self._world_ranks(silent)} "
+                f"{_SILENT_WHY}"
+            )
         return f"; where the other ranks listed are (asked at the timeout): {'; '.join(parts)}"
 
     def p2p_whereabouts(self, call: Call, started: float, items: Any) -> str:

@@ -556,9 +556,9 @@ def _p2p_left(call: Call, pending: Any) -> str:
     if name == "sendrecv" and parts is not None and not getattr(parts[0], "posted", True):
         src = "any rank" if call.src is None else call.group.peer(call.src)
         return (
-            f"; no message from {src} with {tag} arrived, and nothing of the receive stays "
-            f"posted (a later receive may take that message); the send to {peer} stays "
-            f"posted: MPI may still read the array (hpccomm keeps it alive)"
+            f"; no message from {src} with {tag} arrived{_other_tag(call)}, and nothing of "
+            f"the receive stays posted (a later receive may take that message); the send to "
+            f"{peer} stays posted: MPI may still read the array (hpccomm keeps it alive)"
         )
     return (
         "; its sends and receives stay posted: MPI may still read and write the arrays "
@@ -567,17 +567,27 @@ def _p2p_left(call: Call, pending: Any) -> str:
 
 
 def _other_tag(call: Call) -> str:
-    """For a receive with a tag that timed out: a message from its source with another tag
-    waiting in MPI (the sender's tag differs), named; else ""."""
-    if call.tag is None or call.spec.name != "recv":
+    """For a receive (a recv, or a sendrecv's) with a tag that timed out: a message from its
+    source with another tag waiting in MPI (the sender's tag differs), or else one with its
+    tag from another rank (the source differs), named; else ""."""
+    name = call.spec.name
+    if call.tag is None or name not in ("recv", "sendrecv"):
         return ""
-    found = _waiting_message(call, call.peer)
-    if found is None or found[1] == call.tag:
-        return ""
-    return (
-        f"; a message from {call.group.peer(found[0])} with tag {found[1]} is waiting (do "
-        f"the tags differ?)"
-    )
+    source = call.peer if name == "recv" else call.src
+    found = _waiting_message(call, source)
+    if found is not None and found[1] != call.tag:
+        return (
+            f"; a message from {call.group.peer(found[0])} with tag {found[1]} is waiting (do "
+            f"the tags differ?)"
+        )
+    if found is None and source is not None:
+        found = _waiting_message(call, None, call.tag)
+        if found is not None and found[0] != source:
+            return (
+                f"; a message from {call.group.peer(found[0])} with tag {found[1]} is waiting "
+                f"(is the source right?)"
+            )
+    return ""
 
 
 def batch_tags(call: Call, items: Any) -> list[str]:
@@ -602,9 +612,12 @@ def batch_tags(call: Call, items: Any) -> list[str]:
     return said
 
 
-def _waiting_message(call: Call, source: int | None) -> tuple[int, int] | None:
-    """(source, tag) of a message from ``source`` (None: any rank) that waits in MPI on the
-    call's communicator, matched by no receive; None if there is none or MPI cannot say."""
+def _waiting_message(
+    call: Call, source: int | None, tag: int | None = None
+) -> tuple[int, int] | None:
+    """(source, tag) of a message from ``source`` (None: any rank) with ``tag`` (None: any)
+    that waits in MPI on the call's communicator, matched by no receive; None if there is
+    none or MPI cannot say."""
     mpi = getattr(call.backend, "mpi", None)
     if mpi is None:
         return None
@@ -613,7 +626,9 @@ def _waiting_message(call: Call, source: int | None) -> tuple[int, int] | None:
 
         status = MPI.Status()
         if mpi.Iprobe(
-            source=MPI.ANY_SOURCE if source is None else source, tag=MPI.ANY_TAG, status=status
+            source=MPI.ANY_SOURCE if source is None else source,
+            tag=MPI.ANY_TAG if tag is None else tag,
+            status=status,
         ):
             return status.Get_source(), status.Get_tag()
     except Exception:  # noqa: BLE001 - only a hint: the timeout is the error

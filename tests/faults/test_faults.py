@@ -1021,6 +1021,30 @@ def test_a_timeout_names_a_peer_that_completed_its_call_and_left(launch):
     assert not job.crashed()
 
 
+def test_a_timeout_where_the_other_ranks_are_in_or_past_the_call_says_the_calls_differ(launch):
+    # A reduce whose root differs on rank 2: rank 1, a sender, completed it; ranks 0 and 2
+    # wait as roots. Every rank reached the call, yet the error said only that "some rank
+    # of the group has not joined it"
+    job = launch(
+        3,
+        """
+        c = hpccomm.init(timeout=2)
+        x = np.ones(4)
+        outcome(c, "call", lambda: c.reduce(x, 2 if c.rank == 2 else 0))
+        if c.rank == 1:
+            outcome(c, "next", lambda: c.barrier())
+        """,
+    )
+    for rank in (0, 2):
+        got = job.of(rank, "call")
+        assert got["cls"] == "CommTimeoutError", got
+        assert "rank 1: reached it and #2 after it" in got["msg"], got
+        assert (
+            "rank(s) [1] completed call #1 while this rank waits in it: the calls differ"
+        ) in got["msg"], got
+    assert not job.crashed()
+
+
 def test_a_rank_that_freed_the_group_is_named_at_once(launch):
     # One rank freed a group its peers still call (it went on elsewhere): they waited out
     # their timeout, or, where the freeing rank was not in a bounded call, heard nothing.

@@ -447,6 +447,42 @@ def test_a_receive_that_timed_out_names_a_message_waiting_with_another_tag(comm,
     c.free()
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("how", ["recv", "sendrecv"])
+def test_a_receive_that_timed_out_names_a_message_waiting_from_another_rank(comm, how):
+    # A receive from the wrong source: the timeout said only that no message came from it,
+    # though MPI held one with its tag from another rank (and a sendrecv's said nothing of
+    # other tags either)
+    from hpccomm import CommTimeoutError
+
+    c = comm.dup()
+    c.timeout = 60
+    if c.rank == 1:
+        sent = c.isend(np.ones(2), 0, tag=6)
+    c.barrier()
+    if c.rank == 0:
+        c.timeout = 0.3
+        with pytest.raises(
+            CommTimeoutError,
+            match=rf"{how} #\d+ on .*not complete after 0.3 s; no message from rank 0 .*; a "
+            r"message from rank 1 with tag 6 is waiting \(is the source right\?\)",
+        ):
+            if how == "recv":
+                c.recv(np.empty(2), 0, tag=6)
+            else:  # (its send, to rank 1, completes: eager)
+                c.sendrecv(np.zeros(2), dst=1, src=0, out=np.empty(2), tag=6)
+        got = np.zeros(2)
+        c.timeout = 60
+        c.recv(got, 1, tag=6)
+        assert (got == 1).all()
+    elif c.rank == 1:
+        if how == "sendrecv":  # rank 0's sendrecv sent it this
+            c.recv(np.empty(2), 0, tag=6)
+        sent.wait()
+    c.barrier()
+    c.free()
+
+
 def test_a_truncated_posted_receive_names_its_buffer(comm):
     # MPI_ERR_TRUNCATE on a posted receive (torch's recv is one) named neither side's size
     from hpccomm import BackendError
