@@ -27,7 +27,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,6 +81,14 @@ def job_identity(environ: Mapping[str, str] | None = None) -> str | None:
     return None
 
 
+def _departures(departed: Callable[[], dict[int, str]] | None) -> dict[str, str]:
+    """The ranks known to have left the job and why, for a dump (never fails it)."""
+    try:
+        return {str(w): why for w, why in (departed() if departed is not None else {}).items()}
+    except Exception:  # noqa: BLE001 - a dump must not fail on a hint
+        return {}
+
+
 class FlightRecorder:
     """A ring buffer of this process's last ``size`` calls (a listener: register it with
     ``record.add_listener``)."""
@@ -92,6 +100,9 @@ class FlightRecorder:
         self.size = size
         self.entries: collections.deque[Record] = collections.deque(maxlen=capacity)
         self.dumps = 0
+        # world rank -> why it left the job (its departure notice), for the dump: a rank
+        # whose program ended writes no trace file (set by init: the job's notices)
+        self.departed: Callable[[], dict[int, str]] | None = None
         self._last_error_dump = -math.inf  # time.monotonic() of the last dump for an error
         self.errors_skipped = 0  # errors since it that wrote no dump (ERROR_DUMP_GAP)
         self._lock = threading.Lock()
@@ -140,6 +151,7 @@ class FlightRecorder:
                 "time": time.time(),
                 "groups": self.groups(),
                 "entries": self.snapshot(),
+                "departed": _departures(self.departed),
             }
             path = self.directory / f"rank{self.rank:05d}.json"
             tmp = path.with_suffix(".tmp")
@@ -531,6 +543,12 @@ def analyze(
     world = size or (max(docs) + 1)
     lines = []
     missing = [r for r in range(world) if r not in docs]
+    # ranks whose program ended (a departure notice another rank's dump lists): no trace
+    # file is theirs to write, where a rank killed hard cannot write one
+    left: dict[int, str] = {}
+    for doc in docs.values():
+        for w, why in (doc.get("departed") or {}).items():
+            left.setdefault(int(w), why)
     groups: dict[str, dict[str, Any]] = {}
     for doc in docs.values():
         groups.update(doc.get("groups", {}))
@@ -566,7 +584,11 @@ def analyze(
         lines.append(head)
         for r in [m for m in members if m not in by_rank]:
             if r not in docs:
-                lines.append(f"rank {r} never did and left no trace file (killed hard?)")
+                lines.append(
+                    f"rank {r} never did: it left the job ({left[r]}) without a trace file"
+                    if r in left
+                    else f"rank {r} never did and left no trace file (killed hard?)"
+                )
                 told.add(r)
                 continue
             mine = last.get(r, {}).get(gid)
@@ -612,6 +634,13 @@ def analyze(
         elif not p2p:
             lines.append("no rank waits in a collective call")
     missing = [r for r in missing if r not in told]
+    for why in sorted({left[r] for r in missing if r in left}):
+        gone = [r for r in missing if left.get(r) == why]
+        lines.append(
+            f"{_ranks(gone)} left the job ({why}) without a trace file (a rank writes one on "
+            f"a failure, not when its program ends)"
+        )
+    missing = [r for r in missing if r not in left]
     if missing:
         lines.append(f"{_ranks(missing)} left no trace file (killed hard, or not tracing)")
     reasons = sorted({_short(doc["reason"]) for doc in docs.values()})

@@ -668,7 +668,8 @@ def init(
     _init_args = args
     _init_failed = False
     if trace:
-        flight.start(trace, _world.rank, _world.size)
+        rec = flight.start(trace, _world.rank, _world.size)
+        rec.departed = lambda: {w: why for w, (_, why) in list(notices.departed.items())}
     profiler.start_from_env(_world)  # HPCCOMM_PROFILE=DIR: profile until exit
     if nccl:
         _world.enable_nccl()

@@ -256,6 +256,25 @@ def test_a_rank_without_a_file_is_named_once():
     assert verdict.count("left no trace file") == 1, verdict
 
 
+def test_a_rank_whose_program_ended_is_said_to_have_left_not_to_be_killed(tmp_path):
+    # A rank whose program ended one step early writes no trace file (it did not fail):
+    # the verdict called it "killed hard", though the others' dumps knew it had left
+    why = "its program ended: a normal exit or sys.exit"
+    rec = FlightRecorder(tmp_path, 0, 3)
+    rec.departed = lambda: {1: why}
+    assert json.loads(rec.dump("x").read_text())["departed"] == {"1": why}
+    d = doc(0, 3, [entry("all_reduce", "world", 3, "started")])
+    d["departed"] = {"1": why}
+    verdict = analyze({0: d}, 3)
+    assert f"rank 1 never did: it left the job ({why}) without a trace file" in verdict, verdict
+    assert "rank 2 never did and left no trace file (killed hard?)" in verdict, verdict
+    d = doc(0, 3, [entry("all_reduce", "world", 3, "completed")])
+    d["departed"] = {"1": why, "2": why}
+    verdict = analyze({0: d}, 3)
+    assert f"ranks 1-2 left the job ({why}) without a trace file (a rank" in verdict, verdict
+    assert "killed hard" not in verdict, verdict
+
+
 def test_ranks_waiting_for_each_other_in_point_to_point_calls_are_called_a_deadlock():
     # both ranks receive first: the verdict listed each rank's receive but did not say that
     # they wait for each other
