@@ -275,7 +275,8 @@ class NoticeBoard:
         """At a timeout in a call of group ``gid`` (its members: world ranks): ask every
         other member where it is on the group and wait up to ``wait`` seconds for their
         answers (a member answers while it waits in a collective with a timeout, of any
-        group: it looks for notices every POLL_INTERVAL). Returns the time of the question
+        group: it looks for notices every POLL_INTERVAL; a member known to have left the job
+        is not asked, and not waited for). Returns the time of the question
         and what each member said (answers, and the questions of members that timed out
         before this rank and asked first), by world rank; members that said nothing are
         missing. ``stop()`` true ends the wait early (the call that timed out completed).
@@ -288,8 +289,11 @@ class NoticeBoard:
         the group, that question's time and answers are returned instead, with what came
         since (another call of the group that timed out with it: no second wait)."""
         since = time.monotonic()
-        others = [w for w in members if w != self.world_rank]
-        if not others or len(members) > ASK_MAX_RANKS:
+        if len(members) > ASK_MAX_RANKS:
+            return since, {}
+        self.poll(force=True)  # (departures that came: a rank that left is not asked)
+        others = [w for w in members if w != self.world_rank and w not in self.departed]
+        if not others:
             return since, {}
         heard = self.heard.setdefault(gid, {})
         last = self._asked.get(gid)
