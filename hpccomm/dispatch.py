@@ -122,6 +122,18 @@ _CRC_OF = attrgetter("crc")
 _RUN_SEQ = re.compile(r"^\S+ #(\d+) on ")  # the number in a worker's "op #seq on group ..."
 
 
+def _on_host(data: Any) -> bool:
+    """Whether a call's data is in host memory (the dispatch compares such calls at the
+    "large" level; a device array's all_to_all runs on NCCL or device MPI, uncompared)."""
+    device = getattr(data, "__dlpack_device__", None)
+    if device is not None:
+        try:
+            return device()[0] in (1, 3)  # DLPack's CPU and CUDA-host memory
+        except Exception:  # noqa: BLE001 - judged as the dispatch would: not a device array
+            return True
+    return not hasattr(data, "__cuda_array_interface__")
+
+
 def _reached(seq: int, op: str, mine: int | None, place: Place) -> bool:
     """Whether a rank that answered (``place``) is in call ``seq`` (``op``) of the group
     with the arguments of this rank's (``mine``: the CRC of its fingerprint, where known),
@@ -770,7 +782,8 @@ class Dispatcher:
         # (the notice after it: seen first, a bounded peer raised a PeerError instead)
         # object collectives and all_to_all on arrays: compared at "large" too (see prepare)
         objects = self.debug == "large" and (
-            spec.objects or (spec.arrays and spec.name == "all_to_all")
+            spec.objects
+            or (spec.arrays and spec.name == "all_to_all" and _on_host(args[0] if args else None))
         )
         if self.notices is not None and not objects:
             self._post(spec.name, seq, exc, REFUSED)
@@ -1356,7 +1369,9 @@ class Dispatcher:
                 text = f"in {running}, another call with this number: the calls differ"
             else:
                 text = "reached it" if their == seq else f"reached it and #{their} after it"
-                past.append(g)
+                ahead = _RUN_SEQ.match(running) if running else None
+                if ahead is None or int(ahead.group(1)) > seq:  # (not #seq queued behind
+                    past.append(g)  # an earlier call its worker still runs)
                 if running:
                     text += f", its worker runs {running}"
             if waiting and waiting != running:

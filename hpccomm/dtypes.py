@@ -132,9 +132,10 @@ class ReduceOp(tuple):
             try:
                 complex(factor)  # (every factor is used as a float or complex number)
             except OverflowError:  # an int past float64's range failed at the call
+                assert isinstance(factor, int)  # (only an int overflows complex())
                 raise InvalidArgumentError(
-                    f"ReduceOp.PREMUL_SUM: factor is an int of {len(str(abs(factor)))} "
-                    f"digits, out of float64's range (magnitude up to about 1.8e308)"
+                    f"ReduceOp.PREMUL_SUM: factor is an int of {factor.bit_length()} bits, "
+                    f"out of float64's range (magnitude below 2**1024, about 1.8e308)"
                 ) from None
         return tuple.__new__(cls, (name, factor))
 

@@ -1408,7 +1408,7 @@ def init_process_group(
     # bounded by torch's timeout, as gloo's start is (a rank that never calls this left the
     # others here for good: the world may have no timeout)
     saved = world.timeout
-    world.timeout = delta.total_seconds()
+    world.timeout = delta.total_seconds() if saved is None else min(saved, delta.total_seconds())
     try:
         hosts, port = world.broadcast_object(offer, src=0)
     finally:

@@ -134,7 +134,8 @@ def wait_watching(pending: Pending, timeout: float, watch: Callable[[], None]) -
 
 class Work:
     """A pending operation: ``wait()`` returns its result (the output array, the source rank
-    of a receive, or None), ``is_completed()`` never blocks, ``exception()`` gives the error
+    of a receive, or None), ``is_completed()`` polls (it blocks only once a collective is
+    past its timeout, asking the peers before it raises), ``exception()`` gives the error
     of a failed one. A failed operation stays failed: every later ``wait()`` raises the same
     error. A handle dropped before its operation completed is reported with a
     :class:`~hpccomm.errors.UnwaitedWorkWarning`.
@@ -248,15 +249,16 @@ class Work:
             fn(self)
 
     def is_completed(self) -> bool:
-        """True when the operation has finished, successfully or not. A collective a peer's
-        failure notice ends (the peer refused or failed it, or left the job) has finished:
-        exception() is that PeerError and wait() raises it. Past the communicator's timeout,
-        counted from the call, it raises the CommTimeoutError wait() raises then (asking
-        the peers where they are takes up to 1 s; the operation goes on, as after wait()).
-        Otherwise it never blocks.
+        """True when the operation has finished, successfully or not. For a collective: one
+        a peer's failure notice ends (the peer refused or failed it, or left the job) has
+        finished (exception() is that PeerError and wait() raises it), and past the
+        communicator's timeout, counted from the call, it raises the CommTimeoutError
+        wait() raises then (asking the peers where they are takes up to 1 s; the operation
+        goes on, as after wait()). Otherwise it never blocks. A point-to-point Work is only
+        tested (MPI's Irecv + Test idiom: a message may come at any time).
 
-        (It only tested the operation: a program polling it, as torch programs poll their
-        Works while they compute, polled for ever past the timeout, or after a peer's
+        (It only tested collectives too: a program polling one, as torch programs poll
+        their Works while they compute, polled for ever past the timeout, or after a peer's
         refusal that wait() raised at once.)"""
         return self._completed(bounded=True)
 
@@ -270,21 +272,25 @@ class Work:
                 self._finish(exc)
                 if self._exc is not None:
                     raise self._exc from exc.__cause__
+                return self._done  # (another thread finished it meanwhile)
             if done:
                 self._finish()
-            else:
+            elif not self._call.spec.p2p:
                 self._look(bounded)
         return self._done
 
     def _look(self, bounded: bool) -> None:
-        """A pending operation: a peer's failure notice ends a collective; past the group's
-        bound (``bounded``) the wait's CommTimeoutError is raised."""
+        """A pending collective: a peer's failure notice ends it; past the group's bound
+        (``bounded``) the wait's CommTimeoutError is raised."""
         watch = self._watch
-        if watch is not None and not self._call.spec.p2p:
+        if watch is not None:
             try:
                 watch()  # (looks for notices at most every 20 ms)
             except HpccommError as exc:
-                self._finish(exc)
+                if self._pending.test():  # its own outcome came meanwhile: that wins
+                    self._finish()
+                else:
+                    self._finish(exc)
                 return
         bound = self._timeout
         if not bounded or bound is None:

@@ -246,4 +246,6 @@ def test_bool_reductions_are_logical_whatever_the_bytes(comm, opname, count):
     for r in range(1, comm.size):
         expect = logical(expect, raw(r) != 0)
     comm.all_reduce(x, op=opname)
-    assert np.array_equal(x.view(np.uint8), expect.view(np.uint8))
+    assert np.array_equal(x.view(np.uint8) != 0, expect)
+    if comm.size > 1:  # (one rank's all_reduce leaves its array as it is)
+        assert np.array_equal(x.view(np.uint8), expect.view(np.uint8))

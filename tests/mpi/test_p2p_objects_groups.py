@@ -483,6 +483,29 @@ def test_a_receive_that_timed_out_names_a_message_waiting_from_another_rank(comm
     c.free()
 
 
+@pytest.mark.mpi(min_size=2)
+def test_polling_a_point_to_point_work_past_the_timeout_only_tests_it(comm):
+    # MPI's Irecv + Test idiom (a listener for a message that may come at any time): a
+    # collective's is_completed() raises past the timeout, a point-to-point one's does not
+    c = comm.dup()
+    c.timeout = 0.3
+    got = np.zeros(2)
+    if c.rank == 0:
+        w = c.irecv(got, 1, tag=9)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 0.8:
+            assert not w.is_completed()
+            time.sleep(0.01)
+    c.timeout = 60
+    c.barrier()
+    if c.rank == 1:
+        c.send(np.ones(2), 0, tag=9)
+    elif c.rank == 0:
+        assert w.wait() == 1 and (got == 1).all()
+    c.barrier()
+    c.free()
+
+
 def test_a_truncated_posted_receive_names_its_buffer(comm):
     # MPI_ERR_TRUNCATE on a posted receive (torch's recv is one) named neither side's size
     from hpccomm import BackendError

@@ -57,8 +57,10 @@ def test_reduce_op_names_and_equality():
     with pytest.raises(DtypeError, match=r"factor is .x. \(str\)"):
         ReduceOp.PREMUL_SUM("x")
     # an int past float64's range was accepted and failed at the call, on every rank
-    with pytest.raises(InvalidArgumentError, match=r"factor is an int of 401 digits, out of"):
+    with pytest.raises(InvalidArgumentError, match=r"factor is an int of 1329 bits, out of"):
         ReduceOp.PREMUL_SUM(10**400)
+    with pytest.raises(InvalidArgumentError, match=r"factor is an int of 16610 bits"):
+        ReduceOp.PREMUL_SUM(10**5000)  # (past Python's 4,300 digits for int -> str)
     assert ReduceOp.PREMUL_SUM(10**300).factor == 10**300
 
 

@@ -196,3 +196,25 @@ def test_staging_pool_reuses_buffers():
         and StagingPool.size_class(1025) == 2048
         and StagingPool.size_class(0) == 1
     )
+
+
+def test_a_refused_all_to_all_joins_the_comparison_only_for_host_data():
+    # at "large" only host arrays' all_to_all is compared before MPI: a device array's
+    # refusal joining a comparison its peers (on NCCL or device MPI) never enter queued
+    # a stale fingerprint on the worker (from an outside review)
+    import numpy as np
+
+    from hpccomm.dispatch import _on_host
+
+    class Cuda:
+        __cuda_array_interface__ = {}
+
+    class DLPack:
+        def __init__(self, kind):
+            self.kind = kind
+
+        def __dlpack_device__(self):
+            return (self.kind, 0)
+
+    assert _on_host(np.ones(2)) and _on_host(None) and _on_host(DLPack(1))
+    assert not _on_host(Cuda()) and not _on_host(DLPack(2))
