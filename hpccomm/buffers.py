@@ -13,7 +13,7 @@ import numpy as np
 
 from .errors import DtypeError, InvalidArgumentError
 
-__all__ = ["Buffer", "resolve", "allocate"]
+__all__ = ["Buffer", "resolve", "allocate", "on_host"]
 
 _DLPACK_CPU = 1
 _DLPACK_CUDA = 2
@@ -91,6 +91,23 @@ def resolve(x: Any, where: object, arg: str = "array") -> Buffer:
         f"{where}: {arg} is {type(x).__name__}, expected a NumPy or CuPy array "
         f"(or an object with __cuda_array_interface__ or __dlpack__)"
     )
+
+
+def on_host(x: Any) -> bool:
+    """Whether :func:`resolve` takes ``x`` for host memory (a NumPy array, or DLPack's CPU
+    or CUDA-host memory), without resolving it: not a CuPy array, an object with
+    ``__cuda_array_interface__`` or DLPack device memory. Never raises (what resolve
+    refuses counts as host: it is refused before any device path)."""
+    if isinstance(x, np.ndarray):
+        return True
+    if type(x).__module__.startswith("cupy") or hasattr(x, "__cuda_array_interface__"):
+        return False
+    if hasattr(x, "__dlpack__"):
+        try:
+            return x.__dlpack_device__()[0] in (_DLPACK_CPU, _DLPACK_CUDA_HOST)
+        except Exception:  # noqa: BLE001 - resolve refuses it
+            return True
+    return True
 
 
 def allocate(

@@ -38,7 +38,7 @@ import numpy as np
 
 from . import record
 from .backends.base import Backend, HostBackend
-from .buffers import allocate, resolve
+from .buffers import allocate, on_host, resolve
 from .debug import (
     CHECKING,
     call_site,
@@ -120,18 +120,6 @@ _CRC_OF = attrgetter("crc")
 
 
 _RUN_SEQ = re.compile(r"^\S+ #(\d+) on ")  # the number in a worker's "op #seq on group ..."
-
-
-def _on_host(data: Any) -> bool:
-    """Whether a call's data is in host memory (the dispatch compares such calls at the
-    "large" level; a device array's all_to_all runs on NCCL or device MPI, uncompared)."""
-    device = getattr(data, "__dlpack_device__", None)
-    if device is not None:
-        try:
-            return device()[0] in (1, 3)  # DLPack's CPU and CUDA-host memory
-        except Exception:  # noqa: BLE001 - judged as the dispatch would: not a device array
-            return True
-    return not hasattr(data, "__cuda_array_interface__")
 
 
 def _reached(seq: int, op: str, mine: int | None, place: Place) -> bool:
@@ -783,7 +771,8 @@ class Dispatcher:
         # object collectives and all_to_all on arrays: compared at "large" too (see prepare)
         objects = self.debug == "large" and (
             spec.objects
-            or (spec.arrays and spec.name == "all_to_all" and _on_host(args[0] if args else None))
+            # (a device array's all_to_all runs uncompared, on NCCL or device MPI)
+            or (spec.arrays and spec.name == "all_to_all" and on_host(args[0] if args else None))
         )
         if self.notices is not None and not objects:
             self._post(spec.name, seq, exc, REFUSED)
@@ -1380,10 +1369,7 @@ class Dispatcher:
                 text += f" (it timed out and asked {since - when:.1f} s before this rank)"
             parts.append(f"{who}: {text}")
         if silent:
-            parts.append(
-                f"no answer within {ASK_WAIT:g} s from rank(s) {silent}{self._world_ranks(silent)} "
-                f"{_SILENT_WHY}"
-            )
+            parts.append(self._no_answer(silent))
         head = f"rank(s) {behind} have not reached it; " if behind else ""
         tail = ""
         if past and not behind and not silent and len(parts) == len(self.members) - 1:
@@ -1410,10 +1396,12 @@ class Dispatcher:
                 )
         return f"; where the other ranks are (asked at the timeout): {head}{'; '.join(parts)}{tail}"
 
-    def _world_ranks(self, ranks: Sequence[int]) -> str:
-        """ " (world rank(s) [...])" for ranks of this group that are not the world's own."""
-        world = [self.members[g] for g in ranks]
-        return "" if world == list(ranks) else f" (world rank(s) {world})"
+    def _no_answer(self, silent: Sequence[int]) -> str:
+        """What an asking says of the ranks of this group that did not answer (with their
+        world ranks where those differ)."""
+        world = [self.members[g] for g in silent]
+        also = "" if world == list(silent) else f" (world rank(s) {world})"
+        return f"no answer within {ASK_WAIT:g} s from rank(s) {silent}{also} {_SILENT_WHY}"
 
     def some_whereabouts(
         self, what: str, ranks: Sequence[int], done: Callable[[float], bool]
@@ -1462,10 +1450,7 @@ class Dispatcher:
                 text = f"last call of this group #{place.seq}"
             parts.append(f"{g.peer(r)}: {text}")
         if silent:
-            parts.append(
-                f"no answer within {ASK_WAIT:g} s from rank(s) {silent}{self._world_ranks(silent)} "
-                f"{_SILENT_WHY}"
-            )
+            parts.append(self._no_answer(silent))
         return f"; where the other ranks listed are (asked at the timeout): {'; '.join(parts)}"
 
     def p2p_whereabouts(self, call: Call, started: float, items: Any) -> str:

@@ -204,7 +204,7 @@ def test_a_refused_all_to_all_joins_the_comparison_only_for_host_data():
     # a stale fingerprint on the worker (from an outside review)
     import numpy as np
 
-    from hpccomm.dispatch import _on_host
+    from hpccomm.buffers import on_host as _on_host
 
     class Cuda:
         __cuda_array_interface__ = {}
@@ -212,6 +212,9 @@ def test_a_refused_all_to_all_joins_the_comparison_only_for_host_data():
     class DLPack:
         def __init__(self, kind):
             self.kind = kind
+
+        def __dlpack__(self, stream=None):
+            raise NotImplementedError
 
         def __dlpack_device__(self):
             return (self.kind, 0)
