@@ -432,14 +432,21 @@ class NoticeBoard:
                     f"within {2 * timeout + 1:g} s"
                 )
             missing = msg[3]
+            if group_rank in missing:  # rank 0 gave up before this rank's arrival came
+                raise CommTimeoutError(
+                    f"{where}: this rank came after rank 0 of the group (world rank {root}) "
+                    f"gave up waiting ({timeout:g} s): rank(s) {missing} of the group did "
+                    f"not arrive in time"
+                )
         else:
             missing = []
             for i, w in enumerate(members[1:], start=1):
                 if self._wait_for(w, (gid, seq, "arrived"), deadline, told) is None:
                     missing.append(i)
-            came = [w for i, w in enumerate(members) if i > 0 and i not in missing]
             self._drop_sent()
-            for w in came:
+            # the late ones too: one that comes after all finds its answer waiting (it waited
+            # 2 x timeout + 1 s for a release that never came)
+            for w in members[1:]:
                 self._send((gid, seq, "release", missing), w, MONITOR_TAG)
         if missing:
             raise CommTimeoutError(

@@ -517,3 +517,33 @@ def test_a_monitored_barrier_refused_on_one_rank_is_named_and_the_group_goes_on(
     comm.all_reduce(x)
     assert (x == comm.size).all()
     comm.monitored_barrier(timeout=30)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_rank_late_for_a_monitored_barrier_is_told_at_once(comm):
+    # the last rank comes after rank 0 gave up: it waited 2 x timeout + 1 s for a release
+    # rank 0 never sent (rank 0 released only the ranks that came); now it finds its answer
+    import time
+
+    late = comm.size - 1
+    comm.barrier()
+    t0 = time.monotonic()
+    if comm.rank == late:
+        time.sleep(1.5)
+        with pytest.raises(
+            hpccomm.CommTimeoutError,
+            match=rf"this rank came after rank 0 of the group \(world rank \d+\) gave up "
+            rf"waiting \(1 s\): rank\(s\) \[{late}\] of the group did not arrive in time",
+        ):
+            comm.monitored_barrier(timeout=1)
+        assert time.monotonic() - t0 < 4.0  # (4.5 s and more before)
+    else:
+        with pytest.raises(
+            hpccomm.CommTimeoutError,
+            match=rf"rank\(s\) \[{late}\] of the group did not arrive within 1 s",
+        ):
+            comm.monitored_barrier(timeout=1)
+    comm.monitored_barrier(timeout=30)  # the group goes on (the late arrival is left over)
+    x = np.ones(40_000)
+    comm.all_reduce(x)
+    assert (x == comm.size).all()
