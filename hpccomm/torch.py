@@ -339,9 +339,12 @@ class _Watchdog:
             time.sleep(self.PERIOD)
             now = time.monotonic()
             with self._lock:
-                late = [w for w, deadline in self._running.items() if deadline <= now]
-            for work in late:
-                work._expire()
+                running = list(self._running.items())
+            for work, deadline in running:
+                if deadline <= now:
+                    work._expire()
+                else:  # a peer's failure notice ends it (its MPI call may never end)
+                    work._notice()
 
 
 _watchdog = _Watchdog()
@@ -540,6 +543,19 @@ class _TorchWork(dist.Work):
             _settler.run(lambda: self._base.set_result(value))
         else:
             self._base.set_result(value)
+
+    def _notice(self) -> None:
+        """The watchdog, before the timeout: complete the Future of a collective a peer's
+        failure notice ended (it stayed pending until the timeout: DDP's backward, which
+        only chains on the Future, waited out torch's 30 minutes after a peer refused)."""
+        work = self._work
+        if self._finished.is_set() or work is None:
+            return
+        try:
+            if work._completed(bounded=False):
+                self._complete(work)
+        except HpccommError:  # it failed (the Work keeps the error, exception() gives it)
+            self._complete(work)
 
     def _expire(self) -> None:
         """Past the group's timeout (the watchdog): fail with hpccomm's timeout error."""

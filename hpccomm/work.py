@@ -395,7 +395,15 @@ class Work:
         is_completed()). The torch backend completes its Futures this way."""
         source = self._pending
         if isinstance(source, Future) and not self._done:
-            source.add_done_callback(lambda: fn(self))
+            # from the worker when the call ends, or from _finish when a peer's failure
+            # notice ends the Work first (its MPI call may then never end): once
+            once = _Once(fn, self)
+            with self._finishing:
+                if not self._done:
+                    self._callbacks.append(once)
+            source.add_done_callback(once.run)
+            if self._done:  # finished meanwhile, its callbacks taken before ours came
+                once.run()
             return
         if not self._done:
             try:
@@ -514,6 +522,27 @@ class _FinishedSource:
 
 
 _Finished = _FinishedSource()
+
+
+class _Once:
+    """A done-callback that two paths may call (the worker's Future, a Work finished by a
+    peer's notice): runs ``fn(work)`` the first time only."""
+
+    __slots__ = ("_fn", "_work", "_lock")
+
+    def __init__(self, fn: Callable[[Work], None], work: Work) -> None:
+        self._fn: Callable[[Work], None] | None = fn
+        self._work = work
+        self._lock = threading.Lock()
+
+    def run(self, *_: Any) -> None:
+        with self._lock:
+            fn, self._fn = self._fn, None
+        if fn is not None:
+            fn(self._work)
+
+    def __call__(self, work: Work) -> None:
+        self.run()
 
 
 def _always() -> bool:

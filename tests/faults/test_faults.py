@@ -975,8 +975,10 @@ def test_polling_an_async_collective_ends_at_a_peers_refusal_or_departure(launch
             if "{peer}" == "refuses":
                 outcome(c, "call", lambda: c.all_reduce(np.array(["a"])))
             sys.exit(0)
+        ran = []
         def poll():
             w = c.all_reduce(np.ones(4), async_op=True)
+            w.add_done_callback(lambda w: ran.append(type(w.exception()).__name__))
             t = time.monotonic()
             while not w.is_completed():
                 time.sleep(0.01)
@@ -984,11 +986,14 @@ def test_polling_an_async_collective_ends_at_a_peers_refusal_or_departure(launch
                     return "still polling after 20 s"
             return f"{{type(w.exception()).__name__}}: {{w.exception()}}"
         outcome(c, "poll", poll)
+        report(c, "callbacks", ran=ran)
         """,
         bound=90,
     )
     got = job.of(0, "poll")
     assert got["cls"] is None and got["value"].startswith("'PeerError: all_reduce #1 on world"), got
+    # its done-callbacks ran then too (they waited on the MPI call, which never ends)
+    assert job.of(0, "callbacks")["ran"] == ["PeerError"], job.of(0, "callbacks")
     said = "failed all_reduce #1 and will not join it" if peer == "refuses" else "has left the job"
     assert said in got["value"], got
     assert got["s"] < 10, got

@@ -466,6 +466,34 @@ def test_a_tensor_of_the_wrong_size_on_one_rank_is_named_and_the_others_told(lau
     assert other["s"] < 30, other  # told, not timed out
 
 
+def test_a_future_fails_at_a_peers_refusal_without_anyone_waiting_on_the_work(launch):
+    # DDP and FSDP only chain on a Work's Future: the Future of a collective a peer refused
+    # stayed pending until the group's timeout (the watchdog's), though the refusal's notice
+    # had come at once (its MPI call never ends: rank 1 never joins it)
+    job = launch(
+        2,
+        """
+        import torch, torch.distributed as dist
+        import hpccomm.torch as ht
+        ht.init_process_group(timeout=60)
+        r = dist.get_rank()
+        out = torch.zeros(8 if r == 1 else 6)
+        work = dist.all_gather_into_tensor(out, torch.ones(3), async_op=True) if r == 0 else None
+        if r == 1:
+            outcome(hpccomm.init(), "call", lambda: dist.all_gather_into_tensor(out, torch.ones(3)))
+        else:
+            outcome(hpccomm.init(), "call", lambda: work.get_future().wait())
+        """,
+        bound=90,
+    )
+    assert job.of(1, "call")["cls"] == "TensorRefused", job.of(1, "call")
+    got = job.of(0, "call")
+    # (torch's Future.wait() says "Got the following error when running the callback: ...")
+    assert "PeerError: all_gather #1 (torch all_gather_into_tensor)" in got["msg"], got
+    assert "rank 1 (world rank 1) failed all_gather #1" in got["msg"], got
+    assert got["s"] < 10, got  # (60 s, the timeout, before)
+
+
 def test_exit_while_a_future_callback_runs_a_collective(launch):
     # The main thread exits while a callback of a Work's Future (on a settling thread) still
     # runs one more all_reduce: the process aborted now and then (std::terminate, rc 134, or
