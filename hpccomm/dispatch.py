@@ -911,19 +911,20 @@ class Dispatcher:
         self._unsettled.append((seq, where_, type(exc).__name__, time.monotonic()))
         self._slow = True
 
-    def settle(self) -> None:
+    def settle(self, before: float = math.inf) -> None:
         """Before the next collective after a refusal (on the caller's thread, or on the
         worker before a queued call): did every other member refuse it too? Their notices
         are waited for until the group's timeout after the refusal (without a timeout, as
         long as it takes, saying on stderr after REFUSAL_WAIT whom it waits for); a rank
         that waited inside the call says so when it hears of the refusal. If any entered
-        it, or some said nothing in time, the group is unusable here (see refused)."""
+        it, or some said nothing in time, the group is unusable here (see refused).
+        ``before``: only refusals of calls numbered lower (a call queued before them)."""
         if self.notices is None:
             return
         with self._settling:
             g = self.group
             others = [r for r in range(g.size) if r != g.rank]
-            while self._unsettled and self.broken is None:
+            while self._unsettled and self._unsettled[0][0] < before and self.broken is None:
                 seq, where_, name, since = self._unsettled[0]
                 bound = self._timeout
                 entered, missing = self._hear(seq, where_, name, since, others, bound)
@@ -975,8 +976,11 @@ class Dispatcher:
         call's messages."""
         if call.spec.p2p:
             return
-        if self._unsettled:
-            self.settle()
+        # only refusals numbered before it: a call queued before a refusal comes first (its
+        # peers may be inside it, and the refusal's word waited for would never come: they
+        # waited for this call, the group unusable at the timeout, and without one for good)
+        if self._unsettled and self._unsettled[0][0] < seq:
+            self.settle(before=seq)
         if self.broken is not None:
             raise self._unusable(call.spec.name, seq, call.where(seq))
 

@@ -547,3 +547,26 @@ def test_a_rank_late_for_a_monitored_barrier_is_told_at_once(comm):
     x = np.ones(40_000)
     comm.all_reduce(x)
     assert (x == comm.size).all()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_calls_queued_before_a_refusal_on_one_rank_complete(comm):
+    # Rank 0's worker runs #2 (the others come late) with #3 queued behind it when rank 0
+    # refuses #4: the worker settled #4's refusal before running #3, waiting for the
+    # others' word on #4, which never came (they wait in #3): #3 failed with ClosedError at
+    # the timeout ("the group is unusable ... rank(s) [1] did not refuse it"), and without
+    # a timeout the ranks waited on each other for good
+    import time
+
+    comm.barrier()
+    if comm.rank != 0:
+        time.sleep(0.5)
+    x, y = np.ones(3), np.ones(3)
+    w1 = comm.all_reduce(x, async_op=True)
+    w2 = comm.all_reduce(y, async_op=True)
+    if comm.rank == 0:
+        with pytest.raises(DtypeError, match="op MIN is not defined"):
+            comm.all_reduce(np.ones(2, np.complex64), op="min")
+    w1.wait()
+    w2.wait()
+    assert (x == comm.size).all() and (y == comm.size).all()
