@@ -761,7 +761,7 @@ class P2POp:
 
     SEND = "send"
     RECV = "recv"
-    __slots__ = ("op", "array", "peer", "tag", "buf")
+    __slots__ = ("op", "array", "peer", "tag", "buf", "group", "_made_with")
 
     def __init__(self, op: Any, array: Any, peer: Any, tag: Any = 0) -> None:
         func = getattr(op, "__name__", op)
@@ -770,6 +770,10 @@ class P2POp:
             raise InvalidArgumentError(
                 f"P2POp: op is {op!r}, expected 'send' or 'recv' (or isend/irecv)"
             )
+        # a communicator's own method (comm.isend): the batch must run on that group (it
+        # ran on the batch's communicator, silently: a peer using the other group waited)
+        self.group = getattr(getattr(op, "__self__", None), "_group", None)
+        self._made_with = func
         self.array = array
         self.peer = peer
         self.tag = tag
@@ -794,6 +798,13 @@ def check_batch(call: Call, items: Any) -> list[P2POp]:
                 f"array, peer) or 'recv')"
             )
     for i, p in enumerate(items):
+        if p.group is not None and p.group is not call.group:
+            raise InvalidArgumentError(
+                f"{call}: ops[{i}] was made with {p.group.name}'s {p._made_with}, but the "
+                f"batch runs on {call.group.name}; nothing was posted (call "
+                f"batch_isend_irecv on {p.group.name}, or make the P2POp with "
+                f"'{p.op}')"
+            )
         p.peer = _check_rank(call, p.peer, f"ops[{i}].peer")
         call.tag = p.tag
         _check_tag(call, sends=p.op == "send", what=f"ops[{i}].tag")
@@ -811,7 +822,45 @@ def check_batch(call: Call, items: Any) -> list[P2POp]:
                 f"so make one batch per device (or copy the arrays to one)"
             )
     call.tag = None
+    _check_batch_disjoint(call, items)
     return list(items)
+
+
+def _check_batch_disjoint(call: Call, items: Sequence[P2POp]) -> None:
+    """Refuse a receive whose array shares memory with another item's (MPI forbids it, as
+    for sendrecv: a batch that received into the array it sent from gave a mix of both
+    ranks' data, silently). The arrays are contiguous (checked): each is one byte range,
+    and the ranges are compared in address order (a batch of n items costs n log n)."""
+    if len(items) < 2 or not any(p.op == "recv" for p in items):
+        return
+    spans = []
+    for i, p in enumerate(items):
+        b = p.buffer()
+        if b.array.nbytes == 0:
+            continue
+        face = b.array.__array_interface__ if b.device is None else b.array.__cuda_array_interface__
+        ptr = face["data"][0]
+        spans.append((-1 if b.device is None else b.device, ptr, ptr + b.array.nbytes, i))
+    spans.sort()
+    place = None
+    widest = widest_recv = (0, -1)  # the largest end so far on this device, and its item
+    for device, start, end, j in spans:
+        if device != place:
+            place, widest, widest_recv = device, (0, -1), (0, -1)
+        recv = items[j].op == "recv"
+        hit = widest if recv else widest_recv  # a receive overlaps nothing; a send no receive
+        if start < hit[0]:
+            r, o = (j, hit[1]) if recv else (hit[1], j)
+            way = "sends from" if items[o].op == "send" else "receives into"
+            raise InvalidArgumentError(
+                f"{call}: ops[{r}].array (a receive) shares memory with ops[{o}].array "
+                f"(which {way} it), expected separate arrays: MPI forbids the overlap and "
+                f"the results would be wrong; nothing was posted (receive into another "
+                f"array and copy)"
+            )
+        widest = max(widest, (end, j))
+        if recv:
+            widest_recv = max(widest_recv, (end, j))
 
 
 def _where_memory(device: int | None) -> str:

@@ -1189,7 +1189,8 @@ class MPIBackend:
                     reqs.append(self.mpi.Isend([b.array, mt], p.peer, p.tag))
                 else:
                     checks.append((len(reqs), b.elements, mt, f"ops[{i}] (recv)"))
-                    reqs.append(self.mpi.Irecv([b.array, mt], p.peer, p.tag))
+                    tag = _ANY_TAG if p.tag is None else p.tag  # (None: any tag)
+                    reqs.append(self.mpi.Irecv([b.array, mt], p.peer, tag))
         except BaseException:  # withdraw the receives posted (they took later messages);
             receives = {at for at, *_ in checks}  # the sends stay referenced until sent
             for at, req in enumerate(reqs):

@@ -883,3 +883,77 @@ def test_point_to_point_errors_on_a_subgroup_name_the_peers_world_rank(comm):
     g.timeout = 30
     g.barrier()
     g.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_batch_refuses_a_receive_into_memory_another_op_uses(comm):
+    # a batch that received into the array it sent from gave a mix of both ranks' data,
+    # silently (sendrecv refuses this overlap); refused on every rank, nothing posted
+    r = comm.rank
+    peer = 1 - r if r < 2 else r
+    x = np.full(100_003, float(r))
+    cases = [
+        ([P2POp("recv", x, peer), P2POp("send", x, peer)], r"ops\[0\]\.array \(a receive\) "
+         r"shares memory with ops\[1\]\.array \(which sends from it\)"),
+        ([P2POp("send", x[:60_000], peer), P2POp("send", x[10:20], peer),
+          P2POp("recv", x[50_000:], peer)], r"ops\[2\]\.array \(a receive\) shares memory "
+         r"with ops\[0\]\.array \(which sends from it\)"),
+        ([P2POp("recv", x[:10], peer), P2POp("recv", x[5:15], peer)],
+         r"ops\[1\]\.array \(a receive\) shares memory with ops\[0\]\.array \(which receives "
+         r"into it\)"),
+    ]  # fmt: skip
+    for ops_, said in cases:
+        with pytest.raises(hpccomm.InvalidArgumentError, match=said + ".*nothing was posted"):
+            comm.batch_isend_irecv(ops_)
+    # disjoint parts of one array, and two sends from one, are fine
+    got = np.zeros(100_003)
+    ops_ = [P2POp("send", x[:50_000], peer, tag=1), P2POp("send", x[:50_000], peer, tag=2),
+            P2POp("recv", got[:50_000], peer, tag=1), P2POp("recv", got[50_000:100_000], peer, tag=2)]  # fmt: skip
+    if r >= 2:
+        ops_ = []
+    if ops_:
+        comm.batch_isend_irecv(ops_).wait(timeout=60)
+        assert (got[:100_000] == float(peer)).all() and got[100_000:].sum() == 0
+    comm.barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_batch_receives_with_any_tag(comm):
+    # tag=None on a batch's receive (any tag, as for recv) failed after the batch's sends
+    # went out: "BackendError ... mpi failed: an integer is required"
+    r = comm.rank
+    if r < 2:
+        got = np.zeros(3)
+        comm.batch_isend_irecv(
+            [
+                P2POp("send", np.full(3, 7.0 + r), 1 - r, tag=4 + r),
+                P2POp("recv", got, 1 - r, tag=None),
+            ]
+        ).wait(timeout=60)
+        assert (got == 8.0 - r).all()
+    comm.barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_batch_refuses_p2pops_made_with_another_communicators_methods(comm):
+    # P2POp(g.isend, ...) in comm's batch ran on comm, silently: a peer receiving on g waited
+    g = comm.dup()
+    try:
+        peer = 1 - comm.rank if comm.rank < 2 else comm.rank
+        with pytest.raises(
+            hpccomm.InvalidArgumentError,
+            match=rf"ops\[1\] was made with {re.escape(g.name)}'s irecv, but the batch runs on "
+            rf"{re.escape(comm.name)}; nothing was posted",
+        ):
+            comm.batch_isend_irecv(
+                [P2POp(comm.isend, np.ones(3), peer), P2POp(g.irecv, np.ones(3), peer)]
+            )
+        got = np.zeros(3)
+        if comm.rank < 2:  # on its own group it runs
+            g.batch_isend_irecv([P2POp(g.isend, np.ones(3), peer), P2POp(g.irecv, got, peer)]).wait(
+                timeout=60
+            )
+            assert (got == 1).all()
+        g.barrier()
+    finally:
+        g.free()
