@@ -268,11 +268,9 @@ class Work:
         if not self._done:
             try:
                 done = self._pending.test()
-            except Exception as exc:
-                self._finish(exc)
-                if self._exc is not None:
-                    raise self._exc from exc.__cause__
-                return self._done  # (another thread finished it meanwhile)
+            except Exception as exc:  # it failed (a receive truncated inside MPI): finished,
+                self._finish(exc)  # exception() gives the error and wait() raises it (both
+                return self._done  # raised it once, when the test found it)
             if done:
                 self._finish()
             elif not self._call.spec.p2p:

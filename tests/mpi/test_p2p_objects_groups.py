@@ -957,3 +957,32 @@ def test_a_batch_refuses_p2pops_made_with_another_communicators_methods(comm):
         g.barrier()
     finally:
         g.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_receive_that_fails_inside_mpi_is_completed_with_its_error(comm):
+    # a message longer than the receive's array (MPI_ERR_TRUNCATE): exception() raised the
+    # error instead of returning it, and so did the first is_completed() (the second said
+    # True): the answer depended on whether the Work had been tested before
+    r = comm.rank
+    if r == 0:
+        comm.send(np.arange(8.0), 1, tag=1)
+        comm.send(np.arange(8.0), 1, tag=2)
+    elif r == 1:
+        said = r"recv #\d+ on .*\(rank 1 of \d+\).*MPI_ERR_TRUNCATE"
+        w = comm.irecv(np.zeros(4), 0, tag=1)
+        t0 = time.monotonic()
+        while not w.is_completed():
+            assert time.monotonic() - t0 < 30
+            time.sleep(0.01)
+        assert isinstance(w.exception(), hpccomm.BackendError)
+        assert re.search(said, str(w.exception())), w.exception()
+        with pytest.raises(hpccomm.BackendError, match=said):
+            w.wait()
+        w = comm.irecv(np.zeros(4), 0, tag=2)
+        t0 = time.monotonic()
+        while w.exception() is None:
+            assert time.monotonic() - t0 < 30
+            time.sleep(0.01)
+        assert re.search(said, str(w.exception())) and w.is_completed()
+    comm.barrier()
