@@ -12,6 +12,7 @@ of band).
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -782,7 +783,10 @@ def _buffer_of(call: Call) -> str:
         src = call.peer if call.spec.name == "recv" else call.src
         who = "any rank's" if src is None else f"{call.group.peer(src)}'s"
         tag = "any tag" if call.tag is None else f"tag {call.tag}"
-        return f" (this rank's buffer: {call.count:,} {call.dtype()} for {who} message, {tag})"
+        count = call.count  # a sendrecv's: the array it sends; it receives into out=
+        if call.spec.name == "sendrecv" and call.out_shape is not None:
+            count = math.prod(call.out_shape)
+        return f" (this rank's buffer: {count:,} {call.dtype()} for {who} message, {tag})"
     except Exception:  # noqa: BLE001 - only detail for the message
         return ""
 

@@ -525,6 +525,29 @@ def test_a_truncated_posted_receive_names_its_buffer(comm):
     c.free()
 
 
+@pytest.mark.mpi(min_size=2)
+def test_a_truncated_sendrecv_names_its_receive_buffer(comm):
+    # it named the array it sends ("this rank's buffer: 6 float64"), not out= (2)
+    from hpccomm import BackendError
+
+    if comm.debug in ("check", "detail"):
+        pytest.skip("the debug check compares the sizes before the data moves")
+    c = comm.dup()
+    try:
+        if c.rank < 2:
+            peer = 1 - c.rank
+            work = c.sendrecv(np.ones(6), dst=peer, src=peer, out=np.empty(2), async_op=True)
+            with pytest.raises(
+                BackendError,
+                match=rf"MPI_ERR_TRUNCATE.* \(this rank's buffer: 2 float64 for rank {peer}'s "
+                rf"message, tag 0\)",
+            ):
+                work.wait()
+        c.barrier()
+    finally:
+        c.free()
+
+
 def _refuse_to_load(why):
     raise ValueError(why)
 
