@@ -1231,7 +1231,16 @@ class Dispatcher:
                 if not spec.p2p:
                     self.refused_late(spec, seq, precise)
                 return precise
-        return call.backend.error(call, seq, exc)
+        err = call.backend.error(call, seq, exc)
+        if call.spec.p2p and isinstance(err, InvalidArgumentError):  # refused in the library,
+            # nothing sent (an object that cannot be pickled): its peer is told, as of a
+            # refusal by validation (it said only that no message came, at its timeout)
+            if self.notices is not None and self._timeout is not None:
+                try:
+                    self._refuse_p2p(call.spec, (data, call.peer, call.src, call.tag), err)
+                except Exception:  # noqa: BLE001 - only a hint for the peer
+                    pass
+        return err
 
     def timed_out(
         self,

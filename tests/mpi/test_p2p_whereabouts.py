@@ -194,3 +194,26 @@ def test_a_refusal_a_retry_replaced_or_of_another_tag_is_not_named(pair):
     pair.recv(y, 0, tag=2)
     pair.recv(y, 0, tag=3)
     assert y.tolist() == [3.0, 3.0]
+
+
+class _Unpicklable:
+    def __reduce__(self):
+        raise ValueError("no pickling me")
+
+
+def test_a_send_object_that_cannot_be_pickled_is_named_at_the_receive(pair):
+    # The object fails to pickle inside the library (nothing sent): the receiver said only
+    # that no message came and rank 0 did not answer, where other refusals are named
+    if pair is None:
+        return
+    if pair.rank == 0:
+        with pytest.raises(hpccomm.InvalidArgumentError, match="cannot be pickled"):
+            pair.send_object(_Unpicklable(), 1, tag=5)
+        hear(pair)
+        return
+    with pytest.raises(hpccomm.CommTimeoutError) as info:
+        pair.recv_object(0, tag=5)
+    said = str(info.value)
+    assert "rank 0 refused a send_object from rank 0 to rank 1 (tag 5)" in said, said
+    assert "cannot be pickled: ValueError: no pickling me" in said, said
+    tell(pair)
