@@ -1159,17 +1159,18 @@ def plot(doc: dict[str, Any], path: str | os.PathLike[str]) -> None:
         plt.close(fig)
 
 
-def check_plot_available() -> None:
+def check_plot_available(what: str = "bench --plot") -> None:
     """Raise HpccommError (saying how to install it) when matplotlib is missing, before a
-    long sweep starts."""
+    long sweep starts; ``what`` names the option (``profile report --timeline``)."""
     if importlib.util.find_spec("matplotlib") is None:
-        raise HpccommError(f"bench --plot: {PLOT_HINT}")
+        raise HpccommError(f"{what}: {PLOT_HINT}")
 
 
-def check_plot_format(path: str | os.PathLike[str]) -> None:
+def check_plot_format(path: str | os.PathLike[str], what: str = "bench --plot") -> None:
     """Raise HpccommError when ``path``'s extension is not a format matplotlib writes, or it
     has none (matplotlib would write ``path.png`` instead, a file the user did not name),
-    before a long sweep starts. Needs matplotlib (:func:`check_plot_available` first)."""
+    before a long sweep starts; ``what`` names the option. Needs matplotlib
+    (:func:`check_plot_available` first)."""
     from matplotlib.backend_bases import FigureCanvasBase
 
     formats = sorted(FigureCanvasBase.get_supported_filetypes())
@@ -1179,7 +1180,7 @@ def check_plot_format(path: str | os.PathLike[str]) -> None:
     why = (f"the extension .{ext} is not a format matplotlib writes" if ext else
            f"it has no extension (matplotlib would write {os.fspath(path)}.png instead)")  # fmt: skip
     raise HpccommError(
-        f"bench --plot: cannot write {os.fspath(path)}: {why}, expected one of "
+        f"{what}: cannot write {os.fspath(path)}: {why}, expected one of "
         f"{', '.join('.' + f for f in formats)}"
     )
 

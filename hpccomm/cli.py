@@ -16,12 +16,20 @@ import json
 import math
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 
 from . import bench, flight, profiler
-from .diagnose import format_checks, format_launch_table, gather_launch, run_checks
+from .diagnose import (
+    format_checks,
+    format_launch_table,
+    format_stuck,
+    gather_launch,
+    leave,
+    run_checks,
+)
 from .discovery import LaunchInfo, discover
-from .errors import HpccommError, InvalidArgumentError
+from .errors import HpccommError, InvalidArgumentError, UnwaitedWorkWarning
 from .layout import Layout
 from .runtime import init
 from .slurm import SUBMIT_TIMEOUT, BatchOptions, render, submit
@@ -47,9 +55,13 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
+    # A check's async call that timed out drops its Work still running: the FAIL line says
+    # so already (the warning's two lines on every rank were all that was left of it)
+    warnings.filterwarnings("ignore", category=UnwaitedWorkWarning)
     comm = init()
     infos = gather_launch(comm)
     results = run_checks(comm, timeout=args.timeout)
+    stuck = format_stuck(results)
     if comm.rank == 0 and infos is not None:
         if args.json:
             doc = {"ranks": infos, "checks": [r.__dict__ for r in results]}
@@ -57,6 +69,10 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         else:
             print(format_launch_table(infos))
             print(format_checks(results, comm.size))
+        if stuck:
+            print(stuck, file=sys.stderr)
+    if stuck:  # (every rank has the same results) MPI_Finalize would wait for those calls
+        leave(comm, 1)
     return 0 if all(r.ok for r in results) else 1
 
 
@@ -205,6 +221,13 @@ def _cmd_profile_report(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(
             f"profile report: --top {args.top}, expected the number of rows to show (>= 1)"
         )
+    if args.timeline:  # bench --plot's checks: refused before anything is read or printed
+        # (a format matplotlib cannot write failed after the summary, with a traceback; no
+        # extension, or a directory, wrote FILE.png)
+        what = "profile report --timeline"
+        bench.check_plot_available(what)
+        bench.check_plot_format(args.timeline, what)
+        bench.check_writable(args.timeline, what)
     doc = profiler.load(args.dir)
     try:  # the summary is made with --json too: a document it cannot read is refused alike
         # (--json printed an incomplete profile.json and exited 0)
@@ -400,7 +423,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--top", type=int, default=20, help="rows of the (group, op) table")
     t.add_argument("--json", action="store_true", help="print the profile document as JSON")
     t.add_argument(
-        "--timeline", metavar="FILE.png", help="also draw trace.json as a PNG (matplotlib)"
+        "--timeline",
+        metavar="FILE.png",
+        help="also draw trace.json (matplotlib; the extension picks the format: .png, .pdf, "
+        ".svg, ...)",
     )
     t.set_defaults(func=_cmd_profile_report)
 

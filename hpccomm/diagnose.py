@@ -4,20 +4,23 @@ check of every operation on the job's own ranks, each against a NumPy reference.
 from __future__ import annotations
 
 import os
+import sys
+import time
 import traceback
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, NoReturn
 
 import ml_dtypes
 import numpy as np
 
-from . import memory
+from . import memory, profiler
 from .backends.shm import settings as shm_settings
 from .comm import Communicator
 from .debug import EAGER_ENV, large_bytes
 from .dtypes import ReduceOp
+from .errors import InvalidArgumentError
 from .ops import P2POp
 from .record import CallLog
 
@@ -28,7 +31,10 @@ __all__ = [
     "CheckResult",
     "run_checks",
     "format_checks",
+    "format_stuck",
+    "leave",
     "CHECKS",
+    "GRACE",
 ]
 
 
@@ -124,6 +130,7 @@ class CheckResult:
     detail: str
     paths: str = ""  # the backends that ran the check's calls on rank 0 ("shm 5, mpi 2")
     large: bool = False  # a check of large arrays: its line shows ``paths``
+    stuck: tuple[int, ...] = ()  # ranks where a call of the check never completed (timed out)
 
 
 def _expect(found: list[str], ok: object, detail: object) -> None:
@@ -414,26 +421,86 @@ CHECKS: tuple[Check, ...] = (
 
 def run_checks(comm: Communicator, *, timeout: float = 60.0) -> list[CheckResult]:
     """Run every check on a duplicate of ``comm`` (bounded by ``timeout`` per operation);
-    every rank returns the same results."""
+    every rank returns the same results.
+
+    A call that timed out cannot be cancelled: it stays inside MPI on its duplicate, and a
+    rank that went on in the check leaves calls there that are never matched. So after a
+    check that raised on some rank the next one gets a fresh duplicate, made from a
+    duplicate of ``comm`` that carries only the doctor's own steps (make a duplicate for
+    the checks, gather each check's errors), the same on every rank whatever its checks
+    did; it has no time bound, as every call of a check has one. A check whose duplicate
+    still has a call running on some rank after every check ran (given :data:`GRACE`
+    seconds to complete) lists those ranks in ``stuck``; such a rank cannot finalize MPI
+    (see :func:`leave`)."""
     results = []
-    with comm.dup() as c:
-        c.timeout = timeout
-        for check in CHECKS:
-            log = CallLog()
-            found: list[str] = []  # wrong results (the check goes on after one)
-            try:
-                with log:
-                    check.run(c, found)
-                error = f"wrong result: {found[0]}" if found else ""
-            except Exception as exc:  # report, never hide
-                error = f"{type(exc).__name__}: {exc}".strip() or traceback.format_exc(limit=1)
-            errors = c.all_gather_object(error)
-            bad = [(i, e) for i, e in enumerate(errors) if e]
-            detail = "" if not bad else f"ranks {[i for i, _ in bad]}: {bad[0][1]}"
-            ran = Counter(d["backend"] for d in log.records if d["group"] == c.name)
-            paths = ", ".join(f"{b} {k}" for b, k in sorted(ran.items(), key=lambda t: -t[1]))
-            results.append(CheckResult(check.name, not bad, detail, paths, check.large))
-    return results
+    kept: list[tuple[int, Communicator]] = []  # (a check that raised somewhere, its group)
+    ctl = comm.dup()
+    ctl.timeout = None
+    c: Communicator | None = None
+    for k, check in enumerate(CHECKS):
+        if c is None:
+            c = ctl.dup()
+            c.timeout = timeout
+        log = CallLog()
+        found: list[str] = []  # wrong results (the check goes on after one)
+        raised = False
+        try:
+            with log:
+                check.run(c, found)
+            error = f"wrong result: {found[0]}" if found else ""
+        except Exception as exc:  # report, never hide
+            raised = True
+            error = f"{type(exc).__name__}: {exc}".strip() or traceback.format_exc(limit=1)
+        errors, raises = zip(*ctl.all_gather_object((error, raised)), strict=True)
+        bad = [(i, e) for i, e in enumerate(errors) if e]
+        detail = "" if not bad else f"ranks {[i for i, _ in bad]}: {bad[0][1]}"
+        ran = Counter(d["backend"] for d in log.records if d["group"] == c.name)
+        paths = ", ".join(f"{b} {n}" for b, n in sorted(ran.items(), key=lambda t: -t[1]))
+        results.append(CheckResult(check.name, not bad, detail, paths, check.large))
+        if any(raises):  # a peer may wait there in calls this rank never makes: a new one
+            kept.append((k, c))
+            c = None
+    if c is not None:
+        c.free()
+    deadline = time.monotonic() + GRACE
+    mine = [k for k, group in kept if not _freed(group, deadline)]
+    stuck: dict[int, list[int]] = {}
+    for rank, ks in enumerate(ctl.all_gather_object(mine)):
+        for k in ks:
+            stuck.setdefault(k, []).append(rank)
+    if not mine:
+        ctl.free()
+    return [replace(r, stuck=tuple(stuck.get(k, ()))) for k, r in enumerate(results)]
+
+
+# seconds the calls of the checks that raised get to complete (a call past its time bound
+# on one rank may be one its peers joined meanwhile) before the doctor calls them stuck
+GRACE = 1.0
+
+
+def _freed(c: Communicator, deadline: float) -> bool:
+    """free() ``c`` once nothing runs on it here (until ``deadline``); whether it was."""
+    while True:
+        try:
+            c.free()
+            return True
+        except InvalidArgumentError:  # (a call still inside MPI: free refuses)
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
+
+def leave(comm: Communicator, status: int) -> NoReturn:
+    """End this process with ``status`` without finalizing MPI, once every rank of ``comm``
+    (the world, with no call of its own stuck) is here: for a job where a timed-out call of
+    the checks never completed on some rank (MPI cannot cancel it; MPI_Finalize would wait
+    for it, and hpccomm's exit would abort the job). Output is flushed, and
+    ``HPCCOMM_PROFILE``'s files written; the other exit handlers do not run."""
+    profiler.stop_from_env()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    comm.barrier()  # (rank 0 has printed the report)
+    os._exit(status)
 
 
 def format_checks(results: list[CheckResult], size: int) -> str:
@@ -441,6 +508,7 @@ def format_checks(results: list[CheckResult], size: int) -> str:
         f"{'PASS' if r.ok else 'FAIL'}  {r.name}"
         + (f"  ({r.detail})" if r.detail else "")
         + (f"  [calls by path: {r.paths}]" if r.paths and r.large else "")
+        + (f"  [a call still inside MPI on ranks {list(r.stuck)}]" if r.stuck else "")
         for r in results
     ]
     failed = sum(not r.ok for r in results)
@@ -449,3 +517,18 @@ def format_checks(results: list[CheckResult], size: int) -> str:
         f"rank{'s' if size != 1 else ''}"
     )
     return "\n".join(lines)
+
+
+def format_stuck(results: list[CheckResult]) -> str:
+    """The line saying how a job with calls stuck in MPI ends (see :func:`leave`); "" when
+    every call completed."""
+    stuck = [r for r in results if r.stuck]
+    if not stuck:
+        return ""
+    ranks = sorted({i for r in stuck for i in r.stuck})
+    names = ", ".join(repr(r.name) for r in stuck)
+    return (
+        f"doctor: calls of {len(stuck)} check(s) that failed never completed on rank(s) "
+        f"{ranks} (MPI cannot cancel a call: {names}); every rank exits with status 1 "
+        f"without finalizing MPI"
+    )

@@ -58,6 +58,7 @@ __all__ = [
     "Profiler",
     "profile",
     "start_from_env",
+    "stop_from_env",
     "analyze",
     "chrome_trace",
     "format_summary",
@@ -340,11 +341,14 @@ def start_from_env(comm: Any) -> Profiler | None:
     if not directory or _from_env is not None:
         return _from_env
     _from_env = Profiler(comm, directory).start()
-    atexit.register(_stop_at_exit)
+    atexit.register(stop_from_env)
     return _from_env
 
 
-def _stop_at_exit() -> None:
+def stop_from_env() -> None:
+    """Stop the profiler :func:`start_from_env` started, writing its files, as at exit (every
+    rank of its communicator calls this; a second call does nothing): for a program that
+    leaves without the exit handlers (``hpccomm doctor`` with a call stuck in MPI)."""
     prof = _from_env
     if prof is None or not prof.running:
         return

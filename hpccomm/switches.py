@@ -7,10 +7,14 @@ from collections.abc import Mapping
 
 from .errors import InvalidArgumentError
 
-__all__ = ["TRUE", "FALSE", "switch"]
+__all__ = ["TRUE", "FALSE", "SPELLINGS", "switch"]
 
-TRUE = frozenset({"1", "true", "yes", "on"})
-FALSE = frozenset({"0", "false", "no", "off"})
+_ON = ("1", "true", "yes", "on")
+_OFF = ("0", "false", "no", "off")
+TRUE = frozenset(_ON)
+FALSE = frozenset(_OFF)
+# what a refusal says is accepted ("expected 1 or 0" refused 'maybe' but took 'no' and 'on')
+SPELLINGS = f"{'/'.join(_ON)} or {'/'.join(_OFF)} (any case)"
 
 
 def switch(
@@ -26,11 +30,12 @@ def switch(
     InvalidArgumentError naming ``where``, the variable and its value for anything else
     (``lenient``: ``default`` for it too, where init has refused it on every rank already
     or will)."""
-    value = env.get(name, "").strip().lower()
+    raw = env.get(name, "").strip()
+    value = raw.lower()
     if not value:
         return default
     if value in TRUE or value in FALSE:
         return value in TRUE
     if lenient:
         return default
-    raise InvalidArgumentError(f"{where}: {name} is {value!r}, expected 1 or 0{meaning}")
+    raise InvalidArgumentError(f"{where}: {name} is {raw!r}, expected {SPELLINGS}{meaning}")

@@ -464,3 +464,41 @@ def test_profile_report_keeps_the_newest_jobs_rank_files(tmp_path):
     misnamed.write_text("{}")
     kept, notes = _one_job([misnamed], [raw(0, "B", 2)])
     assert kept == [] and notes == ["rank00007.json (records rank 0: not this name's)"]
+
+
+@pytest.mark.parametrize("name", ["t.foo", "noext", "adir.png", "adir"])
+def test_report_refuses_a_timeline_it_cannot_write_before_any_work(tmp_path, capsys, name):
+    # --timeline t.foo printed the summary then matplotlib's traceback (rc 1); noext and a
+    # directory wrote noext.png / DIR.png: bench --plot's checks, one line, exit 2
+    pytest.importorskip("matplotlib", reason="the 'plot' extra (matplotlib) is not installed")
+    raws = [_raw(r, 0.0, late_rank=1) for r in range(2)]
+    profiler.write(profiler.analyze(raws), raws, tmp_path / "p")
+    (tmp_path / "adir.png").mkdir()
+    (tmp_path / "adir").mkdir()
+    path = tmp_path / name
+    before = sorted(tmp_path.iterdir())
+    assert main(["profile", "report", str(tmp_path / "p"), "--timeline", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    why = {
+        "t.foo": "the extension .foo is not a format matplotlib writes, expected one of .",
+        "noext": f"it has no extension (matplotlib would write {path}.png instead), expected",
+        "adir": f"it has no extension (matplotlib would write {path}.png instead), expected",
+        "adir.png": "it is a directory",
+    }[name]
+    assert captured.err.startswith(
+        f"hpccomm: profile report --timeline: cannot write {path}: {why}"
+    ), captured.err
+    assert captured.err.count("\n") == 1, captured.err
+    assert sorted(tmp_path.iterdir()) == before  # nothing written
+
+
+def test_report_timeline_without_matplotlib_says_how(tmp_path, capsys, monkeypatch):
+    raws = [_raw(r, 0.0, late_rank=1) for r in range(2)]
+    profiler.write(profiler.analyze(raws), raws, tmp_path / "p")
+    monkeypatch.setattr(bench.importlib.util, "find_spec", lambda name: None)
+    png = tmp_path / "t.png"
+    assert main(["profile", "report", str(tmp_path / "p"), "--timeline", str(png)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and not png.exists()
+    assert captured.err == f"hpccomm: profile report --timeline: {bench.PLOT_HINT}\n"

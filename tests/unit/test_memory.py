@@ -81,7 +81,9 @@ def test_default_is_on_and_bad_values_are_refused(monkeypatch):
     assert runtime._reuse_memory(None) is True
     monkeypatch.setenv(memory.ENV, "maybe")
     with pytest.raises(
-        InvalidArgumentError, match="HPCCOMM_REUSE_MEMORY is 'maybe', expected 1 or 0"
+        InvalidArgumentError,
+        match=r"^init: HPCCOMM_REUSE_MEMORY is 'maybe', expected 1/true/yes/on or "
+        r"0/false/no/off \(any case\) \(keep freed memory mapped or not\)$",
     ):
         runtime._reuse_memory(None)
     with pytest.raises(InvalidArgumentError, match="reuse_memory is 'yes', expected True"):

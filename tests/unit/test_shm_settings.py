@@ -33,10 +33,17 @@ def test_sizes():
 @pytest.mark.parametrize(
     ("env", "text"),
     [
-        ({"HPCCOMM_SHM": "maybe"}, "HPCCOMM_SHM is 'maybe', expected 1 or 0"),
+        (
+            {"HPCCOMM_SHM": "maybe"},
+            r"^hpccomm: HPCCOMM_SHM is 'maybe', expected 1/true/yes/on or 0/false/no/off "
+            r"\(any case\)$",
+        ),
         ({"HPCCOMM_SHM_THRESHOLD": "lots"}, "HPCCOMM_SHM_THRESHOLD is 'lots', expected a size"),
         ({"HPCCOMM_SHM_CHUNK": "1K"}, "HPCCOMM_SHM_CHUNK is 1024, expected at least 4096"),
-        ({"HPCCOMM_SHM_CMA": "yes please"}, "HPCCOMM_SHM_CMA is 'yes please', expected 1 or 0"),
+        (
+            {"HPCCOMM_SHM_CMA": "Yes Please"},
+            "HPCCOMM_SHM_CMA is 'Yes Please', expected 1/true/yes/on or 0/false/no/off",
+        ),
     ],
 )
 def test_refused(env, text):
