@@ -1001,26 +1001,90 @@ class Communicator:
         return child
 
     def translate(self, ranks: Sequence[int], other: Communicator) -> list[int | None]:
-        """This group's ranks as ranks of ``other`` (None where a rank is not in ``other``)."""
+        """This group's ``ranks`` as ranks of ``other`` (None where a rank is not in ``other``).
+
+        Local: nothing is communicated. Ranks may be NumPy integers (bools are refused).
+
+        Example (4 ranks, ``half = comm.split(comm.rank % 2)``): on ranks 1 and 3,
+        ``half.translate([0, 1], comm)`` is [1, 3] and ``comm.translate([0, 1], half)`` is
+        [None, 0].
+
+        Raises:
+            InvalidArgumentError: a rank that is not in 0..size-1 of this group (or not an
+                integer), or ``other`` is not a Communicator (a NotMember has no ranks).
+            ClosedError: this group or ``other`` was freed.
+        """
         self._check_open("translate")
-        return self._backend.translate(ranks, other._backend)
+        if not isinstance(other, Communicator):
+            raise InvalidArgumentError(
+                f"{self._here('translate')}: other is {other!r}, expected a Communicator"
+            )
+        try:
+            given = list(ranks)
+        except TypeError:
+            raise InvalidArgumentError(
+                f"{self._here('translate')}: ranks is {ranks!r}, expected a sequence of ranks "
+                f"of {self.name} (0..{self.size - 1})"
+            ) from None
+        checked = [
+            self._rank_in("translate", r, self.size, "group rank", f" (ranks[{i}] of {given})")
+            for i, r in enumerate(given)
+        ]
+        return self._translated("translate", checked, other)
 
     def world_rank(self, group_rank: int | None = None) -> int:
-        """The world rank of ``group_rank`` (default: this rank)."""
+        """The world rank of ``group_rank`` (default: this rank); local.
+
+        Raises:
+            InvalidArgumentError: ``group_rank`` is not in 0..size-1 (or not an integer).
+            ClosedError: the group was freed.
+        """
+        self._check_open("world_rank")
         given = self.rank if group_rank is None else group_rank
-        r = as_int(given)  # NumPy integers too
-        if r is None or not 0 <= r < self.size:
-            raise InvalidArgumentError(
-                f"{self._here('world_rank')}: group rank {given!r} is not in 0..{self.size - 1}"
-            )
-        value = self.translate([r], self._world)[0]
+        r = self._rank_in("world_rank", given, self.size, "group rank")
+        value = self._translated("world_rank", [r], self._world)[0]
         if value is None:  # pragma: no cover - every rank of a group is a world rank
             raise HpccommError(f"{self._here('world_rank')}: rank {r} not in world")
         return value
 
     def group_rank(self, world_rank: int) -> int | None:
-        """This group's rank of ``world_rank`` (None if that rank is not in the group)."""
-        return self._world.translate([world_rank], self)[0]
+        """This group's rank of ``world_rank`` (None if that rank is not in the group); local.
+
+        Example (4 ranks, ``half = comm.split(comm.rank % 2)``): on ranks 1 and 3,
+        ``half.group_rank(3)`` is 1 and ``half.group_rank(2)`` is None.
+
+        Raises:
+            InvalidArgumentError: ``world_rank`` is not in 0..world size-1 (or not an
+                integer).
+            ClosedError: the group was freed.
+        """
+        self._check_open("group_rank")
+        r = self._rank_in("group_rank", world_rank, self._world.size, "world rank")
+        return self._world._translated("group_rank", [r], self, here=self)[0]
+
+    def _rank_in(self, what: str, value: Any, size: int, label: str, context: str = "") -> int:
+        """``value`` as a rank in 0..size-1 (NumPy integers too, bools not), else an
+        InvalidArgumentError naming ``what``, the ``label``led value and the range (MPI
+        crashes on a rank outside the group, and passes MPI_PROC_NULL through)."""
+        r = as_int(value)
+        if r is None or not 0 <= r < size:
+            raise InvalidArgumentError(
+                f"{self._here(what)}: {label} {value!r} is not in 0..{size - 1}{context}"
+            )
+        return r
+
+    def _translated(
+        self, what: str, ranks: list[int], other: Communicator, *, here: Communicator | None = None
+    ) -> list[int | None]:
+        """Checked ``ranks`` of this group as ranks of ``other``; ClosedError where either
+        was freed (MPI raised its bare MPI_ERR_COMM). ``here``: the group whose call it is
+        (default this one), for the message."""
+        for c in (self, other):
+            if c._freed:
+                raise ClosedError(
+                    f"{(here or self)._here(what)}: communicator {c.name} already freed"
+                )
+        return self._backend.translate(ranks, other._backend)
 
     def layout(
         self,
@@ -1056,12 +1120,20 @@ class Communicator:
     def node(self) -> Communicator:
         """The ranks of this group on this node (MPI shared-memory split), ordered by rank.
 
-        Collective over the group on its first call (cached after)."""
+        Collective over the group on its first call (cached after). Its ranks number the
+        node's ranks in rank order, for the world too; the world's :attr:`local_rank` is the
+        launcher's numbering, which may differ (Open MPI 5 oversubscribed: local ranks 0, 2,
+        1, 3 for ranks 0..3).
+
+        Example (4 ranks on one node): ``comm.node().translate(range(4), comm)`` is
+        [0, 1, 2, 3] and its ``all_gather`` returns the blocks in rank order.
+        """
         self._check_open("node")
         if self._node is None:
             made: tuple[Any, NodeInfo | None]
-            if self._node_backend is not None:
-                made = (self._node_backend, NodeInfo(*(self._nodes[:2]), 0, 1))
+            if self._node_backend is not None:  # made at init, ordered by rank
+                nb = self._node_backend
+                made = (nb, NodeInfo(nb.rank, nb.size, 0, 1))
                 self._node_backend = None
             else:
                 made = self._make("node", self._backend.node)

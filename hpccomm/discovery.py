@@ -109,6 +109,10 @@ _DIGITS = re.compile(r"\s*[0-9]+\s*")
 _COUNTS = ("size", "local_size", "num_nodes")
 # (index, count): an index must be below its count when the launcher gives both
 _BOUNDS = (("rank", "size"), ("local_rank", "local_size"), ("node_index", "num_nodes"))
+# (part, whole): a count that cannot exceed another where the launcher's variables give both
+# (a node holds at most every rank; every node of a launch runs at least one rank). Not
+# where hpccomm set one itself: the batch shell is 1 process of a job of many nodes.
+_WITHIN = (("local_size", "size"), ("num_nodes", "size"))
 
 
 class _Reader:
@@ -301,6 +305,21 @@ def _srun_step(r: _Reader) -> None:
                 )
             r.set("local_size", counts[node], f"{var}[SLURM_NODEID]")
             break
+    # the step's own node list against the step's node count and this task's node index
+    # (SLURM_JOB_NODELIST and the fallbacks may describe the allocation, not this step)
+    hosts = r.values.get("nodelist")
+    if r.sources.get("nodelist") == "SLURM_STEP_NODELIST":
+        listed = f"SLURM_STEP_NODELIST={env['SLURM_STEP_NODELIST']!r}"
+        if node is not None and node >= len(hosts):
+            raise InvalidArgumentError(
+                f"{r.where()}: SLURM_NODEID={node} but {listed} lists only {len(hosts)} nodes"
+            )
+        nodes = r.values.get("num_nodes")
+        if r.sources.get("num_nodes") == "SLURM_STEP_NUM_NODES" and nodes != len(hosts):
+            raise InvalidArgumentError(
+                f"{r.where()}: {listed} lists {len(hosts)} nodes, but SLURM_STEP_NUM_NODES="
+                f"{nodes}; the launcher's variables contradict each other"
+            )
 
 
 def _pmi_only(r: _Reader) -> None:
@@ -404,6 +423,15 @@ def discover(
                 f"{r.where()}: {index.replace('_', ' ')} {i} "
                 f"({sources[index]}) is not below the {count.replace('_', ' ')} {n} "
                 f"({sources[count]}); the launcher's variables contradict each other"
+            )
+    for part, whole in _WITHIN:
+        n, total = v.get(part), v.get(whole)
+        given = all(sources.get(f, "").split("[")[0] in env for f in (part, whole))
+        if n is not None and total is not None and n > total and given:
+            raise InvalidArgumentError(
+                f"{r.where()}: {part.replace('_', ' ')} {n} ({sources[part]}) is above the "
+                f"{whole} {total} ({sources[whole]}); the launcher's variables contradict "
+                f"each other"
             )
 
     job_id = array_task_id = None

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .errors import InvalidArgumentError
+from .ops import as_int
 
 __all__ = ["Layout", "TOKENS", "DEFAULT_ORDER"]
 
@@ -73,6 +74,14 @@ def _parse_tokens(
     return tokens
 
 
+def _size(name: str, value: Any) -> int:
+    """A layout size: an integer >= 1 (NumPy integers too, as an int; bools not)."""
+    size = as_int(value)
+    if size is None or size < 1:
+        raise InvalidArgumentError(f"layout: {name} is {value!r}, expected an integer >= 1")
+    return size
+
+
 class Layout:
     """A world of ``world_size`` ranks laid out as a grid of named dimensions.
 
@@ -106,14 +115,11 @@ class Layout:
     ) -> None:
         # Megatron-LM megatron/core/parallel_state.py, RankGenerator.__init__: order.lower().
         tokens = _parse_tokens(order, TOKENS, "order", fold_case=True)
+        # NumPy integers are taken as Python ints (the communicator takes them too), bools not
+        tp, pp, cp, ep = (_size(n, v) for n, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)))
+        world_size = _size("world", world_size)
+        dp = None if dp is None else _size("dp", dp)
         sizes = {"tp": tp, "pp": pp, "cp": cp, "ep": ep}
-        for name, value in [
-            *sizes.items(),
-            ("world", world_size),
-            ("dp", dp if dp is not None else 1),
-        ]:
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InvalidArgumentError(f"layout: {name} is {value!r}, expected an integer >= 1")
         others = tp * pp * cp * ep
         if dp is None:
             if world_size % others:
@@ -182,11 +188,13 @@ class Layout:
             raise InvalidArgumentError(
                 f"layout: mesh shape {tuple(shape)} has {len(shape)} dims but {len(names)} names"
             )
-        bad = [s for s in shape if not isinstance(s, int) or isinstance(s, bool) or s < 1]
+        values = [as_int(s) for s in shape]
+        bad = [s for s, v in zip(shape, values, strict=True) if v is None or v < 1]
         if bad:
             raise InvalidArgumentError(
                 f"layout: mesh shape {tuple(shape)} has {bad}, expected integers >= 1"
             )
+        shape = values  # type: ignore[assignment]  # (NumPy integers as ints)
         names = _parse_tokens(list(names), TOKENS, "mesh names")
         sizes = dict(zip(names, shape, strict=True))
         # The dimensions not named have size 1: __init__ appends them as Megatron does.
@@ -212,13 +220,16 @@ class Layout:
 
     # -- coordinates ---------------------------------------------------------------------
 
-    def _check_rank(self, rank: int) -> None:
-        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < self.world_size:
+    def _check_rank(self, rank: int) -> int:
+        """``rank`` as an int in 0..world_size-1 (NumPy integers too, bools not)."""
+        value = as_int(rank)
+        if value is None or not 0 <= value < self.world_size:
             raise InvalidArgumentError(f"layout: rank {rank!r} is not in 0..{self.world_size - 1}")
+        return value
 
     def coords(self, rank: int) -> dict[str, int]:
         """This rank's index along every dimension."""
-        self._check_rank(rank)
+        rank = self._check_rank(rank)
         out = {}
         for t in self.order:
             rank, out[t] = divmod(rank, self.sizes[t])
@@ -228,9 +239,12 @@ class Layout:
         """The rank at the given coordinates (unnamed dimensions: 0)."""
         rank, stride = 0, 1
         for t in self.order:
-            i = coords.pop(t, 0)
-            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.sizes[t]:
-                raise InvalidArgumentError(f"layout: {t}={i!r} is not in 0..{self.sizes[t] - 1}")
+            given = coords.pop(t, 0)
+            i = as_int(given)  # NumPy integers too, bools not
+            if i is None or not 0 <= i < self.sizes[t]:
+                raise InvalidArgumentError(
+                    f"layout: {t}={given!r} is not in 0..{self.sizes[t] - 1}"
+                )
             rank += i * stride
             stride *= self.sizes[t]
         if coords:

@@ -63,13 +63,15 @@ def verify_launch(info: LaunchInfo, comm: MPI.Intracomm) -> tuple[LaunchInfo, MP
     """Check ``info`` against ``comm`` (COMM_WORLD) and fill the fields only MPI knows.
 
     Rank/size are compared with ``comm``; local rank/size with the COMM_TYPE_SHARED split
-    (keyed by the discovered local rank, so the split's rank equals it exactly when the
-    launcher's local ranks number this node's ranks 0..n-1). Node index, node count and the
-    node list come from the node leaders.
+    (the local rank with this rank's place among the node's ranks ordered by the
+    discovered local rank, which equals it exactly when the launcher's local ranks number
+    this node's ranks 0..n-1). Node index, node count and the node list come from the node
+    leaders.
 
     Returns:
-        The completed LaunchInfo, the node (shared-memory) communicator, and this rank's
-        NodeInfo as MPI sees it (the world communicator's local rank & co).
+        The completed LaunchInfo, the node (shared-memory) communicator, ordered by rank,
+        and this rank's NodeInfo as MPI sees it (the world communicator's local rank & co:
+        the launcher's numbering).
 
     Raises:
         LaunchMismatchError: naming both values and the variables they came from; raised on
@@ -84,9 +86,14 @@ def verify_launch(info: LaunchInfo, comm: MPI.Intracomm) -> tuple[LaunchInfo, MP
         errors.append(_mismatch("rank", info.rank, src.get("rank"), rank, "MPI COMM_WORLD"))
     if info.size is not None and info.size != size:
         errors.append(_mismatch("size", info.size, src.get("size"), size, "MPI COMM_WORLD"))
-    key = info.local_rank if info.local_rank is not None else rank
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=key)
-    local_rank, local_size = node.Get_rank(), node.Get_size()
+    # The node communicator is ordered by rank (comm.node() promises it); the launcher's
+    # local rank is checked against this rank's place among the node's ranks ordered by the
+    # discovered local rank (ties by rank): what a split keyed by it would give (one was the
+    # node communicator, and node() of the world followed the launcher's order: 0, 2, 1, 3
+    # for ranks 0..3 under Open MPI 5 oversubscribed).
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    key = (info.local_rank if info.local_rank is not None else rank, rank)
+    local_rank, local_size = sorted(node.allgather(key)).index(key), node.Get_size()
     split = "the MPI COMM_TYPE_SHARED split"
     if info.local_size is not None and info.local_size != local_size:
         errors.append(
@@ -129,9 +136,10 @@ def verify_launch(info: LaunchInfo, comm: MPI.Intracomm) -> tuple[LaunchInfo, MP
     # none, or they differ)
     said = set(node.allgather(-1 if info.node_index is None else info.node_index))
     env_index = said.pop() if len(said) == 1 else -1
-    leaders = comm.Split(0 if local_rank == 0 else MPI.UNDEFINED, first)
+    lead = node.Get_rank() == 0  # the node's lowest rank: the root of the bcast below
+    leaders = comm.Split(0 if lead else MPI.UNDEFINED, first)
     layout = None
-    if local_rank == 0:
+    if lead:
         seen = leaders.allgather((info.hostname, env_index))
         layout = (leaders.Get_rank(), leaders.Get_size(), tuple(h for h, _ in seen),
                   [i for _, i in seen])  # fmt: skip

@@ -562,3 +562,68 @@ def test_on_off_settings_are_spelt_alike():
             runtime._abort_on_exception(strict=True)
     finally:
         mp.undo()
+
+
+@pytest.mark.parametrize(
+    ("env", "text"),
+    [
+        # the step's node list against the step's node count and the task's node index
+        (
+            {**SRUN_STEP, "SLURM_STEP_NODELIST": "node[1-3]"},
+            "(slurm, rank 3 of 4): SLURM_STEP_NODELIST='node[1-3]' lists 3 nodes, but "
+            "SLURM_STEP_NUM_NODES=2; the launcher's variables contradict each other",
+        ),
+        (
+            {k: v for k, v in SRUN_STEP.items() if "TASKS_PER_NODE" not in k and k != "SLURM_STEP_NUM_NODES"}
+            | {"SLURM_NODEID": "3", "SLURM_STEP_NODELIST": "n[1-2]"},
+            "(slurm, rank 3 of 4): SLURM_NODEID=3 but SLURM_STEP_NODELIST='n[1-2]' lists only 2 nodes",
+        ),
+        # counts above the size
+        (
+            {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2",
+             "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"},
+            "(openmpi, rank 0 of 2): local size 4 (OMPI_COMM_WORLD_LOCAL_SIZE) is above the "
+            "size 2 (OMPI_COMM_WORLD_SIZE); the launcher's variables contradict each other",
+        ),
+        (
+            {"TORCHELASTIC_RUN_ID": "x", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
+             "LOCAL_WORLD_SIZE": "4"},
+            "(torchrun, rank 1 of 2): local size 4 (LOCAL_WORLD_SIZE) is above the size 2 (WORLD_SIZE)",
+        ),
+        (
+            {"SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_LOCALID": "0",
+             "SLURM_NODEID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "5"},
+            "(slurm, rank 1 of 2): num nodes 5 (SLURM_STEP_NUM_NODES) is above the size 2 "
+            "(SLURM_STEP_NUM_TASKS)",
+        ),
+        (
+            {"SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_LOCALID": "1",
+             "SLURM_NODEID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_TASKS_PER_NODE": "4"},
+            "(slurm, rank 1 of 2): local size 4 (SLURM_TASKS_PER_NODE[SLURM_NODEID]) is above "
+            "the size 2 (SLURM_STEP_NUM_TASKS)",
+        ),
+    ],
+)  # fmt: skip
+def test_counts_and_node_lists_that_contradict_each_other_are_refused(env, text):
+    # They were taken as they came: a step of 2 nodes on a list of 3, node 3 of a list of 2,
+    # 4 ranks on a node of a job of 2, 5 nodes for 2 tasks
+    with pytest.raises(InvalidArgumentError) as err:
+        d(env)
+    assert str(err.value).startswith(f"launch discovery {text}"), str(err.value)
+
+
+def test_job_wide_values_are_not_checked_against_the_step():
+    # SLURM_JOB_NODELIST and SLURM_JOB_NUM_NODES cover the job, the step may use part of it;
+    # the batch shell is one process of a job of many nodes (its size is hpccomm's, not a
+    # variable's)
+    step = {**SRUN_STEP, "SLURM_JOB_NODELIST": "node[1-8]", "SLURM_JOB_NUM_NODES": "8"}
+    info = d(step)
+    assert (info.num_nodes, info.nodelist) == (2, ("node1", "node2"))
+    shell = d({**BATCH_SHELL, "SLURM_JOB_NUM_NODES": "6", "SLURM_JOB_NODELIST": "n[1-6]"})
+    assert (shell.size, shell.num_nodes, len(shell.nodelist)) == (1, 6, 6)
+    # a step of one task on one node of a bigger job (srun --pty bash)
+    pty = d({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+             "SLURM_NODEID": "0", "SLURM_STEP_NUM_TASKS": "1", "SLURM_STEP_NUM_NODES": "1",
+             "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_TASKS_PER_NODE": "1", "SLURM_NTASKS": "4",
+             "SLURM_JOB_NODELIST": "n[1-4]", "SLURM_JOB_NUM_NODES": "4"})  # fmt: skip
+    assert (pty.size, pty.num_nodes, pty.nodelist) == (1, 1, ("n1",))

@@ -615,3 +615,50 @@ def test_a_tp_group_across_nodes_is_named_where_a_node_could_hold_it():
     assert placement_note("world", [0, 1, 2, 3], nodes=2, per_node=2) == ""  # cannot fit
     assert placement_note("world", [0, 2], nodes=2, per_node=2) == ""  # strided by order=
     assert "layout group expert-tp on world" in placement_note("world", [0, 1], 2, 2, "expert-tp")
+
+
+@pytest.mark.parametrize("np_int", ["int64", "int32", "uint8"])
+def test_numpy_integers_are_taken_as_the_communicator_takes_them(np_int):
+    # They were refused with self-contradicting messages: "tp is np.int64(2), expected an
+    # integer >= 1", "rank np.int64(3) is not in 0..7"
+    np = pytest.importorskip("numpy")
+    n = getattr(np, np_int)
+    layout = Layout(n(8), tp=n(2), pp=n(1), dp=n(4), cp=n(1), ep=n(1))
+    assert layout == Layout(8, tp=2, dp=4)
+    assert all(type(s) is int for s in layout.sizes.values()) and type(layout.world_size) is int
+    assert json.loads(layout.to_json())["sizes"]["tp"] == 2  # (np.int64 is not JSON)
+    assert layout.coords(n(3)) == Layout(8, tp=2).coords(3)
+    assert all(type(i) is int for i in layout.coords(n(3)).values())
+    assert layout.rank_of(tp=n(1), dp=n(1)) == 3 and type(layout.rank_of(tp=n(1))) is int
+    assert layout.group_of(n(3), "dp") == [1, 3, 5, 7]
+    assert layout.expert(ep=n(2)) == Layout(8, tp=2).expert(ep=2)
+    assert Layout.from_mesh((n(4), n(2)), ("dp", "tp")) == layout
+
+
+@pytest.mark.parametrize(
+    ("call", "text"),
+    [
+        (lambda: Layout(8, tp=True), "tp is True, expected an integer >= 1"),
+        (lambda: Layout(True, tp=1), "world is True, expected an integer >= 1"),
+        (lambda: Layout(8, tp=2).coords(True), "rank True is not in 0..7"),
+        (lambda: Layout(8, tp=2).rank_of(tp=True), "tp=True is not in 0..1"),
+        (lambda: Layout.from_mesh((True, 8), ("dp", "tp")), "has [True], expected integers"),
+        (lambda: Layout(8, tp=2.0), "tp is 2.0, expected an integer >= 1"),
+    ],
+)
+def test_bools_and_floats_are_still_refused(call, text):
+    with pytest.raises(InvalidArgumentError) as info:
+        call()
+    assert text in str(info.value)
+
+
+def test_numpy_bools_and_out_of_range_numpy_integers_are_refused():
+    np = pytest.importorskip("numpy")
+    with pytest.raises(InvalidArgumentError, match=r"tp is np.True_, expected an integer >= 1"):
+        Layout(8, tp=np.True_)
+    with pytest.raises(InvalidArgumentError, match=r"tp is np.int64\(0\), expected an integer"):
+        Layout(8, tp=np.int64(0))
+    with pytest.raises(InvalidArgumentError, match=r"rank np.int64\(8\) is not in 0..7"):
+        Layout(8, tp=2).coords(np.int64(8))
+    with pytest.raises(InvalidArgumentError, match=r"rank np.int64\(-1\) is not in 0..7"):
+        Layout(8, tp=2).group_of(np.int64(-1), "tp")
