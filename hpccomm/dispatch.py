@@ -1474,9 +1474,16 @@ class Dispatcher:
         every other member (up to ASK_MAX_RANKS). ``items``: a batch's ops."""
         notices = self.notices
         g = self.group
+        named = p2p_counterparts(g, call.spec.name, items, call.peer, call.src, call.tag)
+        if not named and _only_itself(call, items, g.rank):  # nobody else to ask or blame
+            return (
+                "; its peer is this rank itself: a message to itself is received only by a "
+                "receive of its own, so a blocking send to itself needs the receive posted "
+                "first (irecv, then send; or isend, then recv), and a receive from itself a "
+                "send of its own"
+            )
         if notices is None or g.size < 2:
             return ""
-        named = p2p_counterparts(g, call.spec.name, items, call.peer, call.src, call.tag)
         peers = sorted({c.rank for c in named}) or [r for r in range(g.size) if r != g.rank]
         if not named:  # a receive from any rank: from each of them
             objects = call.spec.name.endswith("_object")
@@ -1853,6 +1860,18 @@ def _run_job(
         raise
     except Exception as exc:
         raise (call.backend.error(call, seq, exc) if fail is None else fail(exc)) from exc
+
+
+def _only_itself(call: Call, items: Any, me: int) -> bool:
+    """Whether a point-to-point call names only this rank as its peer (no wildcard)."""
+    name = call.spec.name
+    if name == "batch_isend_irecv":
+        return isinstance(items, (list, tuple)) and all(
+            getattr(p, "peer", None) == me for p in items
+        )
+    if name == "sendrecv":
+        return call.peer == me and call.src == me
+    return call.peer == me
 
 
 def _types(value: Any) -> Any:

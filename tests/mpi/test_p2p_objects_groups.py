@@ -1059,3 +1059,34 @@ def test_a_longer_message_to_a_receive_posted_from_this_rank_itself_is_refused(c
         assert list(y) == [1, 1, -1, -1]
     finally:
         c.free()
+
+
+def test_a_timed_out_call_with_this_rank_itself_says_so(world):
+    # a blocking send to itself (no receive posted) asked every other rank where it was and
+    # blamed them ("no answer within 1 s from rank 1", "rank 1 has left the job")
+    c = world.dup()
+    c.timeout = 0.5
+    me, batch = c.rank, []
+    try:
+        itself = "its peer is this rank itself: a message to itself is received only by a receive"
+        for call in (
+            lambda: c.send(np.ones(1 << 20), me, tag=3),
+            lambda: c.recv(np.ones(4), me, tag=8),
+            lambda: (
+                batch.append(c.batch_isend_irecv([P2POp("recv", np.ones(4), me, tag=9)]))
+                or batch[0].wait()
+            ),
+        ):
+            t0 = time.monotonic()
+            with pytest.raises(hpccomm.CommTimeoutError) as info:
+                call()
+            said = str(info.value)
+            assert itself in said and "where its peers are" not in said, said
+            assert time.monotonic() - t0 < 1.4  # nobody asked (1 s more before)
+        c.recv(np.ones(1 << 20), me, tag=3)  # the send left posted
+        c.send(np.ones(4), me, tag=9)  # for the batch's receive, left posted
+        batch[0].wait()
+    finally:
+        c.timeout = 60
+        c.barrier()
+        c.free()
