@@ -94,6 +94,8 @@ from .work import ORPHANS, Done, Work, batch_tags, reap, wait_watching
 
 __all__ = ["Dispatcher", "CACHE_LIMIT"]
 
+_get_ident = threading.get_ident  # (the worker-thread test of every dispatch: see _on_own_worker)
+
 CACHE_LIMIT = 512  # validated call descriptions kept per communicator (cleared when full)
 # What a timeout says of a peer that did not answer where it is, and of one that has no
 # such group (whereabouts, p2p_whereabouts)
@@ -324,6 +326,9 @@ class Dispatcher:
         stream: Any = None,
     ) -> Any:
         """Run one operation; returns its result, or a Work when ``async_op``."""
+        ex = self.executor
+        if ex is not None and not async_op and ex.ident == _get_ident() and not spec.p2p:
+            self._on_own_worker(spec, ex, (data, peer, src, tag))
         held = _HELD and spec.arrays and self.debug != "off"
         if held and ORPHANS:  # a dropped Work's arrays are free once MPI is done with them
             reap()
@@ -735,6 +740,23 @@ class Dispatcher:
                 self.broken = f"the group is unusable: {exc}"
                 self._update_slow()
             raise
+
+    def _on_own_worker(self, spec: OpSpec, ex: Executor, args: tuple[Any, Any, Any, Any]) -> None:
+        """A plain collective called on this group's worker thread (from a done-callback of
+        one of its Works): where it would queue on that worker (a timeout, or calls queued)
+        it waits behind the callback running it, for ever: refused (it waited until the
+        timeout, whose message then said the calls differed)."""
+        if self._timeout is None and not ex.pending:
+            return  # it runs inline, here
+        g = self.group
+        exc = InvalidArgumentError(
+            f"{where(spec.name, g.rank, g.size, group=g.name, seq=g.seq + 1)}: called on "
+            f"the group's own worker thread (in a done-callback of one of its Works), where "
+            f"it would wait behind the callback that runs it; call it from another thread, "
+            f"or with async_op=True without waiting for it there"
+        )
+        self.refused(spec, exc, args)
+        raise exc
 
     def refused(
         self, spec: OpSpec, exc: BaseException, args: tuple[Any, Any, Any, Any] | None = None

@@ -14,8 +14,10 @@ calls, so the caller keeps computing while the worker waits.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +36,16 @@ def on_worker() -> bool:
     """Whether the calling thread is a communicator's worker thread (a done-callback runs
     there: the torch backend completes its Futures elsewhere from it, see hpccomm.torch)."""
     return getattr(_thread_kind, "worker", False)
+
+
+def said_callback_failed(what: str) -> None:
+    """A done-callback raised: its traceback on stderr (it was dropped silently), as
+    concurrent.futures logs one; the operation's own outcome is unchanged."""
+    sys.stderr.write(
+        f"hpccomm: a done-callback of {what} raised (the operation's outcome is unchanged):\n"
+        f"{traceback.format_exc()}"
+    )
+    sys.stderr.flush()
 
 
 class Future:
@@ -89,6 +101,7 @@ class Executor:
         self._thread: threading.Thread | None = None
         self.running: Future | None = None
         self.stuck: str | None = None
+        self.ident: int | None = None  # the thread's (threading.get_ident) while it runs
 
     def submit(self, what: str, fn: Callable[..., Any], *args: Any) -> Future:
         """Queue ``fn(*args)``; ``what`` names the job in messages ("all_reduce #3 on world")."""
@@ -106,6 +119,7 @@ class Executor:
 
     def _loop(self) -> None:
         _thread_kind.worker = True
+        self.ident = threading.get_ident()
         while True:
             try:
                 item = self._queue.get(timeout=IDLE_SECONDS)
@@ -133,8 +147,8 @@ class Executor:
                 for fn in callbacks:
                     try:
                         fn()
-                    except Exception:  # a callback must not stop the worker
-                        pass
+                    except Exception:  # a callback must not stop the worker: said
+                        said_callback_failed(fut.what)
 
     def oldest_submitted(self) -> float | None:
         """When the oldest unfinished job was submitted (time.monotonic()), if any."""

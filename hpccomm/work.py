@@ -26,7 +26,7 @@ from .errors import (
     HpccommError,
     UnwaitedWorkWarning,
 )
-from .executor import Future
+from .executor import Future, said_callback_failed
 from .ops import Call, check_timeout
 
 __all__ = ["Work", "Pending", "ORPHANS", "reap", "wait_bounded", "wait_watching", "idle_while",
@@ -245,6 +245,8 @@ class Work:
                 record.report_error(self._exc)
         with self._finishing:  # (add_done_callback appends under the same lock)
             callbacks, self._callbacks = self._callbacks, []
+        if isinstance(source, Future) and not stuck:
+            return  # the worker runs them, as its call has ended (they run there)
         for fn in callbacks:
             fn(self)
 
@@ -392,10 +394,10 @@ class Work:
         point-to-point requests, when the caller next finds it complete (wait() or
         is_completed()). The torch backend completes its Futures this way."""
         source = self._pending
+        once = _Once(fn, self)  # (a callback that raises is said on stderr, not raised)
         if isinstance(source, Future) and not self._done:
             # from the worker when the call ends, or from _finish when a peer's failure
             # notice ends the Work first (its MPI call may then never end): once
-            once = _Once(fn, self)
             with self._finishing:
                 if not self._done:
                     self._callbacks.append(once)
@@ -410,9 +412,9 @@ class Work:
                 pass  # kept: fn sees it as exception()
         with self._finishing:  # not between _finish's taking of the list and its end
             if not self._done:
-                self._callbacks.append(fn)
+                self._callbacks.append(once)
                 return
-        fn(self)
+        once.run()
 
     def completes_by_itself(self) -> bool:
         """Whether the operation completes without anyone waiting (it runs on the worker
@@ -537,7 +539,10 @@ class _Once:
         with self._lock:
             fn, self._fn = self._fn, None
         if fn is not None:
-            fn(self._work)
+            try:
+                fn(self._work)
+            except Exception:  # said on stderr (on the worker it was dropped silently)
+                said_callback_failed(repr(self._work))
 
     def __call__(self, work: Work) -> None:
         self.run()

@@ -570,3 +570,53 @@ def test_calls_queued_before_a_refusal_on_one_rank_complete(comm):
     w1.wait()
     w2.wait()
     assert (x == comm.size).all() and (y == comm.size).all()
+
+
+def test_a_collective_in_a_done_callback_that_would_wait_for_itself_is_refused(comm):
+    # a done-callback runs on the group's worker thread: a plain collective it made with a
+    # timeout queued behind the callback, waited until the timeout, and said the calls
+    # differed ("rank(s) [1] completed call #2 while this rank waits in it"); without a
+    # timeout it runs inline there
+    import time
+
+    got = []
+
+    def then(work):
+        try:
+            got.append(comm.all_reduce(np.ones(2)))
+        except Exception as exc:  # noqa: BLE001
+            got.append(exc)
+
+    w = comm.all_reduce(np.ones(3), async_op=True)
+    w.add_done_callback(then)
+    w.wait()
+    t0 = time.monotonic()
+    while not got:
+        assert time.monotonic() - t0 < 30
+        time.sleep(0.01)
+    if comm.timeout is None:
+        assert (got[0] == comm.size).all()
+    else:
+        assert isinstance(got[0], InvalidArgumentError), got
+        assert "called on the group's own worker thread (in a done-callback" in str(got[0])
+    x = np.ones(40_000)  # the group goes on (every rank refused it)
+    comm.all_reduce(x)
+    assert (x == comm.size).all()
+
+
+def test_a_done_callback_that_raises_is_said_on_stderr(comm, capfd):
+    # it was dropped silently on the worker thread
+    w = comm.all_reduce(np.ones(3), async_op=True)
+    w.add_done_callback(lambda work: 1 / 0)
+    w.wait()
+    comm.barrier()
+    import time
+
+    time.sleep(0.05)
+    err = capfd.readouterr().err
+    assert "hpccomm: a done-callback of <Work all_reduce #1 on" in err, err
+    assert "ZeroDivisionError" in err, err
+    done = []
+    w.add_done_callback(lambda work: done.append(1) or 1 / 0)  # complete: at once, said too
+    assert done == [1]
+    assert "ZeroDivisionError" in capfd.readouterr().err
