@@ -189,6 +189,7 @@ class Dispatcher:
         "_timeout",
         "_slow",
         "_unsettled",
+        "_inside",
         "_settling",
         "_p2p",
         "_p2p_refused",
@@ -232,6 +233,9 @@ class Dispatcher:
         # refusals whose peers' word is still to be heard (see refused): seq, where, the
         # error's name and when
         self._unsettled: list[tuple[int, str, str, float]] = []
+        # the thread in a plain collective of this group now, and that call's place (another
+        # thread's collective meanwhile is refused: see _concurrent)
+        self._inside: tuple[int, Call, int] | None = None
         self._settling = threading.Lock()  # settle runs on the caller's or the worker thread
         self._slow = timeout is not None or debug in CHECKING
         # the point-to-point Works handed out and not seen complete (free() refuses while
@@ -428,66 +432,91 @@ class Dispatcher:
                 raise
         # record: the group's next sequence number
         group = self.group
+        plain = False  # a plain collective: this thread is inside it (see _concurrent)
         if spec.p2p:
             group.p2p_seq += 1
             seq = group.p2p_seq
         else:
+            inside = self._inside
+            if inside is not None and inside[0] != _get_ident():
+                self._concurrent(call, inside)
             group.seq += 1
             seq = group.seq
-        check = call.checked
-        if call.deferred:  # compared later, or now with the calls before it (see verify)
-            if self._uncompared < DEFERRED_LIMIT and call.spec is not BARRIER:
-                self._uncompared += 1
-                self._deferred.append((seq, call))
-            else:
-                check = self._defer(call, seq)
-        elif check:
-            self._uncompared = 0
-        # run: plain calls here (blocking collectives inline, point-to-point started and
-        # waited for), everything else through run(). _slow covers a timeout, a broken
-        # group and a worker thread that may still hold earlier calls.
-        if async_op or self._slow or _listeners:
-            return self.run(call, seq, data, out, async_op, stream, key, check)
-        if ORPHANS and spec.p2p:
-            reap()
-        if call.out_shape is not None and out is None:
-            out = allocate(call.out_shape, call.dtype(), call.device, stream)
-        mode = call.mode
-        if mode == "blocking":
+            if not async_op:
+                plain = True
+                self._inside = (_get_ident(), call, seq)
+        try:
+            check = call.checked
+            if call.deferred:  # compared later, or now with the calls before it (see verify)
+                if self._uncompared < DEFERRED_LIMIT and call.spec is not BARRIER:
+                    self._uncompared += 1
+                    self._deferred.append((seq, call))
+                else:
+                    check = self._defer(call, seq)
+            elif check:
+                self._uncompared = 0
+            # run: plain calls here (blocking collectives inline, point-to-point started and
+            # waited for), everything else through run(). _slow covers a timeout, a broken
+            # group and a worker thread that may still hold earlier calls.
+            if async_op or self._slow or _listeners:
+                return self.run(call, seq, data, out, async_op, stream, key, check)
+            if ORPHANS and spec.p2p:
+                reap()
+            if call.out_shape is not None and out is None:
+                out = allocate(call.out_shape, call.dtype(), call.device, stream)
+            mode = call.mode
+            if mode == "blocking":
+                try:
+                    if check:
+                        self.verify(call, seq)
+                    call.backend.seq = seq
+                    return call.body(call, data, out, stream)
+                except HpccommError as exc:
+                    self.report(call, seq, exc)
+                    raise
+                except Exception as exc:
+                    err = self.failed(call, seq, exc, key, data, out)
+                    self.report(call, seq, err)
+                    raise err from exc
+                except BaseException as exc:  # KeyboardInterrupt, SystemExit: an MPI call ends
+                    # before Python sees the signal, but the fast path's body runs between its
+                    # barriers in Python: the peers may be inside the call for good
+                    if call.backend is self.shm:
+                        self.interrupted = (
+                            f"{call.where(seq)} (interrupted by {type(exc).__name__} inside the "
+                            f"shared-memory path, where its peers may still be)"
+                        )
+                        self.broken = f"the group is unusable: {self.interrupted}"
+                        self._update_slow()
+                    raise
+            if mode != "requests":
+                return self.run(call, seq, data, out, async_op, stream, key, check)
             try:
-                if check:
-                    self.verify(call, seq)
-                call.backend.seq = seq
-                return call.body(call, data, out, stream)
-            except HpccommError as exc:
-                self.report(call, seq, exc)
+                pending = (call.blocking_body or call.body)(call, data, out, stream)
+                pending.seq = seq
+                pending.wait(None)
+                return pending.outcome()
+            except HpccommError:
                 raise
             except Exception as exc:
-                err = self.failed(call, seq, exc, key, data, out)
-                self.report(call, seq, err)
-                raise err from exc
-            except BaseException as exc:  # KeyboardInterrupt, SystemExit: an MPI call ends
-                # before Python sees the signal, but the fast path's body runs between its
-                # barriers in Python: the peers may be inside the call for good
-                if call.backend is self.shm:
-                    self.interrupted = (
-                        f"{call.where(seq)} (interrupted by {type(exc).__name__} inside the "
-                        f"shared-memory path, where its peers may still be)"
-                    )
-                    self.broken = f"the group is unusable: {self.interrupted}"
-                    self._update_slow()
-                raise
-        if mode != "requests":
-            return self.run(call, seq, data, out, async_op, stream, key, check)
-        try:
-            pending = (call.blocking_body or call.body)(call, data, out, stream)
-            pending.seq = seq
-            pending.wait(None)
-            return pending.outcome()
-        except HpccommError:
-            raise
-        except Exception as exc:
-            raise self.failed(call, seq, exc, key, data, out) from exc
+                raise self.failed(call, seq, exc, key, data, out) from exc
+        finally:
+            if plain:
+                self._inside = None
+
+    def _concurrent(self, call: Call, inside: tuple[int, Call, int]) -> None:
+        """A collective of this group while another thread is inside a plain one: the ranks'
+        threads may issue the two in different orders (MPI would match one rank's first with
+        another's second: wrong results, silently, in an outside review's runs)."""
+        g = self.group
+        thread = next((t.name for t in threading.enumerate() if t.ident == inside[0]), "?")
+        raise InvalidArgumentError(
+            f"{where(call.spec.name, g.rank, g.size, group=g.name)}: another thread "
+            f"({thread}) is inside {inside[1].where(inside[2])}: collectives of one group "
+            f"must come from one thread at a time, in the same order on every rank (MPI "
+            f"matches them by order: two threads' calls could pair up differently on each "
+            f"rank); nothing was run here (give each thread its own group: comm.dup())"
+        )
 
     def prepare(
         self,

@@ -620,3 +620,39 @@ def test_a_done_callback_that_raises_is_said_on_stderr(comm, capfd):
     w.add_done_callback(lambda work: done.append(1) or 1 / 0)  # complete: at once, said too
     assert done == [1]
     assert "ZeroDivisionError" in capfd.readouterr().err
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_collective_from_a_second_thread_while_one_is_inside_is_refused(comm):
+    # two threads' collectives on one group pair up in any order across ranks: an outside
+    # review's 2 threads x 200 small all_reduce gave wrong sums on both ranks, no error
+    import threading
+    import time
+
+    x = np.ones(3)
+    if comm.rank == 0:
+        said = []
+
+        def second():
+            time.sleep(0.2)  # the main thread is inside its all_reduce (rank 1 comes late)
+            try:
+                comm.all_reduce(np.ones(3))
+            except InvalidArgumentError as exc:
+                said.append(str(exc))
+
+        t = threading.Thread(target=second, name="second")
+        t.start()
+        comm.all_reduce(x)
+        t.join()
+        assert said, "the second thread's call was not refused"
+        assert re.search(
+            r"^all_reduce on \S+ \(rank 0 of \d+\): another thread \(MainThread\) is inside "
+            r"all_reduce #\d+ on .*: collectives of one group must come from one thread at a "
+            r"time.*nothing was run here",
+            said[0],
+        ), said[0]
+    else:
+        time.sleep(0.8)
+        comm.all_reduce(x)
+    assert (x == comm.size).all()
+    comm.barrier()  # the group goes on: the refused call took no number
