@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from .errors import InvalidArgumentError
-from .switches import FALSE, TRUE
+from .switches import FALSE, SPELLINGS, TRUE
 
 __all__ = [
     "DevicePath",
@@ -133,7 +133,7 @@ def decide(
         value = raw.strip().lower()
         if value in TRUE | FALSE:
             return DevicePath(value in TRUE, f"{ENV}={raw}")
-        raise InvalidArgumentError(f"init: {ENV}={raw!r}, expected 1 or 0 (true/false)")
+        raise InvalidArgumentError(f"init: {ENV}={raw!r}, expected {SPELLINGS}")
     kinds = alloc_kinds()
     if kinds is not None:
         aware = any(k.strip().startswith("cuda") for k in kinds.split(","))

@@ -166,7 +166,7 @@ def test_cuda_aware_decision(setting, env, kinds, mpix, aware, reason):
 
 
 def test_cuda_aware_bad_env():
-    with pytest.raises(ValueError, match="HPCCOMM_CUDA_AWARE_MPI='maybe', expected 1 or 0"):
+    with pytest.raises(ValueError, match=r"HPCCOMM_CUDA_AWARE_MPI='maybe', expected 1/true/yes/on or 0/false/no/off \(any case\)"):
         decide(None, {"HPCCOMM_CUDA_AWARE_MPI": "maybe"}, alloc_kinds=no, mpix=no)
 
 
