@@ -308,7 +308,7 @@ def _srun_step(r: _Reader) -> None:
     # the step's own node list against the step's node count and this task's node index
     # (SLURM_JOB_NODELIST and the fallbacks may describe the allocation, not this step)
     hosts = r.values.get("nodelist")
-    if r.sources.get("nodelist") == "SLURM_STEP_NODELIST":
+    if hosts is not None and r.sources.get("nodelist") == "SLURM_STEP_NODELIST":
         listed = f"SLURM_STEP_NODELIST={env['SLURM_STEP_NODELIST']!r}"
         if node is not None and node >= len(hosts):
             raise InvalidArgumentError(

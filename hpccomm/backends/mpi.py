@@ -1213,7 +1213,7 @@ class MPIBackend:
         src = _ANY_SOURCE if call.src is None else call.src
         return _All([_ProbedRecv(call, self.mpi, out, call.how, src, call.tag), sent], out)
 
-    def _sendrecv(self, call: Call, x: np.ndarray, out: np.ndarray, stream: Any) -> Requests:
+    def _sendrecv(self, call: Call, x: np.ndarray, out: np.ndarray, stream: Any) -> Requests | _All:
         mt = call.how
         src = _ANY_SOURCE if call.src is None else call.src
         tag = call.tag

@@ -166,7 +166,10 @@ def test_cuda_aware_decision(setting, env, kinds, mpix, aware, reason):
 
 
 def test_cuda_aware_bad_env():
-    with pytest.raises(ValueError, match=r"HPCCOMM_CUDA_AWARE_MPI='maybe', expected 1/true/yes/on or 0/false/no/off \(any case\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"HPCCOMM_CUDA_AWARE_MPI='maybe', expected 1/true/yes/on or 0/false/no/off \(any case\)",
+    ):
         decide(None, {"HPCCOMM_CUDA_AWARE_MPI": "maybe"}, alloc_kinds=no, mpix=no)
 
 
