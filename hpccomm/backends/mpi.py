@@ -258,10 +258,18 @@ class Requests:
     def _status_error(self, exc: MPI.Exception) -> MPI.Exception:
         """MPI_ERR_IN_STATUS names no error: the failing request's status does."""
         if exc.Get_error_class() == MPI.ERR_IN_STATUS:
-            for st in self.statuses:
+            for i, st in enumerate(self.statuses):
                 code = st.Get_error()
                 if code not in (MPI.SUCCESS, MPI.ERR_PENDING):
-                    return MPI.Exception(code)
+                    err = MPI.Exception(code)
+                    for at, expected, _, what in self.checks:  # which receive (a batch's)
+                        if at == i:
+                            err.part = (  # type: ignore[attr-defined]
+                                f" ({what}: {expected:,} elements for "
+                                f"{self.call.group.peer(st.Get_source())}'s message, tag "
+                                f"{st.Get_tag()})"
+                            )
+                    return err
         return exc
 
     def outcome(self) -> Any:
@@ -973,9 +981,8 @@ class MPIBackend:
             return PeerError(f"{where}: {self.failed_ranks()}; MPI reports {exc}")
         if isinstance(exc, MPI.Exception) and exc.Get_error_class() == MPI.ERR_TRUNCATE:
             more = _TRUNCATED_P2P if call.spec.p2p else _TRUNCATED_UNCHECKED
-            return BackendError(
-                f"{where}: {self.name} failed: {exc}; {_TRUNCATED}{_buffer_of(call)}{more}"
-            )
+            part = _buffer_of(call) or getattr(exc, "part", "")  # (a batch's receive)
+            return BackendError(f"{where}: {self.name} failed: {exc}; {_TRUNCATED}{part}{more}")
         return BackendError(f"{where}: {self.name} failed: {exc}")
 
     # -- point-to-point under the debug check (a header before every message) -----------

@@ -1090,3 +1090,33 @@ def test_a_timed_out_call_with_this_rank_itself_says_so(world):
         c.timeout = 60
         c.barrier()
         c.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_truncated_batch_receive_is_named(comm):
+    # the batch's MPI_ERR_TRUNCATE said nothing of which entry, peer or tag
+    from hpccomm import BackendError
+
+    if comm.debug in ("check", "detail"):
+        pytest.skip("the debug check compares the sizes before the data moves")
+    c = comm.dup()
+    try:
+        if c.rank < 2:
+            o = 1 - c.rank
+            w = c.batch_isend_irecv(
+                [
+                    P2POp("send", np.ones(6), o, tag=3),
+                    P2POp("send", np.ones(2), o, tag=1),
+                    P2POp("recv", np.zeros(2), o, tag=1),
+                    P2POp("recv", np.zeros(3), o, tag=3),
+                ]
+            )
+            with pytest.raises(
+                BackendError,
+                match=rf"MPI_ERR_TRUNCATE.* \(ops\[3\] \(recv\): 3 elements for rank {o}'s "
+                rf"message, tag 3\)",
+            ):
+                w.wait()
+        c.barrier()
+    finally:
+        c.free()
