@@ -189,6 +189,8 @@ def _in_pieces(body: Callable[..., Any], call: Call, x: Any, out: Any, stream: A
     reqs = [p.req for p in results]
     if call.spec is O.SEND:
         return Requests(call, reqs, None, keep=x)
+    if isinstance(results[0], _SelfReceived):  # from itself: each piece copies its scratch
+        return _All(results, call.peer)  # back when complete (see _SelfReceived)
     mt = call.how
     checks = [(i, p.size, mt, f"piece {i} of the receive") for i, p in enumerate(pieces)]
     return Requests(call, reqs, call.peer, checks=checks, keep=x)
@@ -1015,7 +1017,15 @@ class MPIBackend:
                     parts.append(self._send_checked(call, seq, b.array, p.peer, p.tag))
                 else:
                     parts.append(
-                        _CheckedRecv(self.mpi, self.data, call, b.array, p.peer, p.tag, f"ops[{i}]")
+                        _CheckedRecv(
+                            self.mpi,
+                            self.data,
+                            call,
+                            b.array,
+                            p.peer,
+                            _ANY_TAG if p.tag is None else p.tag,
+                            f"ops[{i}]",
+                        )
                     )
         except BaseException:  # withdraw the receives posted (they took later messages);
             _abandon(call, seq, parts)  # what MPI may still use stays referenced

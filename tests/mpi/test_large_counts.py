@@ -78,3 +78,16 @@ def test_other_operations_name_the_limit(small_limit):
         r"argument, more than 1,000 \(a C int\)",
     ):
         comm.all_gather(np.ones(LIMIT + 1))
+
+
+def test_a_receive_from_itself_in_pieces(small_limit):
+    # each piece of a receive from this rank itself goes to scratch (see _SelfReceived): the
+    # pieces' requests were gathered without copying back (the buffer stayed unchanged)
+    comm = small_limit
+    me = comm.rank
+    count = 2 * LIMIT + 345
+    got = np.zeros(count, np.int64)
+    w = comm.irecv(got, me, tag=7)
+    comm.send(np.arange(count, dtype=np.int64), me, tag=7)
+    assert w.wait(timeout=60) == me
+    assert np.array_equal(got, np.arange(count))
