@@ -331,7 +331,8 @@ class Dispatcher:
     ) -> Any:
         """Run one operation; returns its result, or a Work when ``async_op``."""
         ex = self.executor
-        if ex is not None and not async_op and ex.ident == _get_ident() and not spec.p2p:
+        me = _get_ident()
+        if ex is not None and not async_op and ex.ident == me and not spec.p2p:
             self._on_own_worker(spec, ex, (data, peer, src, tag))
         held = _HELD and spec.arrays and self.debug != "off"
         if held and ORPHANS:  # a dropped Work's arrays are free once MPI is done with them
@@ -438,13 +439,13 @@ class Dispatcher:
             seq = group.p2p_seq
         else:
             inside = self._inside
-            if inside is not None and inside[0] != _get_ident():
-                self._concurrent(call, inside)
+            if inside is not None and inside[0] != me:
+                self._concurrent(call, inside, data)
             group.seq += 1
             seq = group.seq
             if not async_op:
                 plain = True
-                self._inside = (_get_ident(), call, seq)
+                self._inside = (me, call, seq)
         try:
             check = call.checked
             if call.deferred:  # compared later, or now with the calls before it (see verify)
@@ -504,19 +505,24 @@ class Dispatcher:
             if plain:
                 self._inside = None
 
-    def _concurrent(self, call: Call, inside: tuple[int, Call, int]) -> None:
+    def _concurrent(self, call: Call, inside: tuple[int, Call, int], data: Any) -> None:
         """A collective of this group while another thread is inside a plain one: the ranks'
         threads may issue the two in different orders (MPI would match one rank's first with
-        another's second: wrong results, silently, in an outside review's runs)."""
+        another's second: wrong results, silently, in an outside review's runs). Refused as
+        validation refuses a call (it takes its number, the others are told, and this rank's
+        next call hears whether they refused it too): another rank, where the threads did
+        not overlap, may have run it, and must not pair it with this rank's next call."""
         g = self.group
         thread = next((t.name for t in threading.enumerate() if t.ident == inside[0]), "?")
-        raise InvalidArgumentError(
-            f"{where(call.spec.name, g.rank, g.size, group=g.name)}: another thread "
-            f"({thread}) is inside {inside[1].where(inside[2])}: collectives of one group "
-            f"must come from one thread at a time, in the same order on every rank (MPI "
-            f"matches them by order: two threads' calls could pair up differently on each "
-            f"rank); nothing was run here (give each thread its own group: comm.dup())"
+        exc = InvalidArgumentError(
+            f"{where(call.spec.name, g.rank, g.size, group=g.name, seq=g.seq + 1)}: another "
+            f"thread ({thread}) is inside {inside[1].where(inside[2])}: collectives of one "
+            f"group must come from one thread at a time, in the same order on every rank "
+            f"(MPI matches them by order: two threads' calls could pair up differently on "
+            f"each rank); refused here (give each thread its own group: comm.dup())"
         )
+        self.refused(call.spec, exc, (data, call.peer, call.src, call.tag))
+        raise exc
 
     def prepare(
         self,
@@ -825,6 +831,11 @@ class Dispatcher:
             # (a device array's all_to_all runs uncompared, on NCCL or device MPI)
             or (spec.arrays and spec.name == "all_to_all" and on_host(args[0] if args else None))
         )
+        # on the group's own worker (a done-callback): the comparison would run on this
+        # thread's queue behind itself, so the others are told by the notice alone
+        ex = self.executor
+        compare = ex is None or ex.ident != _get_ident()
+        objects = objects and compare
         if self.notices is not None and not objects:
             self._post(spec.name, seq, exc, REFUSED)
         g = self.group
@@ -832,7 +843,7 @@ class Dispatcher:
         if self.closed:  # freed here: nothing to agree on (its communicators are gone)
             return
         fp = {"op": spec.name, "seq": seq, "refused": f"{type(exc).__name__}: {exc}"}
-        if self.debug in CHECKING:  # the others compare fingerprints: join with the reason
+        if self.debug in CHECKING and compare:  # the others compare fingerprints: join
             try:
                 self.bounded(where_, self.agree, where_, fp)
             except HpccommError:
@@ -975,11 +986,17 @@ class Dispatcher:
         with self._settling:
             g = self.group
             others = [r for r in range(g.size) if r != g.rank]
-            while self._unsettled and self._unsettled[0][0] < before and self.broken is None:
-                seq, where_, name, since = self._unsettled[0]
+            while self.broken is None:
+                # the lowest number first (a cached call's late refusal, appended by the
+                # worker, may come after a later call's refusal made by the caller)
+                below = [u for u in self._unsettled if u[0] < before]
+                if not below:
+                    break
+                entry = min(below)
+                seq, where_, name, since = entry
                 bound = self._timeout
                 entered, missing = self._hear(seq, where_, name, since, others, bound)
-                self._unsettled.pop(0)
+                self._unsettled.remove(entry)
                 self.notices.forget(self.gid, seq)
                 if not entered and not missing:
                     continue
@@ -1030,7 +1047,7 @@ class Dispatcher:
         # only refusals numbered before it: a call queued before a refusal comes first (its
         # peers may be inside it, and the refusal's word waited for would never come: they
         # waited for this call, the group unusable at the timeout, and without one for good)
-        if self._unsettled and self._unsettled[0][0] < seq:
+        if self._unsettled and any(u[0] < seq for u in self._unsettled):
             self.settle(before=seq)
         if self.broken is not None:
             raise self._unusable(call.spec.name, seq, call.where(seq))

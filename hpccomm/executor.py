@@ -127,9 +127,11 @@ class Executor:
                 with self._lock:  # idle: the thread goes (the next submit starts another)
                     if self.pending == 0:  # (a submit under the lock before this saw it
                         self._thread = None  # running and its job is on the way)
+                        self.ident = None  # (Linux gives a later thread the same ident)
                         return
                 continue
             if item is None:
+                self.ident = None
                 return
             fut, fn, args = item
             self.running = fut

@@ -625,16 +625,22 @@ def test_a_done_callback_that_raises_is_said_on_stderr(comm, capfd):
 @pytest.mark.mpi(min_size=2)
 def test_a_collective_from_a_second_thread_while_one_is_inside_is_refused(comm):
     # two threads' collectives on one group pair up in any order across ranks: an outside
-    # review's 2 threads x 200 small all_reduce gave wrong sums on both ranks, no error
+    # review's 2 threads x 200 small all_reduce gave wrong sums on both ranks, no error.
+    # Refused like a validation refusal: where another rank ran that call (its threads did
+    # not overlap), it is told, and the group becomes unusable instead of mismatching
     import threading
     import time
 
+    from mpi4py import MPI
+
+    if comm.timeout is None:
+        pytest.skip("the ranks that run the call wait in it for good without a timeout")
     x = np.ones(3)
     if comm.rank == 0:
         said = []
 
         def second():
-            time.sleep(0.2)  # the main thread is inside its all_reduce (rank 1 comes late)
+            time.sleep(0.2)  # the main thread is inside its all_reduce (the others come late)
             try:
                 comm.all_reduce(np.ones(3))
             except InvalidArgumentError as exc:
@@ -646,13 +652,84 @@ def test_a_collective_from_a_second_thread_while_one_is_inside_is_refused(comm):
         t.join()
         assert said, "the second thread's call was not refused"
         assert re.search(
-            r"^all_reduce on \S+ \(rank 0 of \d+\): another thread \(MainThread\) is inside "
-            r"all_reduce #\d+ on .*: collectives of one group must come from one thread at a "
-            r"time.*nothing was run here",
+            r"^all_reduce #2 on \S+ \(rank 0 of \d+\): another thread \(MainThread\) is "
+            r"inside all_reduce #1 on .*: collectives of one group must come from one thread at "
+            r"a time.*refused here",
             said[0],
         ), said[0]
+        with pytest.raises(hpccomm.ClosedError, match=r"the group is unusable: all_reduce #2"):
+            comm.all_reduce(np.ones(3))  # a peer entered #2
+        # (the test's own cleanup: the others' #2 is inside MPI; complete it there)
+        comm.mpi.Allreduce(MPI.IN_PLACE, np.ones(3), MPI.SUM)
     else:
         time.sleep(0.8)
-        comm.all_reduce(x)
+        comm.all_reduce(x)  # #1
+        t0 = time.monotonic()
+        with pytest.raises(
+            hpccomm.PeerError,
+            match=r"rank 0 \(world rank \d+\) failed all_reduce #2 and will not join it: "
+            r"InvalidArgumentError: .*another thread",
+        ):
+            comm.all_reduce(np.ones(3))  # #2: the second thread's, here in order
+        assert time.monotonic() - t0 < 30
+        while comm._dispatcher.executor.pending:  # completed by rank 0's cleanup
+            time.sleep(0.01)
     assert (x == comm.size).all()
-    comm.barrier()  # the group goes on: the refused call took no number
+
+
+def test_an_idle_worker_that_ended_leaves_no_thread_id(comm, monkeypatch):
+    # Linux gives a new thread the ident of one that ended: a plain collective with a
+    # timeout from a later thread was refused as "called on the group's own worker thread"
+    import threading
+    import time
+
+    from hpccomm import executor
+
+    monkeypatch.setattr(executor, "IDLE_SECONDS", 0.05)
+    comm.all_reduce(np.ones(3), async_op=True).wait()
+    ex = comm._dispatcher.executor
+    t0 = time.monotonic()
+    while ex._thread is not None:
+        assert time.monotonic() - t0 < 30
+        time.sleep(0.02)
+    assert ex.ident is None
+    got = []
+    t = threading.Thread(target=lambda: got.append(comm.all_reduce(np.ones(3))))
+    t.start()
+    t.join()
+    assert (got[0] == comm.size).all()
+
+
+def test_a_collective_refused_in_a_done_callback_at_check_is_refused_at_once(world):
+    # at debug="check" the refusal joined the ranks' comparison through the worker, which
+    # is the thread running the callback: it waited for itself until the timeout
+    import time
+
+    c = world.dup()
+    c.debug = "check"
+    c.timeout = 20
+    got = []
+
+    def then(work):
+        t0 = time.monotonic()
+        try:
+            c.all_reduce(np.ones(2))
+        except Exception as exc:  # noqa: BLE001
+            got.append((exc, time.monotonic() - t0))
+
+    try:
+        w = c.all_reduce(np.ones(3), async_op=True)
+        w.add_done_callback(then)
+        w.wait()
+        t0 = time.monotonic()
+        while not got:
+            assert time.monotonic() - t0 < 60
+            time.sleep(0.01)
+        exc, took = got[0]
+        assert isinstance(exc, InvalidArgumentError) and "own worker thread" in str(exc), exc
+        assert took < 5, took
+        x = np.ones(3)
+        c.all_reduce(x)  # every rank refused it: the group goes on
+        assert (x == c.size).all()
+    finally:
+        c.free()
