@@ -838,7 +838,12 @@ def _check_batch_disjoint(call: Call, items: Sequence[P2POp]) -> None:
         b = p.buffer()
         if b.array.nbytes == 0:
             continue
-        face = b.array.__array_interface__ if b.device is None else b.array.__cuda_array_interface__
+        a = b.array  # NumPy's array interface; a device array's, CuPy's CUDA one
+        face = getattr(
+            a, "__array_interface__" if b.device is None else "__cuda_array_interface__", None
+        )
+        if face is None:  # (no address to compare: not checked)
+            continue
         ptr = face["data"][0]
         spans.append((-1 if b.device is None else b.device, ptr, ptr + b.array.nbytes, i))
     spans.sort()
