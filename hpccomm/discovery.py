@@ -113,6 +113,8 @@ _BOUNDS = (("rank", "size"), ("local_rank", "local_size"), ("node_index", "num_n
 # (a node holds at most every rank; every node of a launch runs at least one rank). Not
 # where hpccomm set one itself: the batch shell is 1 process of a job of many nodes.
 _WITHIN = (("local_size", "size"), ("num_nodes", "size"))
+# counts that may describe the whole job rather than the step read beside them
+_JOB_WIDE = frozenset({"SLURM_NNODES", "SLURM_JOB_NUM_NODES"})
 
 
 class _Reader:
@@ -426,7 +428,9 @@ def discover(
             )
     for part, whole in _WITHIN:
         n, total = v.get(part), v.get(whole)
-        given = all(sources.get(f, "").split("[")[0] in env for f in (part, whole))
+        given = all(sources.get(f, "").split("[")[0] in env for f in (part, whole)) and (
+            sources.get(part) not in _JOB_WIDE  # (the job's, where the step's is missing)
+        )
         if n is not None and total is not None and n > total and given:
             raise InvalidArgumentError(
                 f"{r.where()}: {part.replace('_', ' ')} {n} ({sources[part]}) is above the "

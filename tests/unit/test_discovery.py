@@ -627,3 +627,8 @@ def test_job_wide_values_are_not_checked_against_the_step():
              "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_TASKS_PER_NODE": "1", "SLURM_NTASKS": "4",
              "SLURM_JOB_NODELIST": "n[1-4]", "SLURM_JOB_NUM_NODES": "4"})  # fmt: skip
     assert (pty.size, pty.num_nodes, pty.nodelist) == (1, 1, ("n1",))
+    # a step without SLURM_STEP_NUM_NODES: the node count falls back to the job's
+    # SLURM_NNODES, which may be above the step's task count
+    bare = d({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+              "SLURM_NODEID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NNODES": "4"})  # fmt: skip
+    assert (bare.size, bare.num_nodes) == (2, 4)
