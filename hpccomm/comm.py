@@ -16,6 +16,7 @@ a CommTimeoutError names the op and its sequence number).
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -77,6 +78,8 @@ if TYPE_CHECKING:
 __all__ = ["Communicator", "NodeInfo"]
 
 _SUM = ReduceOp.SUM
+# the most bytes one array may span (NumPy indexes with a signed 64-bit integer)
+_MAX_BYTES = 2**63 - 1
 
 
 class NodeInfo(NamedTuple):
@@ -737,6 +740,12 @@ class Communicator:
                 dims = (shape,)
             if not all(isinstance(d, (int, np.integer)) and d >= 0 for d in dims):
                 raise InvalidArgumentError(f"{here}: shape is {shape!r}, expected integers >= 0")
+            nbytes = math.prod(int(d) for d in dims) * dt.itemsize  # (Python ints: exact)
+            if nbytes > _MAX_BYTES:  # (NumPy's products wrapped: another size on each rank)
+                raise InvalidArgumentError(
+                    f"{here}: shape {tuple(int(d) for d in dims)} of {dt} is {nbytes:,} bytes, "
+                    f"more than any array can hold ({_MAX_BYTES:,})"
+                )
         dims = tuple(int(d) for d in dims)
         shm = self._shm()
         mpi = self._backend.mpi

@@ -646,7 +646,10 @@ def init(
     # sender's header for data (a confusing size error, then the next receive silently got
     # the previous payload), and a checking rank's collective waited for a peer that was
     # not checking. One allgather, every rank raising alike.
-    levels = MPI.COMM_WORLD.allgather(level)
+    shm = shm_settings()  # (refused above where unreadable: read alike on every rank)
+    said = MPI.COMM_WORLD.allgather((level, (shm.enabled, shm.threshold, shm.chunk, shm.cma)))
+    levels = [lv for lv, _ in said]
+    _same_shm_settings([s for _, s in said], MPI.COMM_WORLD)
     if any(lv != levels[0] for lv in levels):
         held = ", ".join(by_rank(enumerate(map(repr, levels))))
         raise InvalidArgumentError(
@@ -691,6 +694,32 @@ def _abort_on_exception(strict: bool = False) -> bool:
     """``HPCCOMM_ABORT_ON_EXCEPTION`` (an on/off switch, default on; ``strict``: a value
     that is neither is refused, else it counts as on)."""
     return switch(os.environ, ABORT_ENV, default=True, where="init", lenient=not strict)
+
+
+def _same_shm_settings(said: list[tuple[Any, ...]], comm: Any) -> None:
+    """Every rank's HPCCOMM_SHM* settings (on, threshold, chunk, single copy) must be the
+    same: with the path off on one rank, or another threshold, one rank took the shared
+    memory and its peer MPI (both waited for good); with another chunk the ranks read each
+    other's headers at other offsets (garbage in the error, or an mmap failure). Raised on
+    every rank alike."""
+    if all(s == said[0] for s in said):
+        return
+    names: tuple[tuple[str, Callable[[Any], str]], ...] = (
+        ("HPCCOMM_SHM", lambda v: "1" if v else "0"),
+        ("HPCCOMM_SHM_THRESHOLD", lambda v: "unset" if v is None else str(v)),
+        ("HPCCOMM_SHM_CHUNK", str),
+        ("HPCCOMM_SHM_CMA", lambda v: "1" if v else "0"),
+    )
+    differ = []
+    for i, (name, show) in enumerate(names):
+        bits = by_rank((r, show(s[i])) for r, s in enumerate(said))  # "1 on rank 0", ...
+        if len(bits) > 1:
+            differ.append(f"{name} is {', '.join(bits[:-1])} but {bits[-1]}")
+    raise InvalidArgumentError(
+        f"init (rank {comm.Get_rank()} of {comm.Get_size()}): the shared-memory settings "
+        f"differ across ranks: {'; '.join(differ)}; set them alike on every rank (or leave "
+        f"them unset)"
+    )
 
 
 def _refuse_alike(problems: list[HpccommError], comm: Any) -> None:

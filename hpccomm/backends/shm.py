@@ -72,6 +72,7 @@ single-copy path.
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 import sys
@@ -1036,6 +1037,26 @@ def _map_shared(mpi: Any, rank: int, total: int) -> tuple[Any, str]:
     return mm, "" if mm is not None else f"{named} (nameless file: {why})"
 
 
+def _room_for(total: int) -> None:
+    """Raise OSError(ENOMEM) where ``total`` bytes are more than the node's available memory
+    (MemAvailable): the file's pages are committed when it is sized, and a nameless file is
+    not bounded by /dev/shm's size, so a symmetric buffer larger than memory set the
+    kernel's out-of-memory killer on some process of the node (measured: comm.empty(10**13)
+    killed a rank) instead of failing here."""
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(
+                int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")
+            )
+    except (OSError, StopIteration, ValueError, IndexError):
+        return  # (not Linux's /proc: posix_fallocate decides)
+    if total > avail:
+        raise OSError(
+            errno.ENOMEM,
+            f"{total:,} bytes asked, {avail:,} available on this node (MemAvailable)",
+        )
+
+
 def _map_memfd(mpi: Any, rank: int, total: int) -> tuple[Any, str]:
     """Rank 0 makes a nameless file (``memfd_create``, sized with ``posix_fallocate``: ENOSPC
     here, not SIGBUS on first touch) and keeps it open until every rank has mapped it; the
@@ -1049,6 +1070,7 @@ def _map_memfd(mpi: Any, rank: int, total: int) -> tuple[Any, str]:
     where = None
     if rank == 0:
         try:
+            _room_for(total)
             fd = os.memfd_create("hpccomm-shm", os.MFD_CLOEXEC)
             os.posix_fallocate(fd, 0, total)
             st = os.fstat(fd)
@@ -1109,6 +1131,7 @@ def _map_named(mpi: Any, rank: int, total: int) -> tuple[Any, str]:
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
             try:
+                _room_for(total)
                 os.posix_fallocate(fd, 0, total)
             finally:
                 os.close(fd)

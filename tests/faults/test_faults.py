@@ -1305,3 +1305,42 @@ def test_free_racing_another_threads_calls_never_reaches_mpi(launch, kind):
     assert job.rc == 0 and not job.crashed(), job.stderr[-2000:]
     for rank in (0, 1):
         assert job.of(rank, "seen")["seen"] == {"ClosedError": 150}
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "said"),
+    [
+        ("HPCCOMM_SHM", "0", "HPCCOMM_SHM is 1 on ranks 0,2 but 0 on rank 1"),
+        ("HPCCOMM_SHM_CHUNK", "8192", "HPCCOMM_SHM_CHUNK is 1048576 on ranks 0,2 but 8192 on rank 1"),
+    ],
+)  # fmt: skip
+def test_shared_memory_settings_that_differ_across_ranks_are_refused_at_init(
+    launch, var, value, said
+):
+    # They were never compared: HPCCOMM_SHM=0 on one rank left one rank on the shared
+    # memory and its peers on MPI (a 16 MiB all_reduce waited for good), another chunk made
+    # the ranks read each other's headers at other offsets (garbage in the error)
+    job = launch(
+        3,
+        f"""
+        from mpi4py import MPI
+        if MPI.COMM_WORLD.Get_rank() == 1:
+            os.environ["{var}"] = "{value}"
+        t0 = time.monotonic()
+        try:
+            hpccomm.init(timeout=10)
+        except Exception as e:
+            print(f"R{{MPI.COMM_WORLD.Get_rank()}} init " + json.dumps(
+                {{"cls": type(e).__name__, "msg": str(e), "s": round(time.monotonic() - t0, 2)}}),
+                flush=True)
+        """,
+        bound=60,
+    )
+    for r in range(3):
+        got = job.of(r, "init")
+        assert got["cls"] == "InvalidArgumentError", got
+        assert got["msg"] == (
+            f"init (rank {r} of 3): the shared-memory settings differ across ranks: {said}; "
+            f"set them alike on every rank (or leave them unset)"
+        ), got
+    assert job.rc == 0 and not job.crashed(), job.stderr[-2000:]

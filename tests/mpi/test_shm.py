@@ -645,6 +645,14 @@ def test_empty_with_different_shapes_is_a_mismatch_on_every_rank(sym):
     ):
         comm.empty(4, np.dtype("U4"))
     assert comm.is_symmetric(comm.empty((3, 5), np.int16))
+    # a shape too large for any array: NumPy's int64 product wrapped (2**62 x 3 to a
+    # negative count), so each rank read another span of the mapping (a bare ValueError)
+    for shape in ((2**62, 3), (2**32, 2**32)):
+        with pytest.raises(
+            hpccomm.InvalidArgumentError, match=r"bytes, more than any array can hold"
+        ):
+            comm.empty(shape, np.float32)
+    assert comm.is_symmetric(comm.empty(7, np.float64))  # the group goes on
 
 
 def test_symmetric_array_outlives_free(sym):

@@ -49,3 +49,16 @@ def test_sizes():
 def test_refused(env, text):
     with pytest.raises(InvalidArgumentError, match=text):
         settings(env)
+
+
+def test_a_file_larger_than_the_available_memory_is_refused_before_it_is_sized():
+    # a nameless file is not bounded by /dev/shm: posix_fallocate committed memory until
+    # the kernel's out-of-memory killer ended some process (comm.empty(10**13))
+    import errno
+
+    from hpccomm.backends.shm import _room_for
+
+    with pytest.raises(OSError, match=r"bytes asked, [\d,]+ available on this node") as err:
+        _room_for(1 << 62)
+    assert err.value.errno == errno.ENOMEM
+    _room_for(4096)  # (a page fits)
