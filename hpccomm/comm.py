@@ -740,13 +740,13 @@ class Communicator:
                 dims = (shape,)
             if not all(isinstance(d, (int, np.integer)) and d >= 0 for d in dims):
                 raise InvalidArgumentError(f"{here}: shape is {shape!r}, expected integers >= 0")
-            nbytes = math.prod(int(d) for d in dims) * dt.itemsize  # (Python ints: exact)
+            dims = tuple(int(d) for d in dims)
+            nbytes = math.prod(dims) * dt.itemsize  # (Python ints: exact)
             if nbytes > _MAX_BYTES:  # (NumPy's products wrapped: another size on each rank)
                 raise InvalidArgumentError(
-                    f"{here}: shape {tuple(int(d) for d in dims)} of {dt} is {nbytes:,} bytes, "
-                    f"more than any array can hold ({_MAX_BYTES:,})"
+                    f"{here}: shape {dims} of {dt} is {nbytes:,} bytes, more than any array "
+                    f"can hold ({_MAX_BYTES:,})"
                 )
-        dims = tuple(int(d) for d in dims)
         shm = self._shm()
         mpi = self._backend.mpi
 

@@ -814,12 +814,8 @@ class Dispatcher:
         if record.error_hooks:
             record.report_error(exc)
         if spec.p2p:
-            # (without a timeout nobody asks: notices nobody receives pile up in MPI)
-            if self.notices is not None and args is not None and self._timeout is not None:
-                try:
-                    self._refuse_p2p(spec, args, exc)
-                except Exception:  # noqa: BLE001 - only a hint for the peer: this rank
-                    pass  # raises its own error
+            if args is not None:
+                self._tell_p2p_refusal(spec, args, exc)
             return
         self.group.seq += 1
         seq = self.group.seq
@@ -864,6 +860,20 @@ class Dispatcher:
         ):
             return
         self._expect_refusals(seq, where_, exc)
+
+    def _tell_p2p_refusal(
+        self, spec: OpSpec, args: tuple[Any, Any, Any, Any], exc: BaseException
+    ) -> None:
+        """A point-to-point call refused here (by validation, or in the library before
+        anything was sent): the ranks it names are told (without a timeout nobody asks:
+        notices nobody receives pile up in MPI). Only a hint for the peer: this rank raises
+        its own error whatever happens here."""
+        if self.notices is None or self._timeout is None:
+            return
+        try:
+            self._refuse_p2p(spec, args, exc)
+        except Exception:  # noqa: BLE001
+            pass
 
     def _refuse_p2p(
         self, spec: OpSpec, args: tuple[Any, Any, Any, Any], exc: BaseException
@@ -1303,11 +1313,7 @@ class Dispatcher:
         if call.spec.p2p and isinstance(err, InvalidArgumentError):  # refused in the library,
             # nothing sent (an object that cannot be pickled): its peer is told, as of a
             # refusal by validation (it said only that no message came, at its timeout)
-            if self.notices is not None and self._timeout is not None:
-                try:
-                    self._refuse_p2p(call.spec, (data, call.peer, call.src, call.tag), err)
-                except Exception:  # noqa: BLE001 - only a hint for the peer
-                    pass
+            self._tell_p2p_refusal(call.spec, (data, call.peer, call.src, call.tag), err)
         return err
 
     def timed_out(

@@ -551,10 +551,7 @@ class _TorchWork(dist.Work):
         work = self._work
         if self._finished.is_set() or work is None:
             return
-        try:
-            if work._completed(bounded=False):
-                self._complete(work)
-        except HpccommError:  # it failed (the Work keeps the error, exception() gives it)
+        if work._completed(bounded=False):  # (done or failed: exception() gives the error)
             self._complete(work)
 
     def _expire(self) -> None:

@@ -400,19 +400,16 @@ class Work:
             # notice ends the Work first (its MPI call may then never end): once
             with self._finishing:
                 if not self._done:
-                    self._callbacks.append(once)
+                    self._callbacks.append(once.run)
             source.add_done_callback(once.run)
             if self._done:  # finished meanwhile, its callbacks taken before ours came
                 once.run()
             return
-        if not self._done:
-            try:
-                self._completed(bounded=False)  # finishes it (keeping the status) if done
-            except HpccommError:
-                pass  # kept: fn sees it as exception()
+        if not self._done:  # finishes it (keeping the status, or the error for exception())
+            self._completed(bounded=False)
         with self._finishing:  # not between _finish's taking of the list and its end
             if not self._done:
-                self._callbacks.append(once)
+                self._callbacks.append(once.run)
                 return
         once.run()
 
@@ -536,6 +533,7 @@ class _Once:
         self._lock = threading.Lock()
 
     def run(self, *_: Any) -> None:
+        """(from the worker's Future, without arguments; from _finish, given the Work)"""
         with self._lock:
             fn, self._fn = self._fn, None
         if fn is not None:
@@ -543,9 +541,6 @@ class _Once:
                 fn(self._work)
             except Exception:  # said on stderr (on the worker it was dropped silently)
                 said_callback_failed(repr(self._work))
-
-    def __call__(self, work: Work) -> None:
-        self.run()
 
 
 def _always() -> bool:

@@ -369,11 +369,11 @@ class _SelfReceived(_Received):
     __slots__ = ("target", "what")
 
     def __init__(
-        self, call: Call, post: Callable[[Any], MPI.Request], x: Any, mt: MPI.Datatype,
+        self, call: Call, comm: MPI.Intracomm, x: Any, mt: MPI.Datatype, src: int, tag: int,
         what: str = "the receive",
     ) -> None:  # fmt: skip
         scratch = np.empty(x.size + 1, x.dtype)
-        super().__init__(call, post([scratch, mt]), scratch, mt)
+        super().__init__(call, comm.Irecv([scratch, mt], src, tag), scratch, mt)
         self.count = x.size
         self.target = x
         self.what = what
@@ -1217,7 +1217,7 @@ class MPIBackend:
         mt = call.how
         src, tag = _source_tag(call)
         if src == self.rank:  # (see _SelfReceived)
-            return _SelfReceived(call, lambda b: self.mpi.Irecv(b, src, tag), x, mt)
+            return _SelfReceived(call, self.mpi, x, mt, src, tag)
         return _Received(call, self.mpi.Irecv([x, mt], src, tag), x, mt)
 
     def _recv_blocking(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> _ProbedRecv:
@@ -1235,7 +1235,7 @@ class MPIBackend:
         src = _ANY_SOURCE if call.src is None else call.src
         tag = call.tag
         if src == self.rank:  # (see _SelfReceived)
-            recv = _SelfReceived(call, lambda b: self.mpi.Irecv(b, src, tag), out, mt)
+            recv = _SelfReceived(call, self.mpi, out, mt, src, tag)
             return _All([recv, _Sent(self.mpi.Isend([x, mt], call.peer, tag), x)], out)
         reqs = [
             self.mpi.Irecv([out, mt], src, tag),
@@ -1256,8 +1256,10 @@ class MPIBackend:
                     continue
                 tag = _ANY_TAG if p.tag is None else p.tag  # (None: any tag)
                 if p.peer == self.rank:
-                    post = partial(self._irecv_to, p.peer, tag)
-                    selves.append(_SelfReceived(call, post, b.array, mt, f"ops[{i}] (recv)"))
+                    own = _SelfReceived(
+                        call, self.mpi, b.array, mt, p.peer, tag, f"ops[{i}] (recv)"
+                    )
+                    selves.append(own)
                     continue
                 checks.append((len(reqs), b.elements, mt, f"ops[{i}] (recv)"))
                 reqs.append(self.mpi.Irecv([b.array, mt], p.peer, tag))
@@ -1273,9 +1275,6 @@ class MPIBackend:
             raise
         requests = Requests(call, reqs, None, checks=checks, keep=items)
         return _All([requests, *selves], None) if selves else requests
-
-    def _irecv_to(self, src: int, tag: int, buf: Any) -> MPI.Request:
-        return self.mpi.Irecv(buf, src, tag)
 
     # -- Python objects (pickle protocol 5, out-of-band buffers) -------------------------
 
