@@ -572,33 +572,43 @@ def test_calls_queued_before_a_refusal_on_one_rank_complete(comm):
     assert (x == comm.size).all() and (y == comm.size).all()
 
 
-def test_a_collective_in_a_done_callback_that_would_wait_for_itself_is_refused(comm):
-    # a done-callback runs on the group's worker thread: a plain collective it made with a
-    # timeout queued behind the callback, waited until the timeout, and said the calls
-    # differed ("rank(s) [1] completed call #2 while this rank waits in it"); without a
-    # timeout it runs inline there
+def _plain_call_in_a_done_callback(c, bound):
+    """An async all_reduce on ``c`` whose done-callback (on ``c``'s worker thread) makes a
+    plain all_reduce of ``c``: that call's result or error, and its seconds (the callback
+    waited for at most ``bound`` seconds)."""
     import time
 
     got = []
 
     def then(work):
+        t0 = time.monotonic()
         try:
-            got.append(comm.all_reduce(np.ones(2)))
+            value = c.all_reduce(np.ones(2))
         except Exception as exc:  # noqa: BLE001
-            got.append(exc)
+            value = exc
+        got.append((value, time.monotonic() - t0))
 
-    w = comm.all_reduce(np.ones(3), async_op=True)
+    w = c.all_reduce(np.ones(3), async_op=True)
     w.add_done_callback(then)
     w.wait()
     t0 = time.monotonic()
     while not got:
-        assert time.monotonic() - t0 < 30
+        assert time.monotonic() - t0 < bound
         time.sleep(0.01)
+    return got[0]
+
+
+def test_a_collective_in_a_done_callback_that_would_wait_for_itself_is_refused(comm):
+    # a done-callback runs on the group's worker thread: a plain collective it made with a
+    # timeout queued behind the callback, waited until the timeout, and said the calls
+    # differed ("rank(s) [1] completed call #2 while this rank waits in it"); without a
+    # timeout it runs inline there
+    got, _ = _plain_call_in_a_done_callback(comm, bound=30)
     if comm.timeout is None:
-        assert (got[0] == comm.size).all()
+        assert (got == comm.size).all()
     else:
-        assert isinstance(got[0], InvalidArgumentError), got
-        assert "called on the group's own worker thread (in a done-callback" in str(got[0])
+        assert isinstance(got, InvalidArgumentError), got
+        assert "called on the group's own worker thread (in a done-callback" in str(got)
     x = np.ones(40_000)  # the group goes on (every rank refused it)
     comm.all_reduce(x)
     assert (x == comm.size).all()
@@ -703,29 +713,11 @@ def test_an_idle_worker_that_ended_leaves_no_thread_id(comm, monkeypatch):
 def test_a_collective_refused_in_a_done_callback_at_check_is_refused_at_once(world):
     # at debug="check" the refusal joined the ranks' comparison through the worker, which
     # is the thread running the callback: it waited for itself until the timeout
-    import time
-
     c = world.dup()
     c.debug = "check"
     c.timeout = 20
-    got = []
-
-    def then(work):
-        t0 = time.monotonic()
-        try:
-            c.all_reduce(np.ones(2))
-        except Exception as exc:  # noqa: BLE001
-            got.append((exc, time.monotonic() - t0))
-
     try:
-        w = c.all_reduce(np.ones(3), async_op=True)
-        w.add_done_callback(then)
-        w.wait()
-        t0 = time.monotonic()
-        while not got:
-            assert time.monotonic() - t0 < 60
-            time.sleep(0.01)
-        exc, took = got[0]
+        exc, took = _plain_call_in_a_done_callback(c, bound=60)
         assert isinstance(exc, InvalidArgumentError) and "own worker thread" in str(exc), exc
         assert took < 5, took
         x = np.ones(3)
