@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -724,6 +725,16 @@ class Communicator:
         Example (2 ranks): ``x = comm.empty(1 << 20); x[:] = rank; comm.all_reduce(x)``:
         both ranks' ``x`` hold 1.0 everywhere.
         """
+        return self._symmetric(shape, dtype, stacklevel=3)
+
+    def zeros(self, shape: int | Sequence[int], dtype: Any = np.float32) -> np.ndarray:
+        """:meth:`empty`, filled with zeros (free: its memory is fresh pages). Collective,
+        like :meth:`empty`."""
+        return self._symmetric(shape, dtype, stacklevel=3)
+
+    def _symmetric(self, shape: Any, dtype: Any, *, stacklevel: int) -> np.ndarray:
+        """:meth:`empty`; a fall-back warning points ``stacklevel`` frames up (the user's
+        line, also when the allocation ran on the group's worker thread)."""
         self._check_open("empty")
         here = self._here("empty")
         with self._refusing("empty"):  # (the others are in the step: they hear of it)
@@ -750,7 +761,7 @@ class Communicator:
         shm = self._shm()
         mpi = self._backend.mpi
 
-        def job() -> np.ndarray | None:
+        def job() -> np.ndarray | str | None:
             asked = mpi.allgather((dims, dt.name))
             if any(a != asked[0] for a in asked):
                 wants = "; ".join(f"rank {r}: {a[0]} {a[1]}" for r, a in enumerate(asked))
@@ -763,15 +774,17 @@ class Communicator:
         made = self._dispatcher.collective(
             "empty", job, agree={"shape": list(dims), "dtype": dt.name}
         )
-        if made is None:
+        if isinstance(made, str):  # (the same on every rank: the reasons are agreed)
+            warnings.warn(
+                f"{here}: an ordinary array, not a symmetric buffer: the shared memory "
+                f"could not be mapped: {made}",
+                RuntimeWarning,
+                stacklevel=stacklevel,
+            )
+        if made is None or isinstance(made, str):
             return np.zeros(dims, dt)
         self._dispatcher.cache.clear()  # calls of any description may now take the path
         return made
-
-    def zeros(self, shape: int | Sequence[int], dtype: Any = np.float32) -> np.ndarray:
-        """:meth:`empty`, filled with zeros (free: its memory is fresh pages). Collective,
-        like :meth:`empty`."""
-        return self.empty(shape, dtype)
 
     def is_symmetric(self, array: Any) -> bool:
         """True when ``array`` (a C-contiguous NumPy array) lies in this rank's part of one

@@ -77,7 +77,6 @@ import mmap
 import os
 import sys
 import uuid
-import warnings
 import weakref
 import zlib
 from collections.abc import Callable
@@ -655,25 +654,22 @@ class ShmBackend:
 
     # -- symmetric buffers ----------------------------------------------------------------
 
-    def allocate(self, call: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+    def allocate(
+        self, call: Any, shape: tuple[int, ...], dtype: np.dtype
+    ) -> np.ndarray | str | None:
         """A symmetric buffer: collective over the group (one node). Every rank gets an
         array of ``shape`` and ``dtype`` in one new shared file that every rank maps whole,
         so each rank can read and write every rank's array; None on every rank when the
-        group spans nodes or some rank could not map it (the caller then hands out an
-        ordinary array). ``call`` names the step in errors. The memory is zero-filled."""
+        group spans nodes, and why (a str) when some rank could not map it (the caller then
+        hands out an ordinary array, and warns on its own thread: this may run on the
+        group's worker). ``call`` names the step in errors. The memory is zero-filled."""
         if self.hier is not None or self._ensure(call) is None:
             return None
         count = int(np.prod(shape, dtype=np.int64))
         region = max(4096, _round_up(count * dtype.itemsize, 4096))
         mm, why = _map_shared(self.node.mpi, self.rank, region * self.size)
         if mm is None:  # the same on every rank (the reasons are agreed)
-            warnings.warn(
-                f"{call}: an ordinary array, not a symmetric buffer: the shared memory "
-                f"could not be mapped: {why}",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-            return None
+            return why
         self.allocated += 1  # alike on every rank: the allocation's id
         alloc = _Allocation(self.allocated, mm, self.size, region, self.rank)
         # an array of its own (not a view of alloc.raws): the base of every view of it

@@ -9,6 +9,7 @@ runs the default settings. Each test checks that the fast path ran (its call cou
 none can pass by testing MPI instead."""
 
 import contextlib
+import errno
 import gc
 import os
 import re
@@ -652,6 +653,32 @@ def test_empty_with_different_shapes_is_a_mismatch_on_every_rank(sym):
             hpccomm.InvalidArgumentError, match=r"bytes, more than any array can hold"
         ):
             comm.empty(shape, np.float32)
+    assert comm.is_symmetric(comm.empty(7, np.float64))  # the group goes on
+
+
+def test_a_buffer_that_cannot_be_mapped_is_an_ordinary_array_warned_at_the_users_line(
+    sym, monkeypatch
+):
+    comm, fast = sym
+    assert comm.is_symmetric(comm.empty(7, np.float64))  # (the path's own segment made)
+
+    def full(total):  # as the node's memory refuses a file larger than MemAvailable
+        raise OSError(errno.ENOMEM, f"{total:,} bytes asked, none available (pretend)")
+
+    monkeypatch.setattr(shm_mod, "_room_for", full)
+    for make in (comm.empty, comm.zeros):
+        with pytest.warns(RuntimeWarning) as said:
+            x = make((5, 7), np.int16)
+        assert x.shape == (5, 7) and x.dtype == np.int16 and (x == 0).all()
+        assert not comm.is_symmetric(x)
+        (w,) = [w for w in said if "symmetric" in str(w.message)]
+        assert re.search(r"empty.* \(rank \d+ of \d+\): an ordinary array, not a symmetric "
+                         r"buffer: the shared memory could not be mapped: .*pretend",
+                         str(w.message)), w.message  # fmt: skip
+        # the line above, also where the allocation ran on the group's worker thread (a
+        # timeout set): the warning pointed at threading.py there
+        assert w.filename == __file__, (w.filename, w.lineno)
+    monkeypatch.undo()
     assert comm.is_symmetric(comm.empty(7, np.float64))  # the group goes on
 
 
