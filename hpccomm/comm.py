@@ -214,6 +214,7 @@ class Communicator:
         self._children: list[Communicator] = []
         self._parent: Communicator | None = None  # the group this one was made from
         self._freed = False
+        self._kept: str | None = None  # why free() kept the MPI communicators (strays)
 
     # -- properties --------------------------------------------------------------------
 
@@ -1222,13 +1223,19 @@ class Communicator:
                 self._dispatcher.gid, self._group.seq, self._dispatcher.members
             )
         shm = self._shm()
+        strays = self._dispatcher.strays()
         stuck = self._dispatcher.close()
         self._devices.close()
         self._freed = True
         if stuck is None:
             if shm is not None:
                 shm.free()
-            self._backend.free()
+            if strays is None:
+                self._backend.free()
+            else:  # kept (its context id taken) for as long as the process lives: a
+                # message still coming to it would match a later group's call instead
+                self._backend.close()
+                self._kept = strays
 
     def _fence(self) -> list[Dispatcher]:
         """Close this group and the groups made from it to new calls (see free); returns

@@ -189,6 +189,7 @@ class Dispatcher:
         "_timeout",
         "_slow",
         "_unsettled",
+        "_refused_receive",
         "_inside",
         "_settling",
         "_p2p",
@@ -233,6 +234,8 @@ class Dispatcher:
         # refusals whose peers' word is still to be heard (see refused): seq, where, the
         # error's name and when
         self._unsettled: list[tuple[int, str, str, float]] = []
+        # a receive refused here (nothing posted): its sender's message may come unreceived
+        self._refused_receive: str | None = None
         # the thread in a plain collective of this group now, and that call's place (another
         # thread's collective meanwhile is refused: see _concurrent)
         self._inside: tuple[int, Call, int] | None = None
@@ -814,6 +817,8 @@ class Dispatcher:
         if record.error_hooks:
             record.report_error(exc)
         if spec.p2p:
+            if spec.name not in ("send", "send_object") and self._refused_receive is None:
+                self._refused_receive = f"a {spec.name} was refused here ({type(exc).__name__})"
             if args is not None:
                 self._tell_p2p_refusal(spec, args, exc)
             return
@@ -982,6 +987,29 @@ class Dispatcher:
         # settled by the next collective on the group (the error reaches the caller at once)
         self._unsettled.append((seq, where_, type(exc).__name__, time.monotonic()))
         self._slow = True
+
+    def strays(self) -> str | None:
+        """Why a message of this group may still come to this rank that none of its calls
+        will take (None: no known reason), for free(): a freed communicator's context id
+        goes back to MPI, and Open MPI hands a message that arrives for it later to the next
+        communicator given the same id (an outside hunt: a broadcast refused here, completed
+        by its root, then free() and dup(): the new group's first broadcast received the old
+        data, silently; a refused recv alike). The reasons: the group is unusable; a
+        refusal some peer has not refused too (one look at the notices, no wait); a
+        receive refused here."""
+        if self.broken is not None:
+            return self.broken
+        if self._unsettled and self.notices is not None:
+            g = self.group
+            others = [r for r in range(g.size) if r != g.rank]
+            for seq, where_, name, _ in sorted(self._unsettled):
+                entered, missing = self.notices.refused_by(self.gid, seq, others, 0.0)
+                if entered or missing:
+                    return (
+                        f"{where_} was refused here ({name}) and rank(s) "
+                        f"{entered or missing} did not refuse it"
+                    )
+        return self._refused_receive
 
     def settle(self, before: float = math.inf) -> None:
         """Before the next collective after a refusal (on the caller's thread, or on the

@@ -725,3 +725,49 @@ def test_a_collective_refused_in_a_done_callback_at_check_is_refused_at_once(wor
         assert (x == c.size).all()
     finally:
         c.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("kind", ["broadcast", "recv"])
+def test_a_message_to_a_call_refused_here_never_reaches_a_later_group(comm, kind):
+    # Rank 1 refuses its side (a read-only array), rank 0 completes its own (a small
+    # message goes out eagerly) after rank 1 has freed the group. Open MPI hands a message
+    # for a freed communicator to the next one given its context id: the new group's call
+    # on rank 1 received 111 instead of 222, silently (an outside hunt). free() now keeps
+    # the communicators of a group that may still receive such a message.
+    import time
+
+    pair = comm.split(0 if comm.rank < 2 else None)  # (a broadcast tree stays between them)
+    if not pair:
+        return
+    g = pair.dup()
+    if pair.rank == 0:
+        time.sleep(0.5)  # its message comes after rank 1's free()
+        if kind == "broadcast":
+            g.broadcast(np.full(4, 111.0), 0)
+        else:
+            g.send(np.full(4, 111.0), 1)
+    else:
+        x = np.zeros(4)
+        x.flags.writeable = False
+        with pytest.raises(InvalidArgumentError, match="read-only"):
+            g.broadcast(x, 0) if kind == "broadcast" else g.recv(x, 0)
+    g.free()
+    assert (g._kept is not None) == (pair.rank == 1), g._kept
+    if pair.rank == 1:
+        assert re.search(r"broadcast #1 on .* was refused here \(InvalidArgumentError\) and "
+                         r"rank\(s\) \[0\] did not refuse it|a recv was refused here",
+                         g._kept)  # fmt: skip
+    for _ in range(3):  # (new groups take the freed context ids first)
+        g2 = pair.dup()
+        y = np.full(4, 222.0) if pair.rank == 0 else np.zeros(4)
+        if kind == "broadcast":
+            g2.broadcast(y, 0)
+        elif pair.rank == 0:
+            g2.send(y, 1)
+        else:
+            g2.recv(y, 0)
+        assert (y == 222.0).all(), y
+        g2.free()
+        assert g2._kept is None
+    pair.free()
