@@ -9,7 +9,9 @@ shape, times, error) and notify; with no listener the record step is one integer
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -79,7 +81,9 @@ class Record:
 
 
 def add_listener(fn: Callable[[str, Record], None]) -> None:
-    """Register ``fn(event, record)``; event is "start" or "end". Costs time on every call."""
+    """Register ``fn(event, record)``; event is "start" or "end". Costs time on every call.
+    An exception from ``fn`` is said on stderr (its first one, with the traceback), never
+    raised: the call goes on as on the other ranks."""
     listeners.append(fn)
 
 
@@ -87,6 +91,7 @@ def remove_listener(fn: Callable[[str, Record], None]) -> None:
     """Unregister a listener added with :func:`add_listener` (no error if absent)."""
     if fn in listeners:
         listeners.remove(fn)
+        _failed.pop(id(fn), None)  # (its id may be another listener's later)
 
 
 def report_error(exc: BaseException) -> None:
@@ -116,7 +121,31 @@ def notify(event: str, record: Record) -> None:
     else:
         record.t_end = time.perf_counter()
     for fn in listeners:
-        fn(event, record)
+        try:
+            fn(event, record)
+        except Exception:  # noqa: BLE001 - an observer must not stop a call on one rank
+            _said_listener_failed(fn, event, record)
+
+
+# the listeners whose failure was said (by id; only the first of each is, with its traceback)
+_failed: dict[int, int] = {}
+
+
+def _said_listener_failed(fn: Any, event: str, record: Record) -> None:
+    """A listener raised: raised to the caller, its error stopped this rank's call before
+    MPI (or failed one that had completed) while the other ranks ran it, and the ranks were
+    out of step from then on: wrong sums, then a hang (an outside hunt). Said on stderr
+    instead, the first time for each listener with its traceback."""
+    key = id(fn)
+    count = _failed.get(key, 0)
+    _failed[key] = count + 1
+    if count:
+        return
+    sys.stderr.write(
+        f"hpccomm: the listener {fn!r} raised at the {event} of {record.where()} (the call "
+        f"goes on; later failures of this listener are not said):\n{traceback.format_exc()}"
+    )
+    sys.stderr.flush()
 
 
 class CallLog:

@@ -2,6 +2,8 @@
 number, op, group, peer, dtype, shape and times. A call refused by validation never reaches
 the record step (nothing is recorded); a call the backend fails is recorded with its error."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -202,3 +204,37 @@ def test_a_dropped_works_record_ends_when_its_operation_does(comm):
     assert ("all_reduce", None) in ended
     if n > 1:
         assert ("send", None) in ended
+
+
+@pytest.mark.parametrize("event", ["start", "end"])
+def test_a_listener_that_raises_on_one_rank_never_stops_its_call(comm, event, capfd):
+    # A listener raising on rank 1 only (a profiler whose disk is full): its error reached
+    # the caller, the call was never made there while the others ran it, and the ranks were
+    # out of step from then on: wrong sums, then a hang (an outside hunt). It is said on
+    # stderr now, once per listener, and every call runs on every rank.
+    failures = []
+
+    def full_disk(ev, rec):
+        if ev == event and comm.rank == min(1, comm.size - 1):
+            failures.append(rec.seq)
+            raise OSError(28, "No space left on device")
+
+    hpccomm.add_listener(full_disk)
+    try:
+        for step in range(1, 4):
+            x = np.full(3, float(step * (comm.rank + 1)))
+            comm.all_reduce(x)
+            assert (x == step * comm.size * (comm.size + 1) / 2).all(), (step, x)
+        w = comm.all_reduce(np.ones(2), async_op=True)
+        w.wait()
+    finally:
+        hpccomm.remove_listener(full_disk)
+    err = capfd.readouterr().err
+    if comm.rank == min(1, comm.size - 1):
+        assert len(failures) == 4
+        assert err.count("hpccomm: the listener") == 1, err
+        assert re.search(rf"raised at the {event} of all_reduce #\d+ on .*\(the call goes on; "
+                         r"later failures of this listener are not said\):\n.*Traceback.*"
+                         r"OSError: \[Errno 28\] No space left on device", err, re.S), err  # fmt: skip
+    else:
+        assert "the listener" not in err
