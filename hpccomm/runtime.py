@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
 
 from . import flight, memory, profiler
+from . import work as work_mod
 from .backends.shm import settings as shm_settings
 from .comm import Communicator, NodeInfo, member_gid
 from .cuda_aware import DeviceConfig, decide
@@ -826,6 +827,7 @@ def _after_fork() -> None:
         if d.broken is None:
             d.broken = why
             d._update_slow()
+    work_mod.fork_child = why  # Works pending at the fork never complete here
     flight.undo_signals()  # and no dumps over the parent's rank file
     real_exit = sys.exit
 

@@ -22,6 +22,7 @@ from typing import Any, Protocol, overload
 from . import record
 from .errors import (
     BackendError,
+    ClosedError,
     CommTimeoutError,
     HpccommError,
     UnwaitedWorkWarning,
@@ -33,6 +34,9 @@ __all__ = ["Work", "Pending", "ORPHANS", "reap", "wait_bounded", "wait_watching"
            "batch_tags", "p2p_waiting"]  # fmt: skip
 
 _DEFAULT: Any = object()  # wait() without an argument: the communicator's timeout
+# In a fork() child of a rank (set there by the runtime): why its Works pending at the fork
+# never complete (their MPI requests and the worker threads stayed in the parent)
+fork_child: str | None = None
 
 # Operations whose Work was dropped unfinished (never waited for, or a blocking call that
 # timed out), each with its call's name: MPI may still read or write their buffers, which
@@ -264,10 +268,21 @@ class Work:
         refusal that wait() raised at once.)"""
         return self._completed(bounded=True)
 
+    def _forked(self) -> ClosedError:
+        """A Work pending at a fork(), asked in the child: it waited for ever there (or
+        timed out saying that some rank had not joined the call), while the parent's call
+        completed (an outside hunt)."""
+        return ClosedError(
+            f"{self._where()}: {fork_child}; this operation was pending when the process "
+            f"forked: it runs on in the parent, and never completes here"
+        )
+
     def _completed(self, bounded: bool) -> bool:
         """is_completed(); past the timeout only where ``bounded`` (else False then: the
         torch backend's watchdog fails its Works at the timeout itself)."""
         if not self._done:
+            if fork_child is not None:
+                raise self._forked()
             try:
                 done = self._pending.test()
             except Exception as exc:  # it failed (a receive truncated inside MPI): finished,
@@ -321,6 +336,8 @@ class Work:
         if timeout is not _DEFAULT:
             timeout = check_timeout(timeout, f"{self._where()}: wait", zero=True)
         if not self._done:
+            if fork_child is not None:
+                raise self._forked()
             if timeout is _DEFAULT:
                 timeout = self._timeout
             try:
@@ -436,6 +453,8 @@ class Work:
     def exception(self) -> BaseException | None:
         """The error the finished operation raised, or None (None too while pending, and
         past the timeout: is_completed() and wait() raise that)."""
+        if not self._done and fork_child is not None:
+            return self._forked()
         self._completed(bounded=False)
         return self._exc
 

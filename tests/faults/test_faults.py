@@ -1158,6 +1158,52 @@ def test_a_fork_child_cannot_disturb_its_rank_or_the_job(launch, tmp_path, trace
     assert not job.crashed()
 
 
+@pytest.mark.parametrize("timeout", [None, 5])
+def test_a_work_pending_at_a_fork_is_refused_in_the_child(launch, timeout):
+    # A Work pending when rank 0 forked, waited in the child: it waited for ever (without a
+    # timeout: the job killed at 30-40 s) or, with one, said some rank had not joined the
+    # call, while the parent's call completed (an outside hunt)
+    job = launch(
+        2,
+        f"""
+        c = hpccomm.init(timeout={timeout})
+        if c.rank == 1:
+            time.sleep(1)  # rank 0's all_reduce is still pending when it forks
+        w = c.all_reduce(np.ones(2), async_op=True)
+        if c.rank == 0:
+            pid = os.fork()
+            if pid == 0:  # the child
+                t = time.monotonic()
+                for ask in (w.exception, w.is_completed, w.wait):
+                    try:
+                        got = ask()
+                        print(f"CHILD {{ask.__name__}} {{type(got).__name__}}: {{got}}", flush=True)
+                    except Exception as e:
+                        print(f"CHILD {{ask.__name__}} raised {{type(e).__name__}}: {{e}}",
+                              flush=True)
+                print(f"CHILD took {{time.monotonic() - t:.1f}} s", flush=True)
+                os._exit(0)
+            _, status = os.waitpid(pid, 0)
+            report(c, "child", status=os.waitstatus_to_exitcode(status))
+        outcome(c, "after", lambda: w.wait().tolist())
+        """,
+        bound=60,
+    )
+    assert job.rc == 0, job.stderr[-3000:]
+    assert job.of(0, "child")["status"] == 0
+    for rank in (0, 1):
+        assert job.of(rank, "after")["value"] == "[2.0, 2.0]"
+    refused = ("ClosedError: all_reduce #1 on world (rank 0 of 2): the group is unusable: "
+               "this process is a fork() child of rank 0 of 2")  # fmt: skip
+    assert f"CHILD exception {refused}" in job.stdout, job.stdout
+    assert f"CHILD is_completed raised {refused}" in job.stdout, job.stdout
+    assert f"CHILD wait raised {refused}" in job.stdout, job.stdout
+    assert "this operation was pending when the process forked" in job.stdout
+    took = float(job.stdout.split("CHILD took ")[1].split(" s")[0])
+    assert took < 1.0, job.stdout
+    assert not job.crashed()
+
+
 def test_init_from_two_threads_at_once(launch):
     # both ran MPI_Init and init's collectives at once: a hang (3 of 3 in an outside review)
     # or, with a timeout, a bare MPI_ERR_OTHER
