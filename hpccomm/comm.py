@@ -239,8 +239,24 @@ class Communicator:
 
     @property
     def mpi(self) -> MPI.Intracomm:
-        """The wrapped mpi4py communicator (MPI's own names: ``comm.mpi.Allreduce`` ...)."""
+        """The wrapped mpi4py communicator (MPI's own names: ``comm.mpi.Allreduce`` ...).
+
+        It is the group's own communicator: a raw collective on it must not overlap an
+        ``async_op`` or bounded (timeout) hpccomm collective of the group, which runs on the
+        group's worker thread (two threads' collectives on one communicator match each
+        other's messages: results swapped between the calls, silently). Taken while one
+        runs, it warns; for calls of your own beside hpccomm's, use ``comm.mpi.Dup()``."""
         self._check_open("mpi")
+        ex = self._dispatcher.executor
+        if ex is not None and ex.pending:
+            warnings.warn(
+                f"{self._here('mpi')}: the group's communicator taken while "
+                f"{ex.oldest() or 'a call'} runs on its worker thread: a raw collective on "
+                f"it now can match that call's messages (results swapped, silently); wait() "
+                f"for it first, or use comm.mpi.Dup() for calls of your own",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         return self._backend.mpi
 
     @property
