@@ -663,6 +663,11 @@ class _TorchWork(dist.Work):
             self.wait()
         return int(self.source.wait(self._timeout))
 
+    def source_rank(self) -> int:  # (torch's own, deprecated: c10d's base Work raised "may
+        # only be called on work objects that correspond to a recv or recv-from-any call")
+        """The sender of a receive from any source (gloo's answer)."""
+        return self._source_rank()
+
     def result(self) -> Any:
         self.wait()
         return self._result

@@ -5,6 +5,7 @@ Future naming the op and the rank."""
 import re
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -171,6 +172,17 @@ def test_send_recv_and_any_source(tdist):
         assert buf.tolist() == [0.0, 1.0, 2.0]
         assert tdist.recv(buf, tag=5) == 0  # any source: returns the sender
         assert buf.tolist() == [0.0, 2.0, 4.0]
+    if r == 0:
+        tdist.send(torch.arange(3.0) * 3, dst=1, tag=6)
+    elif r == 1:
+        work = tdist.irecv(buf, tag=6)  # any source
+        work.wait()
+        assert buf.tolist() == [0.0, 3.0, 6.0]
+        # torch's own (deprecated) name for the sender: c10d's base Work raised "may only
+        # be called on work objects that correspond to a recv or recv-from-any call"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            assert work.source_rank() == 0
     tdist.barrier()
 
 
