@@ -924,8 +924,31 @@ class HpccommProcessGroup(dist.ProcessGroup):
     ) -> _TorchWork:
         op = _redop(opts.reduceOp)
         out = as_numpy(outputs[0], "output")
-        _outputs(input_lists[0], self.comm.size, out.size, out.dtype, "input")
-        full = np.stack([as_numpy(t, "input", copied=True) for t in input_lists[0]])
+        inputs = input_lists[0]
+        n, me = self.comm.size, self.comm.rank
+        if len(inputs) == n and any(t.numel() != out.size for t in inputs):
+            # uneven blocks (gloo takes them): input i is block i, of any size, this rank's
+            # of the output's; hpccomm's reduce_scatter with sizes= (element counts)
+            for i, t in enumerate(inputs):
+                _usable(t, f"input {i}")
+                if _np_dtype(t.dtype) != out.dtype:
+                    raise TensorRefused(
+                        f"hpccomm torch backend: input {i} is {t.dtype}, expected the "
+                        f"output's dtype ({out.dtype})"
+                    )
+            if inputs[me].numel() != out.size:
+                raise TensorRefused(
+                    f"hpccomm torch backend: input {me} (this rank's block) has "
+                    f"{inputs[me].numel()} elements, expected the output's {out.size}"
+                )
+            full = np.concatenate([as_numpy(t, "input", copied=True).reshape(-1) for t in inputs])
+            sizes = [t.numel() for t in inputs]
+            work = self.comm.reduce_scatter(
+                full, op=op, sizes=sizes, out=out.reshape(-1), async_op=True
+            )
+            return self._work(work, list(outputs))
+        _outputs(inputs, n, out.size, out.dtype, "input")
+        full = np.stack([as_numpy(t, "input", copied=True) for t in inputs])
         work = self.comm.reduce_scatter(full, op=op, out=out.reshape(1, *out.shape), async_op=True)
         return self._work(work, list(outputs))
 

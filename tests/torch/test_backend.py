@@ -142,6 +142,24 @@ def test_reduce_scatter_forms(tdist, dtype):
     np.testing.assert_allclose(wide(out2), total[2 * r : 2 * r + 2])
 
 
+@pytest.mark.parametrize("op", ["SUM", "MAX"])
+def test_reduce_scatter_list_of_uneven_blocks(tdist, op):
+    # gloo takes input blocks of different sizes (block i, of rank i's output size); they
+    # were refused ("input 1 has 2 elements ..., expected 1"): an outside hunt
+    n, r = tdist.get_world_size(), tdist.get_rank()
+    inputs = [torch.arange(i + 1, dtype=torch.float64) * (r + 1) + 10 * i for i in range(n)]
+    out = torch.full((r + 1,), -1.0, dtype=torch.float64)
+    tdist.reduce_scatter(out, inputs, op=getattr(tdist.ReduceOp, op))
+    every = [torch.arange(r + 1, dtype=torch.float64) * (k + 1) + 10 * r for k in range(n)]
+    want = sum(every) if op == "SUM" else torch.stack(every).max(0).values
+    assert out.tolist() == want.tolist()
+    if n > 1:  # this rank's block must be the output's size
+        bad = [torch.ones(i + 2, dtype=torch.float64) for i in range(n)]
+        with pytest.raises(Exception, match=rf"input {r} \(this rank's block\) has {r + 2} "
+                           rf"elements, expected the output's {r + 1}"):  # fmt: skip
+            tdist.reduce_scatter(out, bad)
+
+
 def test_all_to_all_forms(tdist):
     n, r = tdist.get_world_size(), tdist.get_rank()
     x = torch.arange(n, dtype=torch.float32) + 100 * r
