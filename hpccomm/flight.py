@@ -530,13 +530,193 @@ def _p2p_facing(waits: dict[int, tuple[str, int, dict[str, Any]]]) -> str | None
     return None
 
 
+# What a rank's timeout error says of the others, asked at the timeout (dispatch's
+# whereabouts): "...; where the other ranks are (asked at the timeout): rank 0: last call of
+# this group #2, waits in all_reduce #5 on world (rank 0 of 4); rank 1 (world rank 3) has
+# left the job (...) ...", and the same of a point-to-point call's peers
+_ASKED = re.compile(
+    r"; where (?:the other ranks(?: listed)? are|its peers are) \(asked at the timeout\): "
+)
+_ABOUT = re.compile(r"(\w+) #(\d+) on (\S+) \(rank \d+ of \d+\)")  # the call that asked
+_PART = re.compile(
+    r"rank (\d+)(?: \(world rank (\d+)\))?(: | has left the job | freed | refused | failed )(.*)"
+)
+_GROUP_RANK = re.compile(r" \(rank \d+ of \d+\)")  # a group rank in a call's name
+_WAITS_IN = re.compile(r"waits in (\w+) #(\d+) on (\S+)")
+_IN_IT = "waits in it too"
+
+_Call = tuple[str, int]  # a collective call: group id, sequence number
+
+
+@dataclass(frozen=True)
+class _Heard:
+    """What the dump of world rank ``by`` says of another rank: where it was when ``by``
+    asked at its timeout in call ``about`` (its group id and number ``call``, where known),
+    in the words of the error (``text``), and the departure it heard of (``left``)."""
+
+    by: int
+    about: str  # "all_reduce #3 on world/tp" ("" where the error does not name it)
+    call: _Call | None
+    text: str  # "last call of world/tp #2, waits in all_reduce #5 on world"
+    left: str | None
+    time: float
+
+
+def _gid_of(groups: Mapping[str, Any], name: str, world_rank: int) -> str | None:
+    """The id of the group named ``name`` that holds ``world_rank`` (the groups one split
+    makes share a name, not a member)."""
+    for gid, g in groups.items():
+        if g.get("name") == name and world_rank in (g.get("members") or ()):
+            return gid
+    return None
+
+
+def _in_parens(text: str) -> str:
+    """What the parentheses opening ``text`` hold: ``"(a (b)) c"`` -> ``"a (b)"``."""
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0:
+            return text[1:i] if i else text
+    return text[1:]
+
+
+def _heard(docs: dict[int, dict[str, Any]]) -> dict[int, list[_Heard]]:
+    """What the dumps' timeout errors (a dump's reason, its failed calls' errors) say of
+    where the other ranks were, asked at the timeout: world rank -> what each dump heard."""
+    out: dict[int, list[_Heard]] = {}
+    for by, doc in docs.items():
+        texts = [(doc["reason"], float(doc.get("time") or 0))]
+        texts += [
+            (e["error"], float(e.get("t_end") or e.get("t_start") or 0))
+            for e in doc["entries"]
+            if e["state"] == "failed" and isinstance(e.get("error"), str)
+        ]
+        for text, when in texts:
+            asked = _ASKED.search(text) if isinstance(text, str) else None
+            if asked is None:
+                continue
+            about = _ABOUT.search(text, 0, asked.start())  # (after "not caught: " too)
+            name, call, what = "", None, ""
+            if about is not None:
+                op, seq, name = about.group(1), int(about.group(2)), about.group(3)
+                what = f"{op} #{seq} on {name}"
+                gid = next(
+                    (
+                        e.get("gid") or e["group"]
+                        for e in reversed(doc["entries"])
+                        if e["group"] == name and e["seq"] == seq
+                    ),
+                    None,
+                ) or _gid_of(doc.get("groups", {}), name, by)
+                call = None if gid is None or op in _P2P else (gid, seq)
+            for part in text[asked.end() :].split("; "):
+                m = _PART.fullmatch(part)
+                if m is None:  # (a tail about every rank, the ranks that did not answer)
+                    continue
+                world = int(m.group(2) or m.group(1))
+                said = _GROUP_RANK.sub("", m.group(4)).replace("this rank", f"rank {by}")
+                said = said.replace("this group", name or "its group")
+                why = None
+                if m.group(3) == " has left the job ":
+                    why = _in_parens(said)
+                    said = "it has left the job " + said
+                elif m.group(3) != ": ":  # freed the group, refused or failed the call
+                    said = f"it{m.group(3)}{said}"
+                out.setdefault(world, []).append(_Heard(by, what, call, said, why, when))
+    return out
+
+
+def _heard_text(lead: str, h: _Heard) -> str:
+    """A rank without a trace file, with what another rank's dump heard of it."""
+    at = f"at its timeout in {h.about}" if h.about else "at its timeout"
+    return f"{lead}, but rank {h.by} heard {at} where it was: {_short(h.text, 160)}"
+
+
+def _collective_waits(
+    pending: dict[int, list[dict[str, Any]]],
+    heard: dict[int, list[_Heard]],
+    waits: dict[_Call, dict[int, dict[str, Any]]],
+    groups: dict[str, dict[str, Any]],
+) -> tuple[dict[int, _Call], dict[_Call, list[int]], dict[int, str]]:
+    """Where each rank is blocked in a collective call (its latest blocking one; for a rank
+    without a file, the newest one another rank heard it wait in): world rank -> the call;
+    each such call -> its members blocked in another call; world rank -> the call's name."""
+    blocked: dict[int, _Call] = {}
+    named: dict[int, str] = {}
+    for r, es in pending.items():
+        for e in es:
+            if e["op"] not in _P2P and not e.get("async"):
+                blocked[r] = (e.get("gid") or e["group"], e["seq"])
+                named[r] = f"{e['op']} #{e['seq']} on {e['group']}"
+    for w, hs in heard.items():
+        for h in sorted(hs, key=lambda h: h.time):
+            m = _WAITS_IN.search(h.text)
+            gid = None if m is None else _gid_of(groups, m.group(3), w)
+            if m is not None and gid is not None and m.group(1) not in _P2P:
+                blocked[w] = (gid, int(m.group(2)))
+                named[w] = f"{m.group(1)} #{m.group(2)} on {m.group(3)}"
+            elif h.text == _IN_IT and h.call is not None and h.call in waits:
+                blocked[w], named[w] = h.call, h.about
+    entered = {c: set(by_rank) for c, by_rank in waits.items()}
+    for r, c in blocked.items():
+        entered.setdefault(c, set()).add(r)
+    needs = {
+        c: [
+            m
+            for m in groups.get(c[0], {}).get("members") or ()
+            if m in blocked and m not in entered[c]
+        ]
+        for c in set(blocked.values())
+    }
+    return blocked, needs, named
+
+
+def _wait_cycle(blocked: dict[int, _Call], needs: dict[_Call, list[int]]) -> list[int] | None:
+    """World ranks that wait for one another across collective calls: each blocked in its
+    call (``blocked``), which the next rank has not entered (``needs``: call -> the members
+    blocked in another call), in wait order from the lowest rank; None when there is none."""
+    edges: dict[_Call, dict[_Call, int]] = {c: {} for c in needs}
+    for c, ms in needs.items():
+        for m in ms:
+            edges[c].setdefault(blocked[m], m)  # call -> the call it waits for, through m
+    state: dict[_Call, int] = {}  # 1: on the path, 2: explored
+    for start in sorted(edges):
+        if start in state:
+            continue
+        path, via = [start], list[int]()  # via[i]: the rank from path[i]'s call to path[i+1]'s
+        todo = [iter(edges[start].items())]
+        state[start] = 1
+        while path:
+            step = next(todo[-1], None)
+            if step is None:
+                state[path.pop()] = 2
+                todo.pop()
+                if via:
+                    via.pop()
+                continue
+            nxt, m = step
+            if state.get(nxt) == 1:  # m (blocked in nxt) closes the ring
+                ring = [m, *via[path.index(nxt) :]]
+                low = ring.index(min(ring))
+                return ring[low:] + ring[:low]
+            if nxt not in state and nxt in edges:
+                state[nxt] = 1
+                path.append(nxt)
+                via.append(m)
+                todo.append(iter(edges[nxt].items()))
+    return None
+
+
 def analyze(
     docs: dict[int, dict[str, Any]], size: int | None, *, left_out: Sequence[str] = ()
 ) -> str:
-    """One paragraph from every rank's dump (ranks are world ranks): for each collective call
-    some ranks wait in, which ranks entered it and which never did (with their last completed
-    call on that group and where they wait instead), the ranks that left no file, and the
-    failed calls when nobody waits; then the files ``left_out`` (:attr:`Trace.left_out`)."""
+    """One paragraph from every rank's dump (ranks are world ranks): for every collective
+    call some ranks wait in, which ranks entered it and which never did (with their last
+    completed call on that group and where they wait instead; for a rank without a file,
+    what another rank's timeout heard of it), a ring of ranks waiting for one another across
+    calls, the ranks that left no file, and the failed calls when nobody waits; then the
+    files ``left_out`` (:attr:`Trace.left_out`)."""
     tail = f". left out: {'; '.join(left_out)}" if left_out else ""
     if not docs:
         return "no trace files: nothing to analyze" + tail
@@ -549,6 +729,13 @@ def analyze(
     for doc in docs.values():
         for w, why in (doc.get("departed") or {}).items():
             left.setdefault(int(w), why)
+    # where the ranks without a file were, as the others' timeouts heard (their departures
+    # too: a notice may have reached only the asking)
+    heard = {w: hs for w, hs in _heard(docs).items() if w not in docs}
+    for w, hs in heard.items():
+        for h in hs:
+            if h.left is not None:
+                left.setdefault(w, h.left)
     groups: dict[str, dict[str, Any]] = {}
     for doc in docs.values():
         groups.update(doc.get("groups", {}))
@@ -567,9 +754,13 @@ def analyze(
                 failed.setdefault(r, []).append(e)
             elif e["op"] not in _P2P:
                 last.setdefault(r, {})[gid] = e
+    for w, hs in heard.items():  # a rank without a file that another heard in its call
+        for h in hs:
+            if h.text == _IN_IT and h.call in waits and h.by in waits[h.call]:
+                waits[h.call].setdefault(w, waits[h.call][h.by])
     stuck = sorted(waits.items(), key=lambda kv: (-len(kv[1]), kv[0][1]))
     told: set[int] = set()  # ranks without a file named already
-    for (gid, seq), by_rank in stuck[:3]:
+    for (gid, seq), by_rank in stuck:  # (every one: a cap hid calls, and a ring's links)
         sample = next(iter(by_rank.values()))
         members = groups.get(gid, {}).get("members") or sorted(by_rank)
         ops = sorted({e["op"] for e in by_rank.values()})
@@ -584,11 +775,19 @@ def analyze(
         lines.append(head)
         for r in [m for m in members if m not in by_rank]:
             if r not in docs:
-                lines.append(
-                    f"rank {r} never did: it left the job ({left[r]}) without a trace file"
-                    if r in left
-                    else f"rank {r} never did and left no trace file (killed hard?)"
-                )
+                if r in left:
+                    lines.append(
+                        f"rank {r} never did: it left the job ({left[r]}) without a trace file"
+                    )
+                elif r in heard:  # best: heard at a timeout in this group, then the newest
+                    h = max(
+                        heard[r], key=lambda h: (h.call is not None and h.call[0] == gid, h.time)
+                    )
+                    reached = h.call == (gid, seq) and not h.text.startswith("last ")
+                    lead = f"rank {r} {'' if reached else 'never did and '}left no trace file"
+                    lines.append(_heard_text(lead, h))
+                else:
+                    lines.append(f"rank {r} never did and left no trace file (killed hard?)")
                 told.add(r)
                 continue
             mine = last.get(r, {}).get(gid)
@@ -610,6 +809,16 @@ def analyze(
             else:
                 text += ", and it is in no hpccomm call (computing, or stuck elsewhere)"
             lines.append(text)
+    in_call, needs, named = _collective_waits(pending, heard, waits, groups)
+    cycle = _wait_cycle(in_call, needs)
+    if cycle:
+        lines.append(
+            f"world ranks {' -> '.join(map(str, cycle + cycle[:1]))} each wait for the next in "
+            f"a collective call the next has not entered, as it waits in another "
+            f"({', '.join(f'rank {r} in {named[r]}' for r in cycle)}): a deadlock (none can "
+            f"complete before another does: the ranks call their groups' collectives in "
+            f"different orders, or one skipped a call)"
+        )
     if not waits:
         p2p = [(r, e) for r, es in sorted(pending.items()) for e in es if e["op"] in _P2P]
         for r, e in p2p[:3]:
@@ -641,6 +850,10 @@ def analyze(
             f"a failure, not when its program ends)"
         )
     missing = [r for r in missing if r not in left]
+    for r in [r for r in missing if r in heard]:  # alive when another rank asked
+        newest = max(heard[r], key=lambda h: h.time)
+        lines.append(_heard_text(f"rank {r} left no trace file", newest))
+    missing = [r for r in missing if r not in heard]
     if missing:
         lines.append(f"{_ranks(missing)} left no trace file (killed hard, or not tracing)")
     reasons = sorted({_short(doc["reason"]) for doc in docs.values()})

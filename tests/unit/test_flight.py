@@ -337,3 +337,153 @@ def test_errors_close_together_write_one_dump(tmp_path, monkeypatch):
     assert doc["errors_not_dumped"] == 5 and rec.errors_skipped == 0
     rec.try_dump("SIGUSR1")  # asked for: always written
     assert rec.dumps == 3
+
+
+# the groups of comm.layout(tp=2, dp=2) on 4 ranks (ids as split makes them: the first
+# member's world rank ends the id of each of the two groups one split makes)
+LAYOUT = {
+    "world": {"name": "world", "members": [0, 1, 2, 3]},
+    "world/1@0": {"name": "world/tp", "members": [0, 1]},
+    "world/1@2": {"name": "world/tp", "members": [2, 3]},
+    "world/2@0": {"name": "world/dp", "members": [0, 2]},
+    "world/2@1": {"name": "world/dp", "members": [1, 3]},
+}
+TP = {0: "world/1@0", 1: "world/1@0", 2: "world/1@2", 3: "world/1@2"}
+DP = {0: "world/2@0", 1: "world/2@1", 2: "world/2@0", 3: "world/2@1"}
+
+
+def layout_doc(rank, entries, reason="CommTimeoutError: ..."):
+    return {**doc(rank, 4, entries, reason), "groups": LAYOUT}
+
+
+def stuck_in(rank, where):
+    """rank's dump, waiting in its first call of tp or dp (8 float64), or in barrier #3 on
+    world."""
+    if where == "world":
+        return layout_doc(rank, [entry("barrier", "world", 3, "started", None, None)])
+    gid = (TP if where == "tp" else DP)[rank]
+    return layout_doc(rank, [entry("all_reduce", f"world/{where}", 1, "started", (8,),
+                                   "float64", gid=gid)])  # fmt: skip
+
+
+def test_every_stuck_call_is_in_the_verdict():
+    # four calls wait (tp[0,1], tp[2,3], dp[1,3], world): the verdict told of the first
+    # three only (world/tp #1 twice, world/dp #1) and never of world #3, where rank 3 waits
+    docs = {0: stuck_in(0, "tp"), 1: stuck_in(1, "dp"), 2: stuck_in(2, "tp"),
+            3: stuck_in(3, "world")}  # fmt: skip
+    verdict = analyze(docs, 4)
+    for said in [
+        "world/tp #1: rank 0 entered all_reduce #1 on world/tp (8,) float64 and wait. rank 1 "
+        "never did: it completed no call on that group, and it waits in all_reduce #1 on "
+        "world/dp",
+        "world/dp #1: rank 1 entered all_reduce #1 on world/dp (8,) float64 and wait. rank 3 "
+        "never did",
+        "world/tp #1: rank 2 entered all_reduce #1 on world/tp (8,) float64 and wait. rank 3 "
+        "never did",
+        "world #3: rank 3 entered barrier #3 on world and wait. rank 0 never did: it completed "
+        "no call on that group, and it waits in all_reduce #1 on world/tp (8,) float64. rank 1 "
+        "never did: it completed no call on that group, and it waits in all_reduce #1 on "
+        "world/dp (8,) float64. rank 2 never did",
+    ]:
+        assert said in verdict, verdict
+
+
+def test_a_wait_cycle_across_groups_is_called_a_deadlock():
+    # ranks 0 and 3 call tp then dp, ranks 1 and 2 dp then tp: each waits in its first call
+    # for a rank in another. The verdict (three calls at most) lost rank 3's call, and with
+    # it the link 3 -> 2 of the ring: the deadlock could not be seen
+    docs = {0: stuck_in(0, "tp"), 1: stuck_in(1, "dp"), 2: stuck_in(2, "dp"),
+            3: stuck_in(3, "tp")}  # fmt: skip
+    verdict = analyze(docs, 4)
+    assert (
+        "world/tp #1: rank 3 entered all_reduce #1 on world/tp (8,) float64 and wait. rank 2 "
+        "never did: it completed no call on that group, and it waits in all_reduce #1 on "
+        "world/dp (8,) float64"
+    ) in verdict, verdict
+    assert (
+        "world ranks 0 -> 1 -> 3 -> 2 -> 0 each wait for the next in a collective call the next "
+        "has not entered, as it waits in another (rank 0 in all_reduce #1 on world/tp, rank 1 in "
+        "all_reduce #1 on world/dp, rank 3 in all_reduce #1 on world/tp, rank 2 in all_reduce #1 "
+        "on world/dp): a deadlock (none can complete before another does"
+    ) in verdict, verdict
+    # a chain that ends in a rank outside any call is no deadlock
+    docs[2] = layout_doc(2, [entry("all_reduce", "world/dp", 1, "completed", gid=DP[2])])
+    assert "deadlock" not in analyze(docs, 4)
+
+
+def timeout(call, parts):
+    """A stuck call's CommTimeoutError as dispatch words it, with what the others answered."""
+    return (
+        f"CommTimeoutError: {call}: not complete after 2 s; some rank of the group has not "
+        f"joined it (MPI cannot cancel it: abort the job); where the other ranks are (asked at "
+        f"the timeout): {parts}"
+    )
+
+
+def test_a_rank_without_a_file_is_placed_from_what_the_others_heard():
+    # rank 0 skipped its tp call and waits in world #5; rank 1 timed out in tp #3 and, not
+    # caught, aborted the job before rank 0 (and rank 2) wrote a file. The verdict said "rank 0
+    # never did and left no trace file (killed hard?)", though rank 1's dump says where it was
+    def waiting(rank, group, seq, reason):
+        gid = {"world": "world", "world/tp": TP[rank], "world/dp": DP[rank]}[group]
+        return layout_doc(rank, [
+            entry("all_reduce", "world", 4, "completed", (8,), "float64"),
+            entry("all_reduce", group, seq, "started", (8,), "float64", gid=gid),
+        ], reason)  # fmt: skip
+
+    tp_heard = timeout(
+        "all_reduce #3 on world/tp (rank 1 of 2)",
+        "rank(s) [0] have not reached it; rank 0: last call of this group #2, waits in "
+        "all_reduce #5 on world (rank 0 of 4)",
+    )
+    dp_heard = timeout(  # (group rank 0 of world/dp is world rank 1)
+        "all_reduce #3 on world/dp (rank 1 of 2)",
+        "rank(s) [0] have not reached it; rank 0 (world rank 1): last call of this group #2, "
+        "waits in all_reduce #3 on world/tp (rank 1 of 2)",
+    )
+    docs = {1: waiting(1, "world/tp", 3, tp_heard), 3: waiting(3, "world/dp", 3, dp_heard)}
+    verdict = analyze(docs, 4)
+    assert (
+        "world/tp #3: rank 1 entered all_reduce #3 on world/tp (8,) float64 and wait. rank 0 "
+        "never did and left no trace file, but rank 1 heard at its timeout in all_reduce #3 on "
+        "world/tp where it was: last call of world/tp #2, waits in all_reduce #5 on world."
+    ) in verdict, verdict
+    assert "killed hard?" not in verdict, verdict
+    # the ring it closes: rank 0 waits in world #5 for rank 1, which waits in tp #3 for it
+    assert "world ranks 0 -> 1 -> 0 each wait for the next in a collective call" in verdict
+    # nothing is known of rank 2: that one may have been killed
+    assert "rank 2 left no trace file (killed hard, or not tracing)" in verdict, verdict
+
+    # heard in the very call that waits (rank 2 "waits in it too"): it entered it; heard
+    # of through a subgroup (world/dp's rank 0 is world rank 1): named by its world rank
+    world_heard = timeout(
+        "all_reduce #5 on world (rank 0 of 4)",
+        "rank(s) [1, 3] have not reached it; rank 1: last call of this group #4, waits in "
+        "all_reduce #3 on world/tp (rank 1 of 2); rank 2: waits in it too; rank 3: last call "
+        "of this group #4",
+    )
+    docs = {0: waiting(0, "world", 5, world_heard), 3: docs[3]}
+    verdict = analyze(docs, 4)
+    assert verdict.startswith("world #5: ranks 0,2 entered all_reduce #5 on world"), verdict
+    assert (
+        "rank 1 never did and left no trace file, but rank 3 heard at its timeout in "
+        "all_reduce #3 on world/dp where it was: last call of world/dp #2, waits in all_reduce "
+        "#3 on world/tp."
+    ) in verdict, verdict
+    assert (
+        "rank 2 left no trace file, but rank 0 heard at its timeout in all_reduce #5 on world "
+        "where it was: waits in it too."
+    ) in verdict, verdict
+    assert "killed hard" not in verdict, verdict
+
+    # a departure heard only at a timeout (no departure list in any dump)
+    docs[3]["reason"] = timeout(
+        "all_reduce #3 on world/dp (rank 1 of 2)",
+        "rank 0 (world rank 1) has left the job (its program ended: a normal exit or sys.exit) "
+        "after its call #2 of this group",
+    )
+    verdict = analyze(docs, 4)
+    assert (
+        "rank 1 never did: it left the job (its program ended: a normal exit or sys.exit) "
+        "without a trace file"
+    ) in verdict, verdict
