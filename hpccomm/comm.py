@@ -878,6 +878,14 @@ class Communicator:
         if backend is None or nodes is None:
             return None
         device = device or self._device
+        # another live group made the same way (two dup()s) gets a name of its own: both
+        # were "world/dup", and a timeout read as two calls of one group that differed
+        taken = {c.name for c in self._children}
+        if name in taken:
+            k = 2
+            while f"{name}-{k}" in taken:
+                k += 1
+            name = f"{name}-{k}"
         child = Communicator(
             backend,
             self._devices.child(backend, device),

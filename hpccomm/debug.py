@@ -77,11 +77,14 @@ _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 
 def level_from(value: Any, what: str) -> str:
     """A debug level: the argument, else ``$HPCCOMM_DEBUG``, else "large"."""
+    name = "debug"
     if value is None:
         value = os.environ.get(ENV, DEFAULT).strip() or DEFAULT
+        name = ENV  # (a bad value is named where it came from)
     if not isinstance(value, str) or value.lower() not in LEVELS:
         raise InvalidArgumentError(
-            f"{what}: debug is {value!r}, expected one of {', '.join(LEVELS)} (or {ENV})"
+            f"{what}: {name} is {value!r}, expected one of {', '.join(LEVELS)}"
+            + ("" if name == ENV else f" (or {ENV})")
         )
     return value.lower()
 

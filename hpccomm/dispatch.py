@@ -1431,17 +1431,31 @@ class Dispatcher:
         fps: dict[int, dict[str, Any]] = {}
         if mine is not None:
             fps[self.group.rank] = mine
+        # the members that told this rank they refused or failed call #seq (a notice that
+        # came after this rank's wait ended, while it asked: a refusal of a group made
+        # unusable there comes when its settling ends, up to the timeout after the refusal
+        # that made it so; said as "completed there", or as no answer, before 2026-12-03)
+        told: dict[int, tuple[str, str, str]] = {}
+        for nseq, nop, _, nw, reason, kind in list(notices.received.get(self.gid, ())):
+            if nseq == seq and kind != ENTERED:
+                told.setdefault(nw, (nop, kind, reason))
         for g, w in enumerate(self.members):
             if w == me:
                 continue
             who = f"rank {g}" if g == w else f"rank {g} (world rank {w})"
+            gone = notices.departed.get(w)
+            if w in told:
+                nop, kind, reason = told[w]
+                verb = "refused" if kind == REFUSED else "failed"
+                since_ = "" if gone is None else f", and has left the job since ({gone[1]})"
+                parts.append(f"{who} {verb} {nop} #{seq} and will not join it{since_}: {reason}")
+                continue
             got = said.get(w)
             fresh = got is not None and (
                 got[0] >= since  # an answer to this question
                 or (got[2] and got[0] >= recent and (got[1].seq or 0) >= seq)  # its own, here
             )
             if got is None or not fresh:  # (fresh implies got; said for the type checker)
-                gone = notices.departed.get(w)
                 if gone is None:
                     silent.append(g)
                     continue
@@ -1459,9 +1473,19 @@ class Dispatcher:
                 continue
             when, place, asked = got
             their, running, waiting = place.seq, place.running, place.waiting
-            in_call = their == seq and running.startswith(f"{op} #{seq} on ")
+            ahead = _RUN_SEQ.match(running) if running else None
+            runs = None if ahead is None else int(ahead.group(1))  # the number its worker runs
+            # its worker runs call #seq (later calls of its may wait behind it): this call,
+            # or another with this number (it said "reached it and #2 after it" of a rank
+            # whose worker ran a split #1 where this rank waits in all_reduce #1)
+            in_call = runs == seq and running.startswith(f"{op} #{seq} on ")
             if in_call and place.call is not None and place.call[0] == seq:
                 fps[g] = place.call[1]  # (its worker runs this call, not one queued behind)
+            # what it made as #seq, where its latest bounded or async call there is #seq
+            ran = None if place.call is None or place.call[0] != seq else place.call[1].get("op")
+            behind_it = (  # its later calls, queued behind #seq on its worker
+                "" if their is None or their <= seq else f"its calls up to #{their} wait behind it"
+            )
             if their is None:
                 text = _NO_SUCH_GROUP
             elif their < seq:
@@ -1469,12 +1493,23 @@ class Dispatcher:
                 text = f"last call of this group #{their}"
             elif in_call:
                 text = "waits in it too"
-            elif their == seq and f" #{seq} on " in running:
+                if behind_it:
+                    text += f" (its worker runs it; {behind_it})"
+            elif runs == seq:
                 text = f"in {running}, another call with this number: the calls differ"
+                if behind_it:
+                    text += f" ({behind_it})"
+            elif ran is not None and ran != op:
+                text = f"its #{seq} is {ran}, another call with this number: the calls differ"
+                if their > seq:
+                    text += f", and it reached #{their} after it"
+                if runs is None or runs > seq:
+                    past.append(g)
+                if running:
+                    text += f", its worker runs {running}"
             else:
                 text = "reached it" if their == seq else f"reached it and #{their} after it"
-                ahead = _RUN_SEQ.match(running) if running else None
-                if ahead is None or int(ahead.group(1)) > seq:  # (not #seq queued behind
+                if runs is None or runs > seq:  # (not #seq queued behind
                     past.append(g)  # an earlier call its worker still runs)
                 if running:
                     text += f", its worker runs {running}"

@@ -31,6 +31,7 @@ MONITOR_TAG = 8  # monitored_barrier's arrivals and releases
 # freed group was kept: 20,000 groups made one 2-rank exit take 3.9-6.4 s instead of 0.1 s).
 # A peer still waiting in a group freed longer ago hears of the departure at its timeout.
 FREED_KEPT = 1024
+REFUSALS_KEPT = 1024  # this rank's own refusals remembered (see _answer_refusal)
 POLL_INTERVAL = 0.02  # seconds between looks for notices while a rank waits
 DEPARTURES = "<departures>"  # the group id of a departure notice (see depart)
 DEPART_WAIT = 1.0  # seconds a leaving rank waits for its departure notices to go out
@@ -82,6 +83,13 @@ class P2pRefusal(NamedTuple):
     wall: float  # time.time() there when it was refused
 
 
+def _ranks(ranks: Sequence[int], members: Sequence[int]) -> str:
+    """Ranks of a group as messages name them: ``"rank(s) [1]"``, with their world ranks
+    where those differ (``"rank(s) [1] (world rank(s) [3])"``; ``members``: world ranks)."""
+    world = [members[g] for g in ranks]
+    return f"rank(s) {list(ranks)}" + ("" if world == list(ranks) else f" (world rank(s) {world})")
+
+
 class NoticeBoard:
     """The job's failure notices, on one communicator (mpi4py's object API: isend, iprobe,
     recv). ``any_source`` is MPI.ANY_SOURCE (passed in: this module does not import MPI)."""
@@ -107,6 +115,10 @@ class NoticeBoard:
         # bounded or async collective as (number, fingerprint) or None), None for a group
         # this rank does not have (set by init: it walks the job's groups)
         self.locate: Callable[[str], tuple[int, str, Any] | None] | None = None
+        # (group rank, number of the last collective call) of this rank on a group id, or
+        # None: set by init (see _answer_refusal)
+        self.progress: Callable[[str], tuple[int, int] | None] | None = None
+        self._refused_here: dict[tuple[str, int], None] = {}  # this rank's own refusals
         # the bounded wait this rank is in (any group): (where, when it last looked)
         self._waiting: tuple[str, float] = ("", 0.0)
         self.leaving = False  # exiting with a call stuck: answers say so (LEAVING)
@@ -137,6 +149,10 @@ class NoticeBoard:
         (REFUSED), or, waiting inside it, this rank heard of a peer's refusal (ENTERED: the
         refusing rank learns that this one took part, see Dispatcher.settle)."""
         msg = (gid, seq, op, group_rank, self.world_rank, reason, kind)
+        if kind == REFUSED:
+            self._refused_here[(gid, seq)] = None
+            while len(self._refused_here) > REFUSALS_KEPT:
+                del self._refused_here[next(iter(self._refused_here))]
         for w in members:
             if w != self.world_rank:
                 self._send(msg, w)
@@ -196,6 +212,27 @@ class NoticeBoard:
                         held.remove(r)
                 continue
             self.received.setdefault(gid, []).append(tuple(rest))
+            if rest[-1] == REFUSED:
+                self._answer_refusal(gid, *rest)
+
+    def _answer_refusal(
+        self, gid: str, seq: int, op: str, group_rank: int, world_rank: int, *_: Any
+    ) -> None:
+        """A peer refused call ``seq`` of group ``gid``, and its next call there waits to
+        hear whether every other rank refused it too (Dispatcher.settle). This rank has
+        gone past that call without refusing it (a rooted call's sender, whose message went
+        out eagerly): it says so (ENTERED) at once, where the refusing rank waited until its
+        timeout for a word that never came (an outside hunt: torch's default, 30 minutes)."""
+        if self.progress is None or (gid, seq) in self._refused_here:
+            return
+        try:
+            mine = self.progress(gid)
+        except Exception:  # noqa: BLE001 - an answer must not fail the poll
+            return
+        if mine is None or mine[1] <= seq:  # (in the call itself: it says so when told)
+            return
+        msg = (gid, seq, op, mine[0], self.world_rank, f"went past {op} #{seq}", ENTERED)
+        self._send(msg, world_rank)
 
     def _position(self, gid: str) -> Place:
         """Where this rank is on group ``gid`` (a Place)."""
@@ -435,8 +472,8 @@ class NoticeBoard:
             if group_rank in missing:  # rank 0 gave up before this rank's arrival came
                 raise CommTimeoutError(
                     f"{where}: this rank came after rank 0 of the group (world rank {root}) "
-                    f"gave up waiting ({timeout:g} s): rank(s) {missing} of the group did "
-                    f"not arrive in time"
+                    f"gave up waiting ({timeout:g} s): {_ranks(missing, members)} of the "
+                    f"group did not arrive in time"
                 )
         else:
             missing = []
@@ -450,7 +487,8 @@ class NoticeBoard:
                 self._send((gid, seq, "release", missing), w, MONITOR_TAG)
         if missing:
             raise CommTimeoutError(
-                f"{where}: rank(s) {missing} of the group did not arrive within {timeout:g} s"
+                f"{where}: {_ranks(missing, members)} of the group did not arrive within "
+                f"{timeout:g} s"
             )
 
     def _wait_for(

@@ -237,7 +237,18 @@ class Call:
     def __str__(self) -> str:
         """The ``"op (rank r of n)"`` prefix of validation messages; on a group other than
         the world ``"op on world/tp (rank r of n)"`` (the rank is the group's)."""
-        return self.group.here(self.spec.name)
+        return self.group.here(self.op_name)
+
+    @property
+    def op_name(self) -> str:
+        """The operation as the user called it, for validation messages: the spec's name,
+        but ``all_to_all_single`` for an all_to_all given split sizes (only that method
+        takes them; it runs as ALL_TO_ALL, and its errors said ``all_to_all``). Without
+        split sizes the two calls are one and the same (named ``all_to_all``)."""
+        spec = self.spec
+        if spec is ALL_TO_ALL and (self.in_splits is not None or self.out_splits is not None):
+            return "all_to_all_single"
+        return spec.name
 
     def where(self, seq: int | None) -> str:
         """The ``"op #seq on group (rank r of n)"`` prefix of messages about a running call."""
@@ -366,7 +377,7 @@ def _check_disjoint(call: Call, b: Buffer, o: Buffer | None) -> None:
     if o is not None and o.device == b.device and b.xp.may_share_memory(b.array, o.array):
         raise InvalidArgumentError(
             f"{call}: out shares memory with the array, expected separate arrays: "
-            f"{call.spec.name} sends from the array while it receives into out, and MPI "
+            f"{call.op_name} sends from the array while it receives into out, and MPI "
             f"forbids their overlap; pass another out (or none: a new array is returned)"
         )
 
@@ -404,7 +415,7 @@ def read_only(call: Call, arg: str = "array") -> InvalidArgumentError:
     """The error for a read-only array the operation writes into."""
     return InvalidArgumentError(
         f"{call}: {arg} is read-only (its writeable flag is False), expected a writable "
-        f"array: {call.spec.name} writes its result into it; pass a copy, e.g. np.array({arg})"
+        f"array: {call.op_name} writes its result into it; pass a copy, e.g. np.array({arg})"
     )
 
 
@@ -513,11 +524,10 @@ def _counts(rows: list[int], row_elems: int) -> Counts:
 def _equal_blocks(call: Call, rows: int, arg: str = "array") -> int:
     n = call.group.size
     if rows % n:
-        uneven = (
-            "sizes="
-            if call.spec.name != "all_to_all"
-            else "all_to_all_single with input_split_sizes= and output_split_sizes="
-        )
+        uneven = {
+            "all_to_all": "all_to_all_single with input_split_sizes= and output_split_sizes=",
+            "all_to_all_single": "input_split_sizes= and output_split_sizes=",
+        }.get(call.op_name, "sizes=")
         raise InvalidArgumentError(
             f"{call}: {arg} has {rows} rows along axis 0, expected a multiple of {n} "
             f"(one equal block per rank); pass {uneven} for uneven blocks"

@@ -37,6 +37,7 @@ import re
 import socket
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -331,6 +332,24 @@ def profile(comm: Any, directory: str | os.PathLike[str] | None = None,
 
 
 _from_env: Profiler | None = None
+
+
+def check_directory(directory: str) -> None:
+    """init: ``HPCCOMM_PROFILE``'s directory can be made and written (else
+    InvalidArgumentError, on every rank alike); found at exit, the whole profile was lost
+    with one line on stderr and status 0 (an outside hunt: ``HPCCOMM_PROFILE=/etc/passwd``)."""
+    path = Path(directory)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        # (a name of its own: ranks of several nodes may share the directory and a pid)
+        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise InvalidArgumentError(
+            f"init: the profile directory {directory!r} ({ENV}) cannot be written: "
+            f"{exc.strerror or exc}"
+        ) from None
 
 
 def start_from_env(comm: Any) -> Profiler | None:

@@ -4,6 +4,7 @@ binds the GPU (before CUDA or NCCL are touched)."""
 from __future__ import annotations
 
 import atexit
+import ctypes
 import functools
 import gc
 import os
@@ -594,8 +595,16 @@ def init(
         "nccl": nccl,
         "debug": level,
         "reuse_memory": reuse_memory,
+        "trace_dir": trace_dir,
+        "init_timeout": init_timeout,
     }
     if _world is not None and not _world.freed:
+        if "mpi4py.MPI" in sys.modules and sys.modules["mpi4py.MPI"].Is_finalized():
+            raise HpccommError(  # (its world's calls then aborted the job inside MPI)
+                f"init (rank {_world.rank} of {_world.size}): MPI was finalized in this "
+                f"process (MPI.Finalize() called by the program), and MPI can be initialized "
+                f"only once per process; start a new process"
+            )
         differ = [
             f"{k}={v!r} (first init: {_init_args[k]!r})"
             for k, v in args.items()
@@ -620,6 +629,17 @@ def init(
     trace = trace_dir if trace_dir is not None else os.environ.get(flight.ENV)
     if trace:
         _checked(problems, flight.check_directory, trace)
+        if threading.current_thread() is not threading.main_thread():
+            warnings.warn(  # (Python takes signal handlers on the main thread only)
+                f"hpccomm: init(trace_dir={trace!r}) runs outside the main thread: the flight "
+                f"recorder writes its dumps on errors and hpccomm.dump(), but not on SIGTERM "
+                f"or SIGUSR1 (call init on the main thread for those)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    profile_dir = os.environ.get(profiler.ENV, "").strip()
+    if profile_dir:
+        _checked(problems, profiler.check_directory, profile_dir)
     if init_bound is not None and "mpi4py.MPI" not in sys.modules:
         _start_mpi_bounded(info, init_bound)
     from mpi4py import MPI
@@ -632,8 +652,12 @@ def init(
     from .backends.mpi import MPIBackend
     from .backends.mpi_device import DeviceBackends
 
-    if not MPI.Is_initialized():  # pragma: no cover - mpi4py initializes on import
+    if not MPI.Is_initialized():  # (mpi4py.rc.initialize = False: MPI left to hpccomm)
         MPI.Init_thread()
+        # mpi4py finalizes only an MPI it started: at exit, after hpccomm's own handler
+        # (registered below, so it runs first); the job ended with status 1 ("called init
+        # but exited without calling finalize") after a correct run (an outside hunt)
+        atexit.register(_finalize_what_init_started)
     _register_exit()  # an error on one rank only in the rest of init ends the job at exit
     info, node, nodes = verify_launch(info, MPI.COMM_WORLD)
     _checked(problems, _thread_level, MPI, info)
@@ -648,9 +672,20 @@ def init(
     # the previous payload), and a checking rank's collective waited for a peer that was
     # not checking. One allgather, every rank raising alike.
     shm = shm_settings()  # (refused above where unreadable: read alike on every rank)
-    said = MPI.COMM_WORLD.allgather((level, (shm.enabled, shm.threshold, shm.chunk, shm.cma)))
-    levels = [lv for lv, _ in said]
-    _same_shm_settings([s for _, s in said], MPI.COMM_WORLD)
+    said = MPI.COMM_WORLD.allgather(
+        (level, (shm.enabled, shm.threshold, shm.chunk, shm.cma), bool(profile_dir))
+    )
+    levels = [lv for lv, _, _ in said]
+    _same_shm_settings([s for _, s, _ in said], MPI.COMM_WORLD)
+    profiled = [p for _, _, p in said]
+    if any(p != profiled[0] for p in profiled):  # (its start is collective over the world:
+        # set on one rank only, that rank waited in it and its peers in their first call)
+        held = ", ".join(by_rank(enumerate("set" if p else "unset" for p in profiled)))
+        raise InvalidArgumentError(
+            f"init (rank {MPI.COMM_WORLD.Get_rank()} of {MPI.COMM_WORLD.Get_size()}): "
+            f"{profiler.ENV} is {held}; set it on every rank (the profiler runs over the "
+            f"world) or on none"
+        )
     if any(lv != levels[0] for lv in levels):
         held = ", ".join(by_rank(enumerate(map(repr, levels))))
         raise InvalidArgumentError(
@@ -677,6 +712,7 @@ def init(
         debug=level,
     )
     notices.locate = _locate
+    notices.progress = _progress
     _init_args = args
     _init_failed = False
     if trace:
@@ -695,6 +731,16 @@ def _abort_on_exception(strict: bool = False) -> bool:
     """``HPCCOMM_ABORT_ON_EXCEPTION`` (an on/off switch, default on; ``strict``: a value
     that is neither is refused, else it counts as on)."""
     return switch(os.environ, ABORT_ENV, default=True, where="init", lenient=not strict)
+
+
+def _progress(gid: str) -> tuple[int, int] | None:
+    """This rank's group rank and the number of its last collective call on the group with
+    id ``gid`` (NoticeBoard.progress); None where it has no such group."""
+    world = _world
+    for c in [] if world is None else world._tree():
+        if c._dispatcher.gid == gid and not c.freed:
+            return c.rank, c._group.seq
+    return None
 
 
 def _same_shm_settings(said: list[tuple[Any, ...]], comm: Any) -> None:
@@ -780,6 +826,8 @@ _INIT_DEFAULTS: dict[str, object] = {
     "cuda_aware_mpi": None,
     "nccl": False,
     "reuse_memory": None,
+    "trace_dir": None,
+    "init_timeout": None,
 }
 _init_args: dict[str, object] = dict(_INIT_DEFAULTS)
 _exit_registered = False
@@ -878,18 +926,23 @@ def _at_exit() -> None:
     from .backends import mpi as mpi_backend
 
     failed = mpi_backend.failed_in(MPI.COMM_WORLD) or []  # (ULFM; [] without it)
-    if failed or mpi_backend.peer_failure_seen:
+    known = bool(failed) or mpi_backend.peer_failure_seen
+    bound = (None if world.freed else world.timeout) or _SURVIVOR_WAIT
+    if known or world.freed:
         # also after free() (``with hpccomm.init() as c:``), with a call stuck on a worker
         # thread, and on a rank that only saw a peer's revoke (MPI may not have told it
-        # which rank failed): MPI_Finalize would wait, MPI_Abort may leave the launcher stuck
-        _leave_after_failure((None if world.freed else world.timeout) or _SURVIVOR_WAIT)
-        return
-    if world.freed:
+        # which rank failed): MPI_Finalize would wait, MPI_Abort may leave the launcher stuck.
+        # Under ULFM every rank that does not abort agrees first (_failure_agreed), so that
+        # the ranks that never heard of the failure leave as survivors too
+        if _failure_agreed(known) or known:
+            _leave_after_failure(bound)
         return
     stuck = _stuck_calls(world)
     if not stuck and (_uncaught is None or world.size == 1):
         if world.size > 1:
-            _depart(world)
+            _depart(world)  # (first: a peer waiting for this rank in a call hears it now)
+            if _failure_agreed(False):
+                _leave_after_failure(bound)
         return
     why = (
         f"exiting while {'; '.join(stuck)} never completed" if stuck else f"{_uncaught} not caught"
@@ -1010,6 +1063,72 @@ def _abort_failed_init() -> None:
     MPI.COMM_WORLD.Abort(1)
 
 
+_ulfm: bool | None = None  # whether ULFM is on (_ulfm_on), once read
+
+
+def _ulfm_on() -> bool:
+    """Whether MPI runs with ULFM's fault tolerance (``mpiexec --with-ft ulfm``, or Open
+    MPI's ``mpi_ft_enable`` set otherwise), where a failed rank does not end the job: Open
+    MPI's own setting (``ompi_ftmpi_enabled``, read from the loaded library: Open MPI 5.0 has
+    no call that says it), else the launcher's variable. Read once, at exit."""
+    global _ulfm
+    if _ulfm is None:
+        from mpi4py import MPI
+
+        try:  # (the symbol is looked up in mpi4py's module and the libraries it loaded)
+            lib = ctypes.CDLL(MPI.__file__, mode=os.RTLD_NOLOAD)
+            _ulfm = bool(ctypes.c_bool.in_dll(lib, "ompi_ftmpi_enabled").value)
+        except (OSError, ValueError):  # another MPI, or an Open MPI built without ULFM
+            value = os.environ.get("OMPI_MCA_mpi_ft_enable", "")
+            _ulfm = value.strip().lower() in ("1", "true", "yes", "on", "enabled")
+    return _ulfm
+
+
+def _failure_agreed(known: bool) -> bool:
+    """Under ULFM (:func:`_ulfm_on`), whether some rank of the job failed, as every rank
+    still alive agrees (ULFM's MPI_Comm_agree over MPI_COMM_WORLD, before MPI_Finalize):
+    ``known`` is this rank's own view. A rank that never heard of the failure (it made no
+    call with the dead rank) went to MPI_Finalize, which waited on the dead rank for good
+    while the ranks that had heard of it left as survivors (9 of 9 jobs in an outside hunt),
+    or, where no rank had heard of it, the job ended with status 0 and no word (3 of 3).
+    The agreement completes
+    once every rank still alive has joined it, with the same answer on each (a failure
+    that MPI has not been told to ignore is an MPI_ERR_PROC_FAILED on every rank, even for
+    ranks that had not heard of it), so the survivors all leave through
+    :func:`_leave_after_failure`, or all finalize. It is not bounded in time: a rank still
+    running makes the others wait for it, as MPI_Finalize does (and one that gave up would
+    leave them waiting: ULFM does not report a rank's exit with a non-zero status as a
+    failure); after ``_SURVIVOR_WAIT`` seconds it says so on stderr. It runs on a daemon
+    thread, so that signal handlers still run meanwhile. Without ULFM: False at once (a
+    failed rank ends the job there), and nothing is exchanged."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1 or not _ulfm_on():
+        return False
+    answer: list[bool] = []
+
+    def agree() -> None:
+        try:
+            answer.append(world.Agree(0 if known else 1) == 0)  # (a bitwise AND of the flags)
+        except MPI.Exception:  # MPI_ERR_PROC_FAILED: a rank failed, on every rank alike
+            answer.append(True)
+
+    thread = threading.Thread(target=agree, name="hpccomm-exit-agree", daemon=True)
+    thread.start()
+    thread.join(_SURVIVOR_WAIT)
+    if thread.is_alive():
+        sys.stderr.write(
+            f"hpccomm (rank {world.Get_rank()} of {world.Get_size()}): still waiting at exit, "
+            f"after {_SURVIVOR_WAIT:.0f} s, for the job's other ranks to end (ULFM: they agree "
+            f"on whether a rank failed before finalizing MPI); a rank that ended without "
+            f"MPI_Finalize with a non-zero status (os._exit) is not reported by ULFM\n"
+        )
+        sys.stderr.flush()
+        thread.join()
+    return bool(answer and answer[0])
+
+
 def _leave_after_failure(bound: float) -> None:
     """Under ``--with-ft ulfm`` the survivors of a failed rank get a PeerError and may exit
     normally, but MPI_Finalize then may wait on the dead rank (measured: 1 job in 12-23 hung
@@ -1086,12 +1205,26 @@ class _ExitWhenCollected:
         self.exit(self.status)
 
 
+_no_finalize = False  # this process leaves without MPI_Finalize (_exit_before_finalize)
+
+
+def _finalize_what_init_started() -> None:
+    """At exit, MPI_Finalize for an MPI that init started itself (mpi4py's rc.initialize
+    off), unless this process leaves without it (a failed peer, a fork() child)."""
+    from mpi4py import MPI
+
+    if not _no_finalize and not MPI.Is_finalized():
+        MPI.Finalize()
+
+
 def _exit_before_finalize(status: int) -> None:
     """Leave with ``status`` once the other atexit handlers have run, without MPI_Finalize
     (:class:`_ExitWhenCollected`). A backstop in case that collection never comes or
     MPI_Finalize is reached all the same: SIGALRM, whose default action ends the process,
     after ``_SURVIVOR_WAIT`` seconds (it replaces a SIGALRM handler of the program's; an
     atexit handler running longer than that is cut short)."""
+    global _no_finalize
+    _no_finalize = True
     gc.disable()  # first: no automatic collection between the two lines
     _ExitWhenCollected(status)
     if threading.current_thread() is threading.main_thread():

@@ -530,6 +530,20 @@ def failed_in(comm: MPI.Comm) -> list[int] | None:
         return None
 
 
+def _world_ranks(comm: MPI.Comm, ranks: list[int]) -> list[int] | None:
+    """The ranks in MPI_COMM_WORLD of ``comm``'s ``ranks`` (as :func:`failed_in` gives
+    them), for messages; None where MPI cannot say (a freed communicator)."""
+    try:
+        mine, world = comm.Get_group(), MPI.COMM_WORLD.Get_group()
+        try:
+            return list(MPI.Group.Translate_ranks(mine, ranks, world))
+        finally:
+            mine.Free()
+            world.Free()
+    except Exception:  # pragma: no cover - a freed communicator: the group's ranks only
+        return None
+
+
 _CODES = {dt: i for i, dt in enumerate(SUPPORTED_DTYPES)}  # dtype <-> number in a header
 _DTYPES = list(SUPPORTED_DTYPES)
 
@@ -1109,7 +1123,9 @@ class MPIBackend:
             return "a peer process failed"
         if not ranks:
             return "another rank saw a process failure and revoked this group"
-        return f"rank(s) {ranks} of this group failed (the process died)"
+        in_world = _world_ranks(self.mpi, ranks)
+        also = "" if in_world in (ranks, None) else f" (world rank(s) {in_world})"
+        return f"rank(s) {ranks}{also} of this group failed (the process died)"
 
     # -- reductions ---------------------------------------------------------------------
 
@@ -1174,7 +1190,9 @@ class MPIBackend:
             counts, displs = call.counts
             recv = [out, counts, displs, mt]
         self.mpi.Gatherv(IN_PLACE if call.in_place else [x, mt], recv, call.peer)
-        return out
+        # only dst receives: an out= passed elsewhere is left as it was, not a result (it
+        # was returned, unwritten, where the documented None was expected)
+        return out if self.rank == call.peer else None
 
     def _scatter(self, call: Call, x: Any, out: np.ndarray, stream: Any) -> np.ndarray:
         mt = call.how

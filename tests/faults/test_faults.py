@@ -158,6 +158,49 @@ def test_a_refusal_on_one_rank_never_feeds_its_next_call_stale_data(launch, op, 
     assert not job.crashed()
 
 
+@pytest.mark.parametrize("op", ["reduce", "gather"])
+def test_a_root_that_refused_hears_at_once_from_a_sender_that_went_past(launch, op):
+    # The root refuses a small reduce/gather (its array is read-only), the sender's message
+    # goes out eagerly and it goes on to its next call. The root's next call waited to hear
+    # that the sender refused it too until the whole timeout (torch's default: 30 min),
+    # then said the sender "did not refuse it"; the sender, told nothing, waited as long.
+    # A rank past a call it did not refuse now says so when it hears of the refusal.
+    job = launch(
+        2,
+        f"""
+        c = hpccomm.init(timeout=20)
+        r = c.rank
+        x = np.full(4, 1.0 + r)
+        out = None
+        if "{op}" == "reduce" and r == 0:
+            x.flags.writeable = False
+        if "{op}" == "gather" and r == 0:
+            out = np.zeros(8)
+            out.flags.writeable = False
+        if "{op}" == "reduce":
+            outcome(c, "first", lambda: c.reduce(x, 0))
+        else:
+            outcome(c, "first", lambda: c.gather(x, dst=0, out=out))
+        outcome(c, "second", lambda: c.all_reduce(np.ones(2)).tolist())
+        """,
+        bound=60,
+    )
+    first = job.of(0, "first")
+    assert first["cls"] == "InvalidArgumentError" and "read-only" in first["msg"], first
+    assert job.of(1, "first")["cls"] is None
+    second = job.of(0, "second")
+    assert second["cls"] == "ClosedError", second
+    assert (
+        f"the group is unusable: {op} #1 on world (rank 0 of 2) was refused here "
+        f"(InvalidArgumentError) but rank(s) [1] entered it" in second["msg"]
+    ), second
+    assert second["s"] < 5, second  # at once, not at the 20 s timeout
+    other = job.of(1, "second")
+    assert other["cls"] == "PeerError" and other["s"] < 5, other
+    assert "rank 0 (world rank 0) failed all_reduce #2 and will not join it" in other["msg"]
+    assert not job.crashed()
+
+
 @pytest.mark.parametrize("timeout", [10, None])
 def test_calls_queued_behind_a_refusal_found_on_the_worker(launch, timeout):
     # A cached all_reduce description, then rank 0's async call A on a read-only array
@@ -895,7 +938,7 @@ def test_a_bad_setting_on_one_rank_is_refused_on_every_rank(launch):
         got = job.of(rank, "init")
         assert got["cls"] == "InvalidArgumentError", got
         assert got["msg"].startswith(
-            f"init (rank {rank} of 2): refused on rank 1: debug is 'bogus', expected one of"
+            f"init (rank {rank} of 2): refused on rank 1: HPCCOMM_DEBUG is 'bogus', expected one of"
         ), got
     assert job.rc == 0, job.stderr[-2000:]
 
@@ -1025,6 +1068,111 @@ def test_a_timeout_names_a_peer_that_completed_its_call_and_left(launch):
     ) in got["msg"], got
     assert got["s"] < 2.9, got  # a rank known to have left is not asked (1 s for no answer)
     assert not job.crashed()
+
+
+def test_a_timeout_names_another_call_with_its_number_that_a_peers_worker_still_runs(launch):
+    # Rank 0's call #1 is a split (it times out: rank 1 never splits), and its all_reduce #2
+    # waits behind it on the worker; rank 1's call #1 is an all_reduce. Rank 1's timeout
+    # said that rank 0 "reached it and #2 after it", as if rank 0 had made this all_reduce
+    # (an outside hunt, 2026-12-03)
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=2)
+        if c.rank == 0:
+            outcome(c, "split", lambda: c.split(0))
+            outcome(c, "call", lambda: c.all_reduce(np.ones(4)))  # 2, behind the split
+        else:
+            time.sleep(1.5)  # (its timeout comes while rank 0 waits in its #2)
+            outcome(c, "call", lambda: c.all_reduce(np.ones(4)))
+        """,
+    )
+    assert job.of(0, "split")["cls"] == "CommTimeoutError", job.of(0, "split")
+    got = job.of(1, "call")
+    assert got["cls"] == "CommTimeoutError", got
+    assert got["msg"].startswith("all_reduce #1 on world (rank 1 of 2): not complete after 2 s")
+    assert (
+        "where the other ranks are (asked at the timeout): rank 0: in split #1 on world (rank "
+        "0 of 2), another call with this number: the calls differ (its calls up to #2 wait "
+        "behind it), waits in all_reduce #2 on world (rank 0 of 2)"
+    ) in got["msg"], got
+    assert "reached it" not in got["msg"], got
+    assert job.rc != 0 and not job.crashed()
+
+
+def test_a_timeout_names_another_call_a_peer_completed_with_its_number(launch):
+    # Rank 1's call #2 is a broadcast it roots (complete at once); rank 0's #2 is an
+    # all_reduce. Rank 1, asked while it waits on another group, said only that it had
+    # "reached it": its #2 is named now
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=2)
+        other = c.dup()  # (call #1 of the world)
+        other.timeout = 10
+        x = np.ones(4)
+        if c.rank == 1:
+            c.broadcast(x, 1)
+            outcome(c, "other", lambda: other.all_reduce(np.ones(3)))  # answers, bounded
+        else:
+            outcome(c, "call", lambda: c.all_reduce(x))
+            outcome(c, "other", lambda: other.all_reduce(np.ones(3)))  # completes rank 1's
+        """,
+    )
+    got = job.of(0, "call")
+    assert got["cls"] == "CommTimeoutError", got
+    assert (
+        "where the other ranks are (asked at the timeout): rank 1: its #2 is broadcast, "
+        "another call with this number: the calls differ, waits in all_reduce #1 on "
+        "world/"
+    ) in got["msg"], got
+    assert "reached it" not in got["msg"], got
+    assert job.of(1, "other")["cls"] is None, job.of(1, "other")
+    assert not job.crashed()
+
+
+@pytest.mark.parametrize("then", ["stays", "exits"])
+def test_a_timeout_names_a_peer_that_refused_the_call_as_its_group_was_unusable(launch, then):
+    # Rank 1 refused broadcast #2 (a read-only target) and root 0 completed it; rank 1's
+    # all_reduce #3 then found the group unusable (rank 0 never refused the broadcast) and
+    # raised ClosedError, told to rank 0 while rank 0, timed out in #3, asked where rank 1
+    # was. Rank 0 said "no answer" (rank 1 alive) or that rank 1's "#3 completed there
+    # without this rank" (rank 1 gone): the refusal is named (an outside hunt, 2026-12-03)
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=2)
+        c.barrier()
+        a = np.zeros(4)
+        if c.rank == 1:
+            a.flags.writeable = False
+            outcome(c, "bcast", lambda: c.broadcast(a, 0))
+            time.sleep(2.5)  # past rank 0's timeout in #3, inside its asking (1 s)
+            outcome(c, "call", lambda: c.all_reduce(np.ones(2)))
+            if THEN == "exits":
+                sys.exit(0)
+            time.sleep(2.0)
+        else:
+            outcome(c, "bcast", lambda: c.broadcast(a, 0))
+            outcome(c, "call", lambda: c.all_reduce(np.ones(2)))
+        """.replace("THEN", repr(then)),
+    )
+    assert job.of(0, "bcast")["cls"] is None and job.of(1, "bcast")["cls"] == "InvalidArgumentError"
+    refused = job.of(1, "call")
+    assert refused["cls"] == "ClosedError", refused
+    assert refused["msg"].startswith("all_reduce #3 on world (rank 1 of 2): the group is unusable")
+    got = job.of(0, "call")
+    assert got["cls"] == "CommTimeoutError", got
+    assert (
+        "where the other ranks are (asked at the timeout): rank 1 refused all_reduce #3 and "
+        "will not join it"
+    ) in got["msg"], got
+    assert (
+        ": ClosedError: all_reduce #3 on world (rank 1 of 2): the group is unusable: "
+        "broadcast #2 on world (rank 1 of 2) was refused here (InvalidArgumentError)"
+    ) in got["msg"], got
+    assert "completed there" not in got["msg"] and "no answer" not in got["msg"], got
+    assert job.rc != 0 and not job.crashed()
 
 
 def test_a_timeout_where_the_other_ranks_are_in_or_past_the_call_says_the_calls_differ(launch):
@@ -1390,3 +1538,126 @@ def test_shared_memory_settings_that_differ_across_ranks_are_refused_at_init(
             f"set them alike on every rank (or leave them unset)"
         ), got
     assert job.rc == 0 and not job.crashed(), job.stderr[-2000:]
+
+
+@pytest.mark.parametrize("where", ["one rank", "unwritable"])
+def test_a_profile_setting_that_cannot_run_is_refused_at_init_on_every_rank(
+    launch, tmp_path, where
+):
+    # HPCCOMM_PROFILE on one rank only: that rank waited in the profiler's start (collective
+    # over the world) and its peer in its first all_reduce, for good without a timeout; an
+    # unwritable one was found at exit (the whole profile lost, status 0). An outside hunt.
+    target = str(tmp_path / "prof") if where == "one rank" else "/etc/passwd"
+    job = launch(
+        2,
+        f"""
+        from mpi4py import MPI
+        if MPI.COMM_WORLD.Get_rank() == 1 or {where == "unwritable"}:
+            os.environ["HPCCOMM_PROFILE"] = "{target}"
+        try:
+            hpccomm.init()
+        except Exception as e:
+            print(f"R{{MPI.COMM_WORLD.Get_rank()}} init " + json.dumps(
+                {{"cls": type(e).__name__, "msg": str(e)}}), flush=True)
+        """,
+        bound=60,
+    )
+    for r in range(2):
+        got = job.of(r, "init")
+        assert got["cls"] == "InvalidArgumentError", got
+        if where == "one rank":
+            assert got["msg"] == (
+                f"init (rank {r} of 2): HPCCOMM_PROFILE is unset on rank 0, set on rank 1; set "
+                f"it on every rank (the profiler runs over the world) or on none"
+            ), got
+        else:
+            assert got["msg"] == (
+                f"init (rank {r} of 2): the profile directory '/etc/passwd' (HPCCOMM_PROFILE) "
+                f"cannot be written: File exists"
+            ), got
+    assert job.rc == 0 and not job.crashed(), job.stderr[-2000:]
+
+
+def test_init_again_after_the_program_finalized_mpi_or_with_another_trace_dir(launch, tmp_path):
+    # A second init with a trace_dir the first did not have was accepted and ignored (no
+    # dumps); after the program's own MPI.Finalize() init returned the dead world and its
+    # next call aborted the job inside MPI. An outside hunt.
+    job = launch(
+        2,
+        f"""
+        from mpi4py import MPI
+        c = hpccomm.init(timeout=10)
+        outcome(c, "again", lambda: hpccomm.init(timeout=10, trace_dir="{tmp_path}/t"))
+        outcome(c, "same", lambda: hpccomm.init(timeout=10) is c)
+        MPI.Finalize()
+        outcome(c, "finalized", lambda: hpccomm.init(timeout=10))
+        """,
+        bound=60,
+    )
+    for r in range(2):
+        got = job.of(r, "again")
+        assert got["cls"] == "InvalidArgumentError", got
+        assert f"trace_dir='{tmp_path}/t' (first init: None)" in got["msg"], got
+        assert job.of(r, "same")["value"] == "True"
+        got = job.of(r, "finalized")
+        assert got["cls"] == "HpccommError", got
+        assert got["msg"] == (
+            f"init (rank {r} of 2): MPI was finalized in this process (MPI.Finalize() called "
+            f"by the program), and MPI can be initialized only once per process; start a new "
+            f"process"
+        ), got
+    assert not job.crashed(), job.stderr[-2000:]
+
+
+def test_init_outside_the_main_thread_says_the_recorder_takes_no_signals(launch, tmp_path):
+    # The SIGTERM/SIGUSR1 dumps were dropped silently (Python takes signal handlers on the
+    # main thread only): the rank died of SIGUSR1 without a trace file. An outside hunt.
+    job = launch(
+        2,
+        f"""
+        import threading, warnings
+        got = []
+        def start():
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                got.append(hpccomm.init(timeout=10, trace_dir="{tmp_path}/t"))
+            got.append([str(w.message) for w in said if "main thread" in str(w.message)])
+        t = threading.Thread(target=start)
+        t.start()
+        t.join(30)
+        c, said = got
+        report(c, "said", value=said)
+        outcome(c, "after", lambda: c.all_reduce(np.ones(1)).tolist())
+        """,
+        bound=60,
+    )
+    for r in range(2):
+        (said,) = job.of(r, "said")["value"]
+        assert said == (
+            f"hpccomm: init(trace_dir='{tmp_path}/t') runs outside the main thread: the flight "
+            f"recorder writes its dumps on errors and hpccomm.dump(), but not on SIGTERM or "
+            f"SIGUSR1 (call init on the main thread for those)"
+        ), said
+        assert job.of(r, "after")["value"] == "[2.0]"
+    assert job.rc == 0 and not job.crashed(), job.stderr[-2000:]
+
+
+def test_an_mpi_that_init_started_is_finalized_at_exit(launch):
+    # mpi4py.rc.initialize = False leaves MPI_Init to hpccomm.init, and mpi4py finalizes only
+    # an MPI it started: the job ended with status 1 ("this process called init, but exited
+    # without calling finalize") after a correct run (an outside hunt)
+    job = launch(
+        2,
+        """
+        import mpi4py
+        mpi4py.rc.initialize = False
+        from mpi4py import MPI
+        c = hpccomm.init(timeout=10)
+        outcome(c, "sum", lambda: c.all_reduce(np.ones(3)).tolist())
+        """,
+        bound=60,
+    )
+    for r in range(2):
+        assert job.of(r, "sum")["value"] == "[2.0, 2.0, 2.0]"
+    assert job.rc == 0, job.stderr[-2000:]
+    assert "without calling" not in job.stderr and not job.crashed(), job.stderr[-2000:]

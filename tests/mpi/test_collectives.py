@@ -235,3 +235,19 @@ def test_numpy_integers_for_ranks_and_sizes(comm):
     sizes = np.array([1] * n)
     got = comm.all_gather(np.array([r]), sizes=sizes)
     assert list(got) == list(range(n))
+
+
+@pytest.mark.parametrize("async_op", [False, True])
+def test_gather_returns_none_off_dst_even_with_an_out(comm, async_op):
+    # an out= passed on a rank other than dst was returned, unwritten (its fill value looked
+    # like a result), where the documented None was expected (an outside hunt)
+    n, r = comm.size, comm.rank
+    dst = n - 1
+    out = np.full(2 * n, -7.0)
+    got = comm.gather(np.full(2, float(r)), dst=dst, out=out, async_op=async_op)
+    if async_op:
+        got = got.wait()
+    if r == dst:
+        assert got is out and (out == np.repeat(np.arange(n, dtype=float), 2)).all(), out
+    else:
+        assert got is None and (out == -7.0).all(), (got, out)

@@ -170,7 +170,8 @@ def test_split_sizes_must_sum(comm):
     n = comm.size
     with pytest.raises(
         InvalidArgumentError,
-        match=where(comm, "all_to_all") + rf": input_split_sizes sums to {n}, expected {n + 3}",
+        match=where(comm, "all_to_all_single")
+        + rf": input_split_sizes sums to {n}, expected {n + 3}",
     ):
         comm.all_to_all_single(
             np.ones(n + 3), input_split_sizes=[1] * n, output_split_sizes=[1] * n
@@ -182,6 +183,46 @@ def test_split_sizes_must_sum(comm):
         r"taken as equal blocks of it\)",
     ):
         comm.all_to_all_single(np.ones(n), input_split_sizes=[1] * n)
+
+
+def test_all_to_all_single_errors_name_it(comm):
+    # all_to_all_single runs as all_to_all (one dispatch): its errors named "all_to_all",
+    # which the user never called (an outside hunt, 2026-12-03); refused on every call, a
+    # description seen before or not
+    n = comm.size
+    splits = {"input_split_sizes": [2] * n, "output_split_sizes": [2] * n}
+    x = np.arange(2.0 * n)
+    for _ in range(2):
+        comm.all_to_all_single(x, out=np.empty_like(x), **splits)  # fine, and cached
+        with pytest.raises(
+            InvalidArgumentError,
+            match=where(comm, "all_to_all_single")
+            + r": out shares memory with the array, expected separate arrays: "
+            r"all_to_all_single sends from the array",
+        ):
+            comm.all_to_all_single(x, out=x, **splits)
+        with pytest.raises(
+            InvalidArgumentError,
+            match=where(comm, "all_to_all_single") + r": array is not C-contiguous",
+        ):
+            comm.all_to_all_single(np.arange(4.0 * n)[::2], **splits)
+        frozen = np.empty_like(x)
+        frozen.flags.writeable = False
+        with pytest.raises(
+            InvalidArgumentError,
+            match=where(comm, "all_to_all_single")
+            + r": out is read-only .*: all_to_all_single writes its result into it",
+        ):
+            comm.all_to_all_single(x, out=frozen, **splits)
+    if n > 1:  # equal blocks asked for (no input_split_sizes): the hint is its own keywords
+        with pytest.raises(
+            InvalidArgumentError,
+            match=where(comm, "all_to_all_single")
+            + rf": array has {n + 1} rows along axis 0, expected a multiple of {n} \(one "
+            r"equal block per rank\); pass input_split_sizes= and output_split_sizes= for "
+            r"uneven blocks",
+        ):
+            comm.all_to_all_single(np.ones(n + 1), output_split_sizes=[1] * n)
 
 
 @pytest.mark.mpi(min_size=2)  # a non-source rank
@@ -547,6 +588,40 @@ def test_a_rank_late_for_a_monitored_barrier_is_told_at_once(comm):
     x = np.ones(40_000)
     comm.all_reduce(x)
     assert (x == comm.size).all()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_monitored_barrier_names_the_world_ranks_of_a_groups_missing_ranks(comm):
+    # on a group whose ranks are not the world's, the ranks that did not arrive are named
+    # with their world ranks too, as other messages name them (it said only "rank(s) [1]
+    # of the group", an outside hunt, 2026-12-03): here the group's order is the reverse,
+    # and its last rank (world rank 0) comes after its rank 0 gave up
+    import time
+
+    n = comm.size
+    group = comm.split(0, key=n - 1 - comm.rank)
+    late = n - 1
+    missing = rf"rank\(s\) \[{late}\] \(world rank\(s\) \[0\]\) of the group did not arrive"
+    try:
+        group.barrier()
+        if group.rank == late:
+            time.sleep(1.5)
+            with pytest.raises(
+                hpccomm.CommTimeoutError,
+                match=rf"this rank came after rank 0 of the group \(world rank {n - 1}\) gave "
+                rf"up waiting \(1 s\): {missing} in time",
+            ):
+                group.monitored_barrier(timeout=1)
+        else:
+            with pytest.raises(
+                hpccomm.CommTimeoutError,
+                match=rf"monitored_barrier #\d+ on {re.escape(group.name)} \(rank "
+                rf"{group.rank} of {n}\): {missing} within 1 s",
+            ):
+                group.monitored_barrier(timeout=1)
+        group.monitored_barrier(timeout=30)  # the group goes on
+    finally:
+        group.free()
 
 
 @pytest.mark.mpi(min_size=2)
