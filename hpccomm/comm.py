@@ -245,7 +245,8 @@ class Communicator:
         ``async_op`` or bounded (timeout) hpccomm collective of the group, which runs on the
         group's worker thread (two threads' collectives on one communicator match each
         other's messages: results swapped between the calls, silently). Taken while one
-        runs, it warns; for calls of your own beside hpccomm's, use ``comm.mpi.Dup()``."""
+        runs, it warns; for calls of your own beside hpccomm's, take ``own = comm.mpi.Dup()``
+        once, while nothing of the group runs (Dup is a collective on it too)."""
         self._check_open("mpi")
         ex = self._dispatcher.executor
         if ex is not None and ex.pending:
@@ -253,7 +254,7 @@ class Communicator:
                 f"{self._here('mpi')}: the group's communicator taken while "
                 f"{ex.oldest() or 'a call'} runs on its worker thread: a raw collective on "
                 f"it now can match that call's messages (results swapped, silently); wait() "
-                f"for it first, or use comm.mpi.Dup() for calls of your own",
+                f"for it first, or use a duplicate (comm.mpi.Dup(), taken while nothing runs) for calls of your own",
                 RuntimeWarning,
                 stacklevel=2,
             )
@@ -878,10 +879,11 @@ class Communicator:
         if backend is None or nodes is None:
             return None
         device = device or self._device
-        # another live group made the same way (two dup()s) gets a name of its own: both
-        # were "world/dup", and a timeout read as two calls of one group that differed
+        # a second live dup() gets a name of its own: both were "world/dup", and a timeout
+        # read as two calls of one group that differed. (dup only: every member of the
+        # parent makes every dup, so the names agree; a split's siblings differ by rank)
         taken = {c.name for c in self._children}
-        if name in taken:
+        if name == f"{self.name}/dup" and name in taken:
             k = 2
             while f"{name}-{k}" in taken:
                 k += 1

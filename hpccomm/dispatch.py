@@ -996,14 +996,20 @@ class Dispatcher:
         by its root, then free() and dup(): the new group's first broadcast received the old
         data, silently; a refused recv alike). The reasons: the group is unusable; a
         refusal some peer has not refused too (one look at the notices, no wait); a
-        receive refused here."""
+        receive refused here. The peers' word on a refusal is waited for up to STRAYS_WAIT
+        (a group freed right after a refusal every rank made, as ``with comm.dup() as g:``
+        does, was kept for good when their notices had not come yet)."""
         if self.broken is not None:
             return self.broken
         if self._unsettled and self.notices is not None:
             g = self.group
             others = [r for r in range(g.size) if r != g.rank]
+            deadline = time.monotonic() + STRAYS_WAIT
             for seq, where_, name, _ in sorted(self._unsettled):
-                entered, missing = self.notices.refused_by(self.gid, seq, others, 0.0)
+                try:
+                    entered, missing = self.notices.refused_by(self.gid, seq, others, deadline)
+                except Exception as exc:  # noqa: BLE001 - unknown: keep the communicators
+                    return f"{where_} was refused here ({name}); its peers' word: {exc}"
                 if entered or missing:
                     return (
                         f"{where_} was refused here ({name}) and rank(s) "
@@ -1805,6 +1811,9 @@ class Dispatcher:
             return ex.stuck
         return None
 
+
+# seconds free() waits for the peers' word on a refusal of the group (see strays)
+STRAYS_WAIT = 1.0
 
 # seconds a rank that refused a group creation waits for the others' comparison before it
 # raises its error (they are in it, or arrive within it, unless the program is out of step)

@@ -31,7 +31,7 @@ MONITOR_TAG = 8  # monitored_barrier's arrivals and releases
 # freed group was kept: 20,000 groups made one 2-rank exit take 3.9-6.4 s instead of 0.1 s).
 # A peer still waiting in a group freed longer ago hears of the departure at its timeout.
 FREED_KEPT = 1024
-REFUSALS_KEPT = 1024  # this rank's own refusals remembered (see _answer_refusal)
+REFUSALS_KEPT = 1024  # per group: this rank's own refusals remembered (see _answer_refusal)
 POLL_INTERVAL = 0.02  # seconds between looks for notices while a rank waits
 DEPARTURES = "<departures>"  # the group id of a departure notice (see depart)
 DEPART_WAIT = 1.0  # seconds a leaving rank waits for its departure notices to go out
@@ -118,7 +118,11 @@ class NoticeBoard:
         # (group rank, number of the last collective call) of this rank on a group id, or
         # None: set by init (see _answer_refusal)
         self.progress: Callable[[str], tuple[int, int] | None] | None = None
-        self._refused_here: dict[tuple[str, int], None] = {}  # this rank's own refusals
+        # this rank's own refusals per group id (its latest REFUSALS_KEPT call numbers) and
+        # the highest number dropped from them: no answer at or below it (see
+        # _answer_refusal); a lock, as several threads post and poll
+        self._refused_here: dict[str, tuple[set[int], int]] = {}
+        self._refused_lock = threading.Lock()
         # the bounded wait this rank is in (any group): (where, when it last looked)
         self._waiting: tuple[str, float] = ("", 0.0)
         self.leaving = False  # exiting with a call stuck: answers say so (LEAVING)
@@ -150,9 +154,14 @@ class NoticeBoard:
         refusing rank learns that this one took part, see Dispatcher.settle)."""
         msg = (gid, seq, op, group_rank, self.world_rank, reason, kind)
         if kind == REFUSED:
-            self._refused_here[(gid, seq)] = None
-            while len(self._refused_here) > REFUSALS_KEPT:
-                del self._refused_here[next(iter(self._refused_here))]
+            with self._refused_lock:
+                mine, floor = self._refused_here.get(gid, (set(), 0))
+                mine.add(seq)
+                if len(mine) > REFUSALS_KEPT:
+                    oldest = min(mine)
+                    mine.discard(oldest)
+                    floor = max(floor, oldest)
+                self._refused_here[gid] = (mine, floor)
         for w in members:
             if w != self.world_rank:
                 self._send(msg, w)
@@ -223,15 +232,19 @@ class NoticeBoard:
         gone past that call without refusing it (a rooted call's sender, whose message went
         out eagerly): it says so (ENTERED) at once, where the refusing rank waited until its
         timeout for a word that never came (an outside hunt: torch's default, 30 minutes)."""
-        if self.progress is None or (gid, seq) in self._refused_here:
+        if self.progress is None:
             return
+        with self._refused_lock:
+            mine, floor = self._refused_here.get(gid, (set(), 0))
+            if seq in mine or seq <= floor:  # (below the floor: not known, no answer)
+                return
         try:
-            mine = self.progress(gid)
+            here = self.progress(gid)
         except Exception:  # noqa: BLE001 - an answer must not fail the poll
             return
-        if mine is None or mine[1] <= seq:  # (in the call itself: it says so when told)
+        if here is None or here[1] <= seq:  # (in the call itself: it says so when told)
             return
-        msg = (gid, seq, op, mine[0], self.world_rank, f"went past {op} #{seq}", ENTERED)
+        msg = (gid, seq, op, here[0], self.world_rank, f"went past {op} #{seq}", ENTERED)
         self._send(msg, world_rank)
 
     def _position(self, gid: str) -> Place:
@@ -538,6 +551,8 @@ class NoticeBoard:
                     self._send((FREED, gid, self.world_rank, seq), w)
             self._drop_sent()
         self._asked.pop(gid, None)
+        with self._refused_lock:
+            self._refused_here.pop(gid, None)
         seqs = self.freed_seqs
         seqs.pop(gid, None)
         seqs[gid] = seq

@@ -595,7 +595,7 @@ def init(
         "nccl": nccl,
         "debug": level,
         "reuse_memory": reuse_memory,
-        "trace_dir": trace_dir,
+        "trace_dir": None if trace_dir is None else os.fspath(trace_dir),
         "init_timeout": init_timeout,
     }
     if _world is not None and not _world.freed:
@@ -843,8 +843,7 @@ def _register_exit() -> None:
         _init_pid = os.getpid()
         atexit.register(_at_exit)
         os.register_at_fork(after_in_child=_after_fork)
-        if _abort_on_exception():
-            _install_excepthook()
+        _install_excepthook(abort=_abort_on_exception())
         _exit_registered = True
 
 
@@ -888,21 +887,26 @@ def _after_fork() -> None:
 
 _uncaught: str | None = None  # the exception nobody caught, if one ends this rank
 _uncaught_text = ""  # and its message, for the flight recorder's dump
+_uncaught_kept: str | None = None  # the same with HPCCOMM_ABORT_ON_EXCEPTION=0 (no abort)
 _init_failed = False  # init raised on this rank alone, with MPI up (see _abort_failed_init)
 
 
-def _install_excepthook() -> None:
+def _install_excepthook(abort: bool = True) -> None:
     """An exception nobody caught ends the whole job, as ``python -m mpi4py`` does: the
     usual traceback, then MPI_Abort at exit (:func:`_at_exit`, after other hooks such as
     torch's have printed). Otherwise this rank would finalize MPI while its peers wait for
-    it in their next collective, forever (``HPCCOMM_ABORT_ON_EXCEPTION=0`` keeps Python's
-    plain exit)."""
+    it in their next collective, forever (``HPCCOMM_ABORT_ON_EXCEPTION=0``, ``abort``
+    False, keeps Python's plain exit: the exception is only named in the departure notice,
+    which said "a normal exit or sys.exit")."""
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-        global _uncaught, _uncaught_text
-        _uncaught = kind.__name__  # a KeyboardInterrupt too: it may have reached one rank
-        _uncaught_text = f"{kind.__name__}: {value}" if str(value) else kind.__name__
+        global _uncaught, _uncaught_text, _uncaught_kept
+        if abort:
+            _uncaught = kind.__name__  # a KeyboardInterrupt too: it may have reached one rank
+            _uncaught_text = f"{kind.__name__}: {value}" if str(value) else kind.__name__
+        else:
+            _uncaught_kept = kind.__name__
         previous(kind, value, tb)
 
     sys.excepthook = hook
@@ -1041,7 +1045,12 @@ def _depart(world: Communicator) -> None:
         first = node.translate([0], world._backend)
         seqs.setdefault(member_gid(world._node_gid(), first), 0)
     try:
-        notices.depart(seqs, "its program ended: a normal exit or sys.exit")
+        notices.depart(
+            seqs,
+            f"its program ended: an uncaught {_uncaught_kept} (HPCCOMM_ABORT_ON_EXCEPTION=0)"
+            if _uncaught_kept
+            else "its program ended: a normal exit or sys.exit",
+        )
     except Exception:  # noqa: BLE001 - leaving anyway: the peers' timeouts still bound them
         pass
 

@@ -268,6 +268,12 @@ class Work:
         refusal that wait() raised at once.)"""
         return self._completed(bounded=True)
 
+    def _stranded(self) -> bool:
+        """In a fork() child: whether this Work cannot complete here (a call that had run on
+        the worker thread before the fork has its outcome in this process's memory)."""
+        source = self._pending
+        return not (isinstance(source, Future) and source.test())
+
     def _forked(self) -> ClosedError:
         """A Work pending at a fork(), asked in the child: it waited for ever there (or
         timed out saying that some rank had not joined the call), while the parent's call
@@ -281,7 +287,7 @@ class Work:
         """is_completed(); past the timeout only where ``bounded`` (else False then: the
         torch backend's watchdog fails its Works at the timeout itself)."""
         if not self._done:
-            if fork_child is not None:
+            if fork_child is not None and self._stranded():
                 raise self._forked()
             try:
                 done = self._pending.test()
@@ -336,7 +342,7 @@ class Work:
         if timeout is not _DEFAULT:
             timeout = check_timeout(timeout, f"{self._where()}: wait", zero=True)
         if not self._done:
-            if fork_child is not None:
+            if fork_child is not None and self._stranded():
                 raise self._forked()
             if timeout is _DEFAULT:
                 timeout = self._timeout
@@ -453,7 +459,7 @@ class Work:
     def exception(self) -> BaseException | None:
         """The error the finished operation raised, or None (None too while pending, and
         past the timeout: is_completed() and wait() raise that)."""
-        if not self._done and fork_child is not None:
+        if not self._done and fork_child is not None and self._stranded():
             return self._forked()
         self._completed(bounded=False)
         return self._exc

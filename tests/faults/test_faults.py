@@ -1661,3 +1661,26 @@ def test_an_mpi_that_init_started_is_finalized_at_exit(launch):
         assert job.of(r, "sum")["value"] == "[2.0, 2.0, 2.0]"
     assert job.rc == 0, job.stderr[-2000:]
     assert "without calling" not in job.stderr and not job.crashed(), job.stderr[-2000:]
+
+
+def test_a_departure_by_an_uncaught_exception_without_the_abort_says_so(launch):
+    # With HPCCOMM_ABORT_ON_EXCEPTION=0 a rank ended by an uncaught ValueError was reported
+    # to its peers as "a normal exit or sys.exit" (an outside hunt)
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=5)
+        c.all_reduce(np.ones(2))
+        if c.rank == 1:
+            raise ValueError("rank 1 fails")
+        outcome(c, "next", lambda: c.all_reduce(np.ones(2)))
+        """,
+        env={"HPCCOMM_ABORT_ON_EXCEPTION": "0"},
+        bound=60,
+    )
+    got = job.of(0, "next")
+    assert got["cls"] == "PeerError" and got["s"] < 4, got
+    assert (
+        "world rank 1 has left the job (its program ended: an uncaught ValueError "
+        "(HPCCOMM_ABORT_ON_EXCEPTION=0)) after call #1 of this group" in got["msg"]
+    ), got

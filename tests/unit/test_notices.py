@@ -223,3 +223,41 @@ def test_a_peer_has_reached_a_call_in_it_with_the_same_arguments_or_past_it():
     # call stuck (it aborts the job: the asking rank must raise, not wait on)
     assert not _reached(3, "all_reduce", c, Place(4, "all_reduce #2 on world (...)", "", None))
     assert not _reached(3, "all_reduce", c, Place(3, here, LEAVING, (3, mine)))
+
+
+def test_a_rank_past_a_call_it_did_not_refuse_answers_a_refusal_of_it():
+    # A root refused a small reduce whose sender went on (its message went out eagerly);
+    # the root's next call waited its whole timeout (torch's default: 30 min) to hear that
+    # the sender refused it too. The sender, past the call, now answers ENTERED at once;
+    # it never answers for a call it refused too, one it is still in, a group it does not
+    # have, or a refusal older than the ones it remembers (no false "entered").
+    from hpccomm.notices import ENTERED, REFUSALS_KEPT
+
+    wire = {}
+    root, sender = NoticeBoard(FakeComm(0, wire), -1), NoticeBoard(FakeComm(1, wire), -1)
+    progress = {"world": (1, 3)}  # the sender's group rank and last call number
+    sender.progress = progress.get
+    root.post("world", 2, "reduce", 0, [0, 1], "InvalidArgumentError: read-only", "refused")
+    sender.poll(force=True)
+    assert wire[0] == [("world", 2, "reduce", 1, 1, "went past reduce #2", ENTERED)]
+    root.poll(force=True)
+    assert root.refused_by("world", 2, [1], 0.0) == ([1], [])
+    for seq in (3, 4):  # the call it is in, and one it has not reached: no answer
+        root.post("world", seq, "reduce", 0, [0, 1], "x", "refused")
+    root.post("other", 1, "reduce", 0, [0, 1], "x", "refused")  # a group it does not have
+    sender.post("world", 1, "barrier", 1, [0, 1], "y", "refused")  # one it refused itself
+    root.post("world", 1, "barrier", 0, [0, 1], "y", "refused")
+    wire[0].clear()
+    sender.poll(force=True)
+    assert wire[0] == [], wire[0]  # (its own refusal of #1 went out before, as posted)
+    # its own refusals are remembered per group up to REFUSALS_KEPT: older ones are not
+    # known, so a late notice of one of them gets no answer (it could be a false "entered")
+    wire.clear()
+    for seq in range(10, 10 + REFUSALS_KEPT + 5):
+        sender.post("world", seq, "all_reduce", 1, [0, 1], "z", "refused")
+    progress["world"] = (1, 10**6)
+    wire.clear()
+    for seq in (10, 14, 12 + REFUSALS_KEPT):
+        root.post("world", seq, "all_reduce", 0, [0, 1], "z", "refused")
+    sender.poll(force=True)
+    assert wire.get(0) is None, wire.get(0)
