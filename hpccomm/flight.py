@@ -188,16 +188,22 @@ class FlightRecorder:
             sys.stderr.flush()
 
 
+def make_writable_directory(directory: str | os.PathLike[str]) -> None:
+    """Make ``directory`` (with its parents) and write a file there; OSError if either
+    fails (init's check of the trace and profile directories)."""
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    # (a name of its own: ranks of several nodes may share the directory and a pid)
+    fd, probe = tempfile.mkstemp(prefix=".probe-", dir=path)
+    os.close(fd)
+    os.unlink(probe)
+
+
 def check_directory(directory: str | os.PathLike[str]) -> None:
     """init: the trace directory can be made and written (else InvalidArgumentError); found
     at the first dump, the error hid the dump's cause and ended the signal watcher."""
-    path = Path(directory)
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        # (a name of its own: ranks of several nodes may share the directory and a pid)
-        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=path)
-        os.close(fd)
-        os.unlink(probe)
+        make_writable_directory(directory)
     except OSError as exc:
         raise InvalidArgumentError(
             f"init: the trace directory {str(directory)!r} ({ENV} or trace_dir=) cannot be "

@@ -37,7 +37,6 @@ import re
 import socket
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -48,7 +47,7 @@ import numpy as np
 from . import record
 from .bench import FACTORS, PLOT_HINT
 from .errors import HpccommError, InvalidArgumentError
-from .flight import job_identity
+from .flight import job_identity, make_writable_directory
 from .record import Record
 
 __all__ = [
@@ -338,13 +337,8 @@ def check_directory(directory: str) -> None:
     """init: ``HPCCOMM_PROFILE``'s directory can be made and written (else
     InvalidArgumentError, on every rank alike); found at exit, the whole profile was lost
     with one line on stderr and status 0 (an outside hunt: ``HPCCOMM_PROFILE=/etc/passwd``)."""
-    path = Path(directory)
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        # (a name of its own: ranks of several nodes may share the directory and a pid)
-        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=path)
-        os.close(fd)
-        os.unlink(probe)
+        make_writable_directory(directory)
     except OSError as exc:
         raise InvalidArgumentError(
             f"init: the profile directory {directory!r} ({ENV}) cannot be written: "
