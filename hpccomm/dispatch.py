@@ -771,6 +771,13 @@ class Dispatcher:
             return work.wait(self._timeout)
         except CommTimeoutError as exc:
             work.disown()
+            if (
+                call.spec.p2p
+                and call.spec.name not in ("send", "send_object")
+                and not getattr(pending, "posted", True)
+                and self._refused_receive is None
+            ):  # withdrawn: a message sent to it later stays unmatched (see strays)
+                self._refused_receive = f"a {call.spec.name} timed out here"
             raise exc from None  # explained by timed_out, reported, in the Work's wait
         except PeerError as exc:
             work.disown()
@@ -996,7 +1003,7 @@ class Dispatcher:
         by its root, then free() and dup(): the new group's first broadcast received the old
         data, silently; a refused recv alike). The reasons: the group is unusable; a
         refusal some peer has not refused too (one look at the notices, no wait); a
-        receive refused here. The peers' word on a refusal is waited for up to STRAYS_WAIT
+        receive refused here, or a blocking one that timed out with nothing posted. The peers' word on a refusal is waited for up to STRAYS_WAIT
         (a group freed right after a refusal every rank made, as ``with comm.dup() as g:``
         does, was kept for good when their notices had not come yet)."""
         if self.broken is not None:

@@ -803,7 +803,7 @@ def test_a_collective_refused_in_a_done_callback_at_check_is_refused_at_once(wor
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("kind", ["broadcast", "recv"])
+@pytest.mark.parametrize("kind", ["broadcast", "recv", "timed-out recv"])
 def test_a_message_to_a_call_refused_here_never_reaches_a_later_group(comm, kind):
     # Rank 1 refuses its side (a read-only array), rank 0 completes its own (a small
     # message goes out eagerly) after rank 1 has freed the group. Open MPI hands a message
@@ -817,11 +817,15 @@ def test_a_message_to_a_call_refused_here_never_reaches_a_later_group(comm, kind
         return
     g = pair.dup()
     if pair.rank == 0:
-        time.sleep(0.5)  # its message comes after rank 1's free()
+        time.sleep(1.5 if kind == "timed-out recv" else 0.5)  # after rank 1's free()
         if kind == "broadcast":
             g.broadcast(np.full(4, 111.0), 0)
         else:
             g.send(np.full(4, 111.0), 1)
+    elif kind == "timed-out recv":  # (nothing posted: withdrawn at the timeout)
+        g.timeout = 0.2
+        with pytest.raises(hpccomm.CommTimeoutError):
+            g.recv(np.zeros(4), 0)
     else:
         x = np.zeros(4)
         x.flags.writeable = False
@@ -831,7 +835,8 @@ def test_a_message_to_a_call_refused_here_never_reaches_a_later_group(comm, kind
     assert (g._kept is not None) == (pair.rank == 1), g._kept
     if pair.rank == 1:
         assert re.search(r"broadcast #1 on .* was refused here \(InvalidArgumentError\) and "
-                         r"rank\(s\) \[0\] did not refuse it|a recv was refused here",
+                         r"rank\(s\) \[0\] did not refuse it|a recv was refused here"
+                         r"|a recv timed out here",
                          g._kept)  # fmt: skip
     for _ in range(3):  # (new groups take the freed context ids first)
         g2 = pair.dup()
