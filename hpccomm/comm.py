@@ -20,7 +20,7 @@ import math
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -860,12 +860,20 @@ class Communicator:
         objects; Open MPI 5 runs out of communicator ids at 65,532, about 16,380 groups).
         Groups dropped without free() keep theirs for good."""
         live = sum(not c.freed for c in self._world._tree())
+        kept = Communicator._kept_count
+        also = (
+            f" and {kept:,} freed groups whose communicators free() kept (a message could "
+            f"still come to them, or a call of theirs is stuck; the latest: "
+            f"{Communicator._kept_latest})"
+            if kept
+            else ""
+        )
         return BackendError(
             f"{self._here(what)}: MPI could not create the group's communicators: "
-            f"{type(exc).__name__}: {exc}; this process holds {live} groups not freed (the "
-            f"world included), each with 4 MPI communicators (Open MPI runs out at about "
-            f"16,380 groups): free() the groups no longer used (a group dropped without "
-            f"free() keeps its communicators for good)"
+            f"{type(exc).__name__}: {exc}; this process holds {live:,} groups not freed (the "
+            f"world included){also}, each with 4 MPI communicators (Open MPI runs out at "
+            f"about 16,380 groups): free() the groups no longer used (a group dropped "
+            f"without free() keeps its communicators for good)"
         )
 
     def _adopt(
@@ -1212,7 +1220,9 @@ class Communicator:
         """Free this communicator and the groups made from it; idempotent.
 
         Use after free raises ClosedError ("... already freed"). Collective: all ranks of
-        the group should free together.
+        the group should free together. A group made unusable by a peer's failure or
+        refusal is freed with its call still inside MPI (it never completes): its MPI
+        communicators and worker thread stay, and the exit aborts the job, naming it.
 
         Raises:
             InvalidArgumentError: an ``async_op`` operation of the group (a collective, or a
@@ -1244,24 +1254,44 @@ class Communicator:
         if parent is not None:  # (kept there, every freed group stayed in memory for good:
             # about 20 KB each, 0.6 MB with the fast path's buffers, in a soak review)
             parent._children[:] = [c for c in parent._children if c is not self]
+        shm = self._shm()
+        strays = self._dispatcher.strays()  # (before forget_group: it reads the notices)
         if self._notices is not None:  # its last call, for this rank's departure notice
             self._notices.forget_group(
                 self._dispatcher.gid, self._group.seq, self._dispatcher.members
             )
-        shm = self._shm()
-        strays = self._dispatcher.strays()
         stuck = self._dispatcher.close()
         self._devices.close()
         self._freed = True
-        if stuck is None:
-            if shm is not None:
-                shm.free()
-            if strays is None:
-                self._backend.free()
-            else:  # kept (its context id taken) for as long as the process lives: a
-                # message still coming to it would match a later group's call instead
-                self._backend.close()
-                self._kept = strays
+        node, self._node_backend = self._node_backend, None  # (the world's, if node() never
+        # took it: its four communicators were lost at every init / free() cycle)
+        if stuck is not None:  # a call of an unusable group stays inside MPI: nothing of
+            # it can be freed; the exit still finds it (it aborts the job, see runtime)
+            Communicator._abandoned.append(self)
+            self._note_kept(f"a call stays inside MPI ({stuck})")
+            return
+        if shm is not None:
+            shm.free()
+        if node is not None:
+            node.free()
+        if strays is None:
+            self._backend.free()
+        else:  # kept (its context id taken) for as long as the process lives: a
+            # message still coming to it would match a later group's call instead
+            self._backend.close()
+            self._note_kept(strays)
+
+    # freed groups whose MPI communicators were kept (see free): how many, and the latest
+    # reason, for the error of a group MPI could not create (_not_created)
+    _kept_count = 0
+    _kept_latest = ""
+    # freed groups with a call stuck inside MPI on their worker (see free; runtime's exit)
+    _abandoned: ClassVar[list[Communicator]] = []
+
+    def _note_kept(self, why: str) -> None:
+        self._kept = why
+        Communicator._kept_count += 1
+        Communicator._kept_latest = f"{self.name}: {why}"
 
     def _fence(self) -> list[Dispatcher]:
         """Close this group and the groups made from it to new calls (see free); returns
@@ -1281,7 +1311,9 @@ class Communicator:
         """What still runs on this group and the groups made from it (free() refuses)."""
         busy = []
         ex = self._dispatcher.executor
-        if ex is not None and ex.pending:
+        # (not on an unusable group: its call stays inside MPI for good, a peer failed or
+        # refused it; free() said "wait() for them first", which could never succeed)
+        if ex is not None and ex.pending and self._dispatcher.broken is None:
             running = ex.oldest() or "a queued call"
             busy.append(f"{ex.pending} operation(s) on {self.name} still running ({running})")
         busy += [f"{c} still running" for c in self._dispatcher.calls_elsewhere()]

@@ -1814,7 +1814,8 @@ class Dispatcher:
         if self.shm is not None:
             self.shm.close()  # local: a body still running keeps its mapping
         ex = self.executor
-        if ex is not None and not ex.close():
+        # (an unusable group's call is stuck for good: a peer failed or refused it)
+        if ex is not None and not ex.close(0.1 if self.broken and ex.pending else 5.0):
             return ex.stuck
         return None
 

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 __all__ = ["init", "world", "is_initialized", "verify_launch"]
 
 _world: Communicator | None = None
+_board: NoticeBoard | None = None  # the process's notice board (see init)
+_worlds = 0  # the worlds init made in this process (each has a group id of its own)
 
 
 def _mismatch(
@@ -697,7 +699,17 @@ def init(
     # rank's own, and its peers may wait for it in init's next steps or their first call
     _init_failed = True
     backend = MPIBackend(MPI.COMM_WORLD.Dup())
-    notices = NoticeBoard(MPI.COMM_WORLD.Dup(), MPI.ANY_SOURCE)
+    # One notice board per process, kept over init / free() / init: a board made per init
+    # and never freed cost a communicator per cycle (with the node group's four, Open MPI
+    # ran out of ids after about 12,000 cycles: a bare MPI_ERR_INTERN in init, an outside
+    # hunt); freed, a peer's late notice on it would reach the next init's board (the
+    # freed id is given again). Each world has a group id of its own, so a late notice of
+    # an earlier world concerns no group of this one.
+    global _board, _worlds
+    if _board is None:
+        _board = NoticeBoard(MPI.COMM_WORLD.Dup(), MPI.ANY_SOURCE)
+    notices = _board
+    _worlds += 1
     _world = Communicator(
         backend,
         DeviceBackends(backend, device),
@@ -709,6 +721,7 @@ def init(
         device=device,
         node=MPIBackend(node),
         notices=notices,
+        gid="world" if _worlds == 1 else f"world~{_worlds}",
         debug=level,
     )
     notices.locate = _locate
@@ -948,9 +961,9 @@ def _at_exit() -> None:
             if _failure_agreed(False):
                 _leave_after_failure(bound)
         return
-    why = (
-        f"exiting while {'; '.join(stuck)} never completed" if stuck else f"{_uncaught} not caught"
-    )
+    listed = "; ".join(stuck[:3]) + (f"; and {len(stuck) - 3} more" if len(stuck) > 3 else "")
+    why = f"exiting while {listed} never completed" if stuck else f"{_uncaught} not caught"
+    # (folded: 300 stuck groups made one line of 15,000 characters, in an outside hunt)
     if _uncaught is not None and flight.recorder is not None:
         # the rank with the root cause left no dump: the analysis took it for killed hard
         flight.recorder.try_dump(f"{flight.UNCAUGHT} {_uncaught_text}")
@@ -1257,8 +1270,9 @@ def _stuck_calls(comm: Communicator) -> list[str]:
     ex = comm._dispatcher.executor
     if ex is not None:
         since, bound = ex.oldest_submitted(), comm.timeout
-        grace = _EXIT_GRACE
-        # (a broken group's call is stuck for good: a peer failed or refused it)
+        # (a broken group's call is stuck for good: a peer failed or refused it; no grace,
+        # where 300 such groups took 0.5 s each)
+        grace = 0.05 if comm._dispatcher.broken is not None and ex.pending else _EXIT_GRACE
         if since is not None and bound is not None and comm._dispatcher.broken is None:
             grace = max(grace, since + bound - time.monotonic())
         if not ex.close(timeout=grace):
@@ -1272,6 +1286,9 @@ def _stuck_calls(comm: Communicator) -> list[str]:
         out += calls_elsewhere()
     for child in comm._children:
         out.extend(_stuck_calls(child))
+    if comm is _world:  # groups freed with a call stuck inside MPI (see Communicator.free)
+        for group in Communicator._abandoned:
+            out.extend(_stuck_calls(group))
     return out
 
 

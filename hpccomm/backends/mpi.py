@@ -181,7 +181,7 @@ def _too_many(call: Call) -> bool:
 def _in_pieces(body: Callable[..., Any], call: Call, x: Any, out: Any, stream: Any) -> Any:
     """Run a one-buffer body on consecutive pieces of at most MAX_COUNT elements (views of
     the same memory); a point-to-point body's requests are gathered into one Requests."""
-    flat = x.reshape(-1)
+    flat = x.view(np.ndarray).reshape(-1)  # (np.matrix: (1, n) otherwise)
     pieces = [flat[i : i + MAX_COUNT] for i in range(0, flat.size, MAX_COUNT)]
     results = [body(call.piece(piece.size), piece, None, stream) for piece in pieces]
     if not call.spec.p2p:
@@ -391,7 +391,7 @@ class _SelfReceived(_Received):
                 f"unchanged"
             )
         if got != MPI.UNDEFINED and got > 0:
-            target.reshape(-1)[:got] = scratch[:got]
+            target.view(np.ndarray).reshape(-1)[:got] = scratch[:got]
         return super().outcome()
 
 
@@ -1206,10 +1206,16 @@ class MPIBackend:
     def _reduce_scatter(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> np.ndarray:
         mt, op, scale = call.how
         send = x if scale is None else self._source(x, scale)
+        # out= inside the array (this rank's block, as the shared-memory path allows): MPI
+        # forbids a send and receive buffer that overlap (Open MPI computed it right, another
+        # MPI may not: an outside hunt), so the result goes through a temporary
+        into = np.empty_like(out) if np.may_share_memory(send, out) else out
         if call.uneven:
-            self.mpi.Reduce_scatter([send, mt], [out, mt], call.counts[0], op)
+            self.mpi.Reduce_scatter([send, mt], [into, mt], call.counts[0], op)
         else:
-            self.mpi.Reduce_scatter_block([send, mt], [out, mt], op)
+            self.mpi.Reduce_scatter_block([send, mt], [into, mt], op)
+        if into is not out:
+            np.copyto(out, into)
         self._divide(out, scale)
         return out
 

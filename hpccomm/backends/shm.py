@@ -219,6 +219,13 @@ def settings(env: Any = None) -> Settings:
     return s
 
 
+def _flat(a: np.ndarray) -> np.ndarray:
+    """``a`` as one flat ndarray (no copy: the arrays here are contiguous). A subclass's
+    reshape may keep two axes: np.matrix stayed (1, n), and the fast path failed on it
+    ("operands could not be broadcast together", an outside hunt) where MPI's path works."""
+    return a.view(np.ndarray).reshape(-1)
+
+
 def _round_up(n: int, to: int) -> int:
     return -(-n // to) * to
 
@@ -726,8 +733,8 @@ class ShmBackend:
                 self.tick = tick + 1
                 return self._fallback(call, x, out, None)
             if scatter:
-                dest = out.reshape(-1)
-                flat = x.reshape(-1)
+                dest = _flat(out)
+                flat = _flat(x)
                 # an output inside the input: exactly its own block (torch's in-place form,
                 # read by no peer) is folded in place where the order allows it (rank 0, or
                 # rank 1 without PREMUL_SUM's scaling), else from a copy of each piece; any
@@ -780,7 +787,7 @@ class ShmBackend:
         parts = plan.parts
         if parts is None:
             parts = plan.parts = _symmetric_parts(call, self.size, self.rank, self.piece)
-        flat = x.reshape(-1)
+        flat = _flat(x)
         isz = flat.itemsize
         rank = self.rank
         scatter = call.spec is O.REDUCE_SCATTER
@@ -797,7 +804,7 @@ class ShmBackend:
         # anything is written over it: rank 0, or rank 1 without PREMUL_SUM's scaling
         foldable = _folds_in_place(rank, plan)
         in_place = keep and foldable
-        dest = out.reshape(-1) if scatter else flat
+        dest = _flat(out) if scatter else flat
         # reduce_scatter into exactly its own block (torch's in-place form): each piece is
         # folded in place where the rules above allow it, else from a copy of the piece
         alias = False
@@ -941,7 +948,7 @@ class ShmBackend:
             return done
         if self.cross is not None and plan.cross is None:
             plan.cross = self._cross_call(call)
-        flat = x.reshape(-1)
+        flat = _flat(x)
         inputs, results = seg.views(x.dtype)
         mine_in, mine_res = inputs[self.rank], results[self.rank]
         chunks = plan.chunks
@@ -981,8 +988,8 @@ class ShmBackend:
         seg, done = self._enter(call, x, out, stream, plan)
         if seg is None:
             return done
-        flat = x.reshape(-1)
-        dest = out.reshape(-1)
+        flat = _flat(x)
+        dest = _flat(out)
         private: np.ndarray | None = None
         lost = ""  # why this rank could not write its output (its own result only)
         if np.may_share_memory(flat, dest) and not _is_own_block(call, self.rank, flat, dest):
@@ -1193,7 +1200,7 @@ def _delivered(out: Any, private: np.ndarray | None, lost: str) -> Any:
     if lost:
         raise _Said(BackendError, f"{lost}; the other ranks' results are complete")
     if private is not None:
-        np.copyto(out.reshape(-1), private)
+        np.copyto(_flat(out), private)
     return out
 
 

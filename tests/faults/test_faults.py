@@ -1684,3 +1684,84 @@ def test_a_departure_by_an_uncaught_exception_without_the_abort_says_so(launch):
         "world rank 1 has left the job (its program ended: an uncaught ValueError "
         "(HPCCOMM_ABORT_ON_EXCEPTION=0)) after call #1 of this group" in got["msg"]
     ), got
+
+
+def test_init_and_free_again_and_again_leaks_no_communicator(launch):
+    # Each init / world.free() cycle left 5 MPI communicators behind (the notice board's
+    # and the node group's, never freed): Open MPI ran out of ids after about 12,000
+    # cycles and init died with a bare MPI_ERR_INTERN (an outside hunt). A fresh Dup's
+    # handle shows what is held. The notices still work on a later world: a refusal on
+    # rank 1 reaches rank 0 at once.
+    job = launch(
+        2,
+        """
+        from mpi4py import MPI
+
+        def handle():
+            x = MPI.COMM_WORLD.Dup()
+            h = x.py2f()
+            x.Free()
+            return h
+
+        def cycle():
+            c = hpccomm.init(timeout=20)
+            c.all_reduce(np.ones(4))
+            c.free()
+
+        cycle()
+        before = handle()
+        for _ in range(30):
+            cycle()
+        after = handle()
+        c = hpccomm.init(timeout=20)
+        report(c, "handles", before=before, after=after)
+        bad = np.ones(4, dtype=object if c.rank == 1 else np.float64)
+        outcome(c, "refused", lambda: c.all_reduce(bad))
+        """,
+        bound=90,
+    )
+    for rank in (0, 1):
+        got = job.of(rank, "handles")
+        assert got["after"] == got["before"], got
+    assert job.of(1, "refused")["cls"] == "DtypeError"
+    other = job.of(0, "refused")
+    assert other["cls"] == "PeerError" and other["s"] < 5, other
+    assert "rank 1 (world rank 1) failed all_reduce #1 and will not join it" in other["msg"]
+
+
+def test_a_group_left_unusable_by_a_refusal_frees_and_the_exit_names_its_call(launch):
+    # Rank 1 refuses an all_reduce that rank 0 entered (PeerError there, its call stays
+    # inside MPI for good). free() said "wait() for them first", which could never
+    # succeed (there is no Work), so every such group stayed; the exit listed them all on
+    # one line (15,000 characters for 300 groups).
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=5)
+        freed = []
+        for i in range(6):
+            g = c.dup()
+            bad = np.ones(4, dtype=object if c.rank == 1 else np.float64)
+            try:
+                g.all_reduce(bad)
+            except hpccomm.HpccommError:
+                pass
+            try:
+                g.free()
+                freed.append(True)
+            except hpccomm.HpccommError as e:
+                freed.append(str(e))
+        report(c, "freed", freed=freed, kept=g._kept)
+        outcome(c, "after", lambda: c.all_reduce(np.ones(2)).tolist())
+        """,
+        bound=90,
+    )
+    assert job.of(0, "freed")["freed"] == [True] * 6, job.of(0, "freed")
+    assert "a call stays inside MPI (all_reduce #1" in job.of(0, "freed")["kept"]
+    assert job.of(1, "freed")["freed"] == [True] * 6
+    for rank in (0, 1):
+        assert job.of(rank, "after")["value"] == "[2.0, 2.0]"
+    assert job.rc != 0  # rank 0's calls stay inside MPI: its exit aborts the job
+    line = next(x for x in job.stderr.splitlines() if "exiting while" in x)
+    assert "; and 3 more never completed; aborting the job" in line, line
+    assert not job.crashed(), job.stderr[-3000:]

@@ -316,6 +316,32 @@ def test_reduce_to_each_root(small, dtype):
     check.done()
 
 
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # (np.matrix)
+@pytest.mark.parametrize("direct", [False, True], ids=["copy", "single-copy"])
+def test_an_ndarray_subclass_takes_the_fast_path_as_mpi_takes_it(comm, monkeypatch, direct):
+    # np.matrix reshapes to (1, n): the fast path failed on every rank ("operands could not
+    # be broadcast together with shapes (1,100000) (32768,)"), where MPI's path, below the
+    # threshold, worked (an outside hunt)
+    comm, fast = with_fast_path(comm, monkeypatch, direct=direct)
+    n = comm.size
+    count = 3 * CHUNK + 5 * n  # (float64: many chunks and pieces, a multiple of n)
+    x = np.matrix(inputs(comm.rank, count, np.float64, 11))
+    before = fast.calls + fast.direct_calls
+    got = comm.all_reduce(x)
+    assert got is x and type(got) is np.matrix and x.shape == (1, count)
+    same(np.asarray(x).reshape(-1), expected(n, count, np.float64, "SUM", 11))
+    x = np.matrix(inputs(comm.rank, count, np.float64, 12))
+    comm.reduce(x, 0)
+    if comm.rank == 0:
+        same(np.asarray(x).reshape(-1), expected(n, count, np.float64, "SUM", 12))
+    y = np.matrix(inputs(comm.rank, count, np.float64, 13)).T  # (count, 1): rows split
+    out = comm.reduce_scatter(y)
+    block = count // n
+    want = expected(n, count, np.float64, "SUM", 13)[comm.rank * block : (comm.rank + 1) * block]
+    same(np.asarray(out).reshape(-1), want)
+    assert fast.calls + fast.direct_calls == before + 3
+
+
 def test_async_op_and_repeated_calls_of_every_kind(small):
     comm, fast = small
     n = comm.size
