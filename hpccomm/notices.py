@@ -35,6 +35,10 @@ REFUSALS_KEPT = 1024  # per group: this rank's own refusals remembered (see _ans
 POLL_INTERVAL = 0.02  # seconds between looks for notices while a rank waits
 DEPARTURES = "<departures>"  # the group id of a departure notice (see depart)
 DEPART_WAIT = 1.0  # seconds a leaving rank waits for its departure notices to go out
+# a rank at exit waiting for the others' departures (see depart) says so after this many
+# seconds, then every EXIT_SAY_EVERY
+EXIT_SAY_AFTER = 60.0
+EXIT_SAY_EVERY = 600.0
 # At a collective's timeout the rank asks the group's other ranks where they are (ask): the
 # group ids of the question and of an answer, how long it waits for answers, and the
 # largest group it asks (one message to every member and back)
@@ -372,20 +376,48 @@ class NoticeBoard:
             self._asked[gid] = (time.monotonic(), since, frozenset(others))
         return since, {w: heard[w] for w in others if w in heard}
 
-    def depart(self, seqs: dict[str, int], reason: str) -> None:
+    def depart(self, seqs: dict[str, int], reason: str, say: Callable[[str], None]) -> None:
         """This rank leaves the job (at exit, its program done): tell every other rank,
         with the number of the last collective it reached on each of its groups (``seqs``,
         by group id), so that a rank waiting (bounded) in a later call of one of them hears
         at once that this rank will not join it, instead of waiting out its timeout (torch's
-        default: 30 min). Waits up to DEPART_WAIT seconds for the notices to go out."""
+        default: 30 min).
+
+        Then wait until every other rank has said that it leaves too (answering the
+        questions of those still running), and this rank's notices have gone out: a
+        message to a rank that has finalized MPI ends the job (two Slurm nodes, srun: the
+        ranks of one node left 3 s before the other's, whose departure notices then ended
+        a correct job with status 14, every time, in an outside hunt; raw mpi4py alike).
+        As MPI_Finalize is collective, the wait has no bound; ``say`` is told which ranks
+        it waits for after EXIT_SAY_AFTER seconds, then every EXIT_SAY_EVERY. A failure
+        MPI reports (ULFM) ends the wait (raised)."""
         msg = (DEPARTURES, self.world_rank, seqs, reason)
-        for w in range(self.comm.Get_size()):
-            if w != self.world_rank:
-                self._send(msg, w)
-        deadline = time.monotonic() + DEPART_WAIT
-        while self._sent and time.monotonic() < deadline:
+        others = [w for w in range(self.comm.Get_size()) if w != self.world_rank]
+        for w in others:
+            self._send(msg, w)
+        start = time.monotonic()
+        said_at, pause = start + EXIT_SAY_AFTER, 0.001
+        all_left: float | None = None
+        while True:
+            self.poll(force=True)
             self._drop_sent()
-            time.sleep(0.001)
+            now = time.monotonic()
+            waiting = [w for w in others if w not in self.departed]
+            if not waiting:
+                all_left = now if all_left is None else all_left
+                # (every peer heard from: this rank's own notices are on their way; a
+                # peer gone meanwhile leaves them unsent, cancelled at close)
+                if not self._sent or now - all_left > DEPART_WAIT:
+                    return
+            elif now >= said_at:
+                say(
+                    f"exiting: waits {now - start:.0f} s so far for world rank(s) "
+                    f"{waiting[:8]}{' and more' if len(waiting) > 8 else ''} to end their programs too (MPI_Finalize is "
+                    f"collective; a message to a rank that has left MPI ends the job)"
+                )
+                said_at = now + EXIT_SAY_EVERY
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     def check(self, gid: str, seq: int, where: str, members: Sequence[int] = ()) -> None:
         """Raise PeerError if a member reported failing call ``seq`` of group ``gid``, or a

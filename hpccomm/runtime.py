@@ -951,6 +951,8 @@ def _at_exit() -> None:
         # which rank failed): MPI_Finalize would wait, MPI_Abort may leave the launcher stuck.
         # Under ULFM every rank that does not abort agrees first (_failure_agreed), so that
         # the ranks that never heard of the failure leave as survivors too
+        if not known and world.size > 1 and not _stuck_calls(world):
+            _depart(world)  # (the ranks that did not free the world wait for this one)
         if _failure_agreed(known) or known:
             _leave_after_failure(bound)
         return
@@ -1057,14 +1059,21 @@ def _depart(world: Communicator) -> None:
         # would name it) so that a peer waiting in its first call hears of this departure
         first = node.translate([0], world._backend)
         seqs.setdefault(member_gid(world._node_gid(), first), 0)
+    rank, size = world.rank, world.size
+
+    def say(text: str) -> None:
+        sys.stderr.write(f"hpccomm (rank {rank} of {size}): {text}\n")
+        sys.stderr.flush()
+
     try:
         notices.depart(
             seqs,
             f"its program ended: an uncaught {_uncaught_kept} (HPCCOMM_ABORT_ON_EXCEPTION=0)"
             if _uncaught_kept
             else "its program ended: a normal exit or sys.exit",
+            say,
         )
-    except Exception:  # noqa: BLE001 - leaving anyway: the peers' timeouts still bound them
+    except Exception:  # noqa: BLE001 - leaving anyway (a failure MPI reported: ULFM)
         pass
 
 

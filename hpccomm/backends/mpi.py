@@ -858,7 +858,7 @@ class MPIBackend:
     name = "mpi"
     seq = 0  # the blocking body running now (set by the dispatch)
 
-    def __init__(self, comm: MPI.Comm) -> None:
+    def __init__(self, comm: MPI.Comm, *, objects: bool = True) -> None:
         if not _probed:
             probe_integer_ops()
         self.mpi = cast(MPI.Intracomm, comm)
@@ -881,7 +881,11 @@ class MPIBackend:
         # (Where one of these fails, Open MPI out of communicator ids, the ones made are not
         # freed: Open MPI 5.0.11 keeps the failed creation's id agreement running on them,
         # and freeing them made its progress engine segfault at exit.)
-        self._objects_comm = MPI._commctx_intra(self.mpi)[0]
+        # (``objects=False``: not made, for a communicator of internal use made on a worker
+        # thread, the shared-memory path's node and cross-node groups: holding the GIL in
+        # its collective there, one rank's first hierarchical calls on several groups at
+        # once waited for each other's threads for good, 5 runs in 35 in an outside hunt)
+        self._objects_comm = MPI._commctx_intra(self.mpi)[0] if objects else None
         self.checks = self.mpi.Dup()
         self.data = self.mpi.Dup()
         # (next() on a count is one step under the GIL: two threads sending at once never
@@ -1105,6 +1109,8 @@ class MPIBackend:
         if self.mpi == MPI.COMM_NULL:  # freed: mpi4py's duplicate went with it (revoking
             return  # that stale handle crashed in MPI)
         for comm in (self.mpi, self.checks, self.data, self._objects_comm):
+            if comm is None:
+                continue
             try:
                 comm.Revoke()
             except Exception:  # pragma: no cover - an MPI without ULFM's calls
@@ -1336,10 +1342,11 @@ class MPIBackend:
 
     # -- groups (collective over this communicator unless said otherwise) -----------------
 
-    def split(self, color: int | None, key: int) -> MPIBackend | None:
-        """``MPI_Comm_split``; None on ranks with ``color=None``."""
+    def split(self, color: int | None, key: int, *, objects: bool = True) -> MPIBackend | None:
+        """``MPI_Comm_split``; None on ranks with ``color=None`` (``objects``: see
+        __init__)."""
         new = self.mpi.Split(MPI.UNDEFINED if color is None else color, key)
-        return None if new == MPI.COMM_NULL else MPIBackend(new)
+        return None if new == MPI.COMM_NULL else MPIBackend(new, objects=objects)
 
     def dup(self) -> MPIBackend:
         return MPIBackend(self.mpi.Dup())

@@ -525,8 +525,9 @@ class ShmBackend:
             if len(set(sizes)) > 1 or sizes[0] < 2 or self.chunk // 16 < sizes[0]:
                 self.failed = f"ranks per node {sizes}: not the same on every node, or < 2"
                 return None
-            self.node = self.host.split(index, local_rank)
-            self.cross = self.host.split(local_rank, index)
+            # (no objects on them: see MPIBackend; this runs on the group's worker thread)
+            self.node = self.host.split(index, local_rank, objects=False)
+            self.cross = self.host.split(local_rank, index, objects=False)
             self.members = self.node.mpi.allgather(self.host.rank)
         total = _Segment.nbytes(self.size, self.chunk)
         mm, why = _map_shared(self.node.mpi, self.rank, total)

@@ -148,13 +148,11 @@ def test_a_refusal_on_one_rank_never_feeds_its_next_call_stale_data(launch, op, 
         f"the group is unusable: {op} #3 on world (rank 1 of 2) was refused here "
         in (second["msg"])
     )
-    if op == "all_reduce":  # rank 0 waited in it: PeerError, and rank 1 heard at once
-        assert job.of(0, "first")["cls"] == "PeerError"
-        assert "but rank(s) [0] entered it" in second["msg"] and second["s"] < 2, second
-    else:
-        assert job.of(0, "first")["cls"] is None
-        assert "rank(s) [0] did not refuse it within 5 s (the timeout)" in second["msg"]
-        assert 4.5 < second["s"] < 10, second
+    # rank 0 waited in it (all_reduce: PeerError) and said so when told; or it completed it
+    # and went on to its exit, where it waits for rank 1's departure, answering notices: it
+    # says it went past the call (before it left at once, and rank 1 waited its timeout)
+    assert job.of(0, "first")["cls"] == ("PeerError" if op == "all_reduce" else None)
+    assert "but rank(s) [0] entered it" in second["msg"] and second["s"] < 2, second
     assert not job.crashed()
 
 
