@@ -248,7 +248,8 @@ def disagreement(fps: Sequence[dict[str, Any]]) -> str:
             others = [r for r in range(len(fps)) if r not in given]
             parts.append(
                 f"uneven sizes (sizes=, split sizes) given on {_ranks(given)} but not on "
-                f"{_ranks(others)} (pass them on every rank or on none)"
+                f"{_ranks(others)} (pass them on every rank or on none; all_to_all_single's "
+                f"split sizes count even where they are all equal)"
             )
     if not parts:  # a field the list above does not name: say which, in the same form
         for key in sorted({k for fp in fps for k in fp} - {"site", "refused", *fields}):

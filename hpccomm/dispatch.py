@@ -1400,7 +1400,9 @@ class Dispatcher:
             said += self.p2p_whereabouts(call, *p2p)
         elif exc.stuck and not call.spec.p2p:
             done = pending.wait if isinstance(pending, Future) else None
-            said += self.whereabouts(seq, call.spec.name, done, call, in_it=not queued)
+            said = _every_rank_joined(
+                said, self.whereabouts(seq, call.spec.name, done, call, in_it=not queued)
+            )
         if said == str(exc):
             return exc
         err = CommTimeoutError(said)
@@ -1771,9 +1773,12 @@ class Dispatcher:
                 where_ = self.whereabouts(seq, what, fut.wait)
                 if not fut.wait(0):  # (or it completed while the others were asked)
                     raise CommTimeoutError(
-                        f"{name}: not complete after {self._timeout:g} s; some rank of the "
-                        f"group has not joined it (MPI cannot cancel it: abort the job)"
-                        f"{where_}"
+                        _every_rank_joined(
+                            f"{name}: not complete after {self._timeout:g} s; some rank of "
+                            f"the group has not joined it (MPI cannot cancel it: abort the "
+                            f"job)",
+                            where_,
+                        )
                     )
         try:
             return fut.outcome()
@@ -1822,6 +1827,16 @@ class Dispatcher:
 
 # seconds free() waits for the peers' word on a refusal of the group (see strays)
 STRAYS_WAIT = 1.0
+
+
+def _every_rank_joined(said: str, where_: str) -> str:
+    """A timeout's text ``said`` followed by where the others are (``where_``): where every
+    rank was found in the call, its "some rank of the group has not joined it" goes (the
+    text said both, an outside hunt)."""
+    if "; every rank is in it" in where_:
+        said = said.replace("; some rank of the group has not joined it (", " (", 1)
+    return said + where_
+
 
 # seconds a rank that refused a group creation waits for the others' comparison before it
 # raises its error (they are in it, or arrive within it, unless the program is out of step)

@@ -775,9 +775,9 @@ def analyze(
             kinds = "; ".join(
                 f"{_ranks([r for r, e in by_rank.items() if e['op'] == op])} {op}" for op in ops
             )
-            head += f"different calls ({kinds}) and wait"
+            head += f"different calls ({kinds}) and wait" + ("s" if len(by_rank) == 1 else "")
         else:
-            head += f"{_desc(sample)} and wait"
+            head += f"{_desc(sample)} and wait" + ("s" if len(by_rank) == 1 else "")
         lines.append(head)
         for r in [m for m in members if m not in by_rank]:
             if r not in docs:

@@ -512,8 +512,11 @@ class Work:
         )
 
     def __repr__(self) -> str:
-        state = "done" if self._done else "pending"
-        return f"<Work {self._where()} {state}>"
+        # (a collective's Future is done before its done-callbacks run: the Work read
+        # "pending" inside its own callback, an outside hunt)
+        source = self._pending
+        done = self._done or (isinstance(source, Future) and source.done.is_set())
+        return f"<Work {self._where()} {'done' if done else 'pending'}>"
 
 
 # UnwaitedWorkWarnings said one by one per process; the rest are counted (_DROPPED)

@@ -480,10 +480,31 @@ class ShmBackend:
         cross-node ones, once made); the group's own (``host``) is not among them."""
         return [c for c in (self.cross, self.node) if c is not None and c is not self.host]
 
+    def _layout_refused(self) -> str | None:
+        """Across nodes: why the hierarchical path cannot run on this group's layout (None:
+        it can). Collective over the group."""
+        index = self.hier[0] if self.hier is not None else 0
+        per_node = dict(self.host.mpi.allgather((index, self.size)))
+        counts = [per_node[k] for k in sorted(per_node)]
+        if len(set(counts)) > 1 or counts[0] < 2:
+            return f"ranks per node {counts}: not the same on every node, or < 2"
+        if self.chunk // 16 < counts[0]:
+            return (
+                f"a chunk of {self.chunk:,} bytes is too small for {counts[0]} ranks per node "
+                f"(HPCCOMM_SHM_CHUNK)"
+            )
+        return None
+
     def describe(self, call: Any) -> str:
         """One line for ``hpccomm info``: the path's form and whether ordinary arrays take
         the single-copy path here. Collective on a group that has not made its segment yet
         (it makes it, and probes, as a first call would; ``call`` names the step)."""
+        if self.hier is not None and self.node is None and self.failed is None:
+            # (it said the hierarchical path runs where the layout refuses it at the first
+            # call: one rank per node, 2 + 1: an outside hunt)
+            self.failed = self._layout_refused()
+        if self.hier is not None and self.failed is not None:
+            return f"off across nodes: {self.failed}"
         if self.hier is not None:
             inside = "single copy where the first call's probe allows it, else the copy path"
             if not self.direct:
@@ -521,9 +542,8 @@ class ShmBackend:
             raise ClosedError(f"{call}: communicator {call.group.name} already freed")
         if self.hier is not None and self.node is None:
             index, local_rank, _ = self.hier
-            sizes = self.host.mpi.allgather(self.size)
-            if len(set(sizes)) > 1 or sizes[0] < 2 or self.chunk // 16 < sizes[0]:
-                self.failed = f"ranks per node {sizes}: not the same on every node, or < 2"
+            self.failed = self._layout_refused()
+            if self.failed is not None:
                 return None
             # (no objects on them: see MPIBackend; this runs on the group's worker thread)
             self.node = self.host.split(index, local_rank, objects=False)

@@ -303,6 +303,9 @@ def test_small_calls_that_hang_are_compared_at_the_timeout(launch):
             "every rank is in it, but the calls differ: sizes is (3, 5) on rank 0 but equal "
             "blocks (sizes= not given, or all equal) on rank 1"
         ) in got["msg"], got
+        # (and not that some rank had not joined it, which the text said as well)
+        assert "has not joined it" not in got["msg"], got
+        assert "not complete after 2 s (MPI cannot cancel it: abort the job)" in got["msg"]
     assert job.rc != 0 and not job.crashed()
 
 

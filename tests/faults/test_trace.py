@@ -73,7 +73,7 @@ def test_sibling_groups_of_one_split_are_told_apart(launch, tmp_path, capsys):
     verdict = analyze(trace, capsys)
     assert verdict.startswith(
         "world/split(0) #3: rank 0 entered all_reduce #3 on world/split(0) (4,) float64 and "
-        "wait. rank 1 never did: its last completed call there was all_reduce #2 on "
+        "waits. rank 1 never did: its last completed call there was all_reduce #2 on "
         "world/split(0)"
     ), verdict
     assert "rank 2" not in verdict.split(". (dumps")[0], verdict
@@ -223,7 +223,7 @@ def test_dumps_of_an_earlier_job_in_the_same_directory_are_left_out(launch, tmp_
     ]
     verdict = analyze(trace, capsys)
     assert verdict.startswith(
-        "world #2: rank 0 entered all_reduce #2 on world (1024,) float32 and wait. rank 1 never "
+        "world #2: rank 0 entered all_reduce #2 on world (1024,) float32 and waits. rank 1 never "
         "did: its last completed call there was all_reduce #1 on world (4,) float64"
     ), verdict
     analysis, _, left_out = verdict.partition(". left out: ")

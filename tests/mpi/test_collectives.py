@@ -302,3 +302,13 @@ def test_reduce_scatter_into_its_own_input_on_mpi(comm, monkeypatch, uneven):
         assert (out == want).all(), (where, out, want)
     if n > 1:
         assert spy.seen == 3
+
+
+def test_a_work_reads_done_inside_its_own_done_callback(comm):
+    # repr(work) in the callback said "pending" (and so did the stderr line of a callback
+    # that raised), while work.is_completed() was True (an outside hunt)
+    seen = []
+    w = comm.all_reduce(np.ones(3), async_op=True)
+    w.add_done_callback(lambda work: seen.append(repr(work)))
+    w.wait()
+    assert len(seen) == 1 and seen[0].endswith(" done>"), seen

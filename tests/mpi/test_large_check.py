@@ -276,7 +276,8 @@ def test_split_sizes_given_on_some_ranks_only_are_named(comm):
     others = "rank 1" if p == 2 else f"ranks {list(range(1, p))}"
     assert (
         f"uneven sizes (sizes=, split sizes) given on rank 0 but not on {others} (pass them "
-        f"on every rank or on none)" in str(info.value)
+        f"on every rank or on none; all_to_all_single's split sizes count even where they are "
+        f"all equal)" in str(info.value)
     ), str(info.value)
 
 

@@ -283,3 +283,18 @@ def test_a_tp_group_placed_across_nodes_is_warned_of_on_rank_0(cluster, tmp_path
             ), line
         else:
             assert line.endswith("warned []"), line
+
+
+def test_info_says_the_hierarchical_path_is_off_for_one_rank_per_node(cluster):
+    # It said "hierarchical all_reduce across nodes" where the first call then refused the
+    # layout (one rank per node; 2 + 1), an outside hunt
+    env = {**cluster.env(), "HPCCOMM_SHM_THRESHOLD": "0"}
+    out = subprocess.run(
+        ["srun", "-N2", "--ntasks-per-node=1", "--mpi=pmix", str(cluster.bin / "hpccomm"), "info"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, f"{out.stdout}\n{out.stderr}"
+    assert (
+        "shared-memory fast path: off across nodes: ranks per node [1, 1]: not the same on "
+        "every node, or < 2" in out.stdout
+    ), out.stdout

@@ -373,14 +373,14 @@ def test_every_stuck_call_is_in_the_verdict():
             3: stuck_in(3, "world")}  # fmt: skip
     verdict = analyze(docs, 4)
     for said in [
-        "world/tp #1: rank 0 entered all_reduce #1 on world/tp (8,) float64 and wait. rank 1 "
+        "world/tp #1: rank 0 entered all_reduce #1 on world/tp (8,) float64 and waits. rank 1 "
         "never did: it completed no call on that group, and it waits in all_reduce #1 on "
         "world/dp",
-        "world/dp #1: rank 1 entered all_reduce #1 on world/dp (8,) float64 and wait. rank 3 "
+        "world/dp #1: rank 1 entered all_reduce #1 on world/dp (8,) float64 and waits. rank 3 "
         "never did",
-        "world/tp #1: rank 2 entered all_reduce #1 on world/tp (8,) float64 and wait. rank 3 "
+        "world/tp #1: rank 2 entered all_reduce #1 on world/tp (8,) float64 and waits. rank 3 "
         "never did",
-        "world #3: rank 3 entered barrier #3 on world and wait. rank 0 never did: it completed "
+        "world #3: rank 3 entered barrier #3 on world and waits. rank 0 never did: it completed "
         "no call on that group, and it waits in all_reduce #1 on world/tp (8,) float64. rank 1 "
         "never did: it completed no call on that group, and it waits in all_reduce #1 on "
         "world/dp (8,) float64. rank 2 never did",
@@ -396,7 +396,7 @@ def test_a_wait_cycle_across_groups_is_called_a_deadlock():
             3: stuck_in(3, "tp")}  # fmt: skip
     verdict = analyze(docs, 4)
     assert (
-        "world/tp #1: rank 3 entered all_reduce #1 on world/tp (8,) float64 and wait. rank 2 "
+        "world/tp #1: rank 3 entered all_reduce #1 on world/tp (8,) float64 and waits. rank 2 "
         "never did: it completed no call on that group, and it waits in all_reduce #1 on "
         "world/dp (8,) float64"
     ) in verdict, verdict
@@ -444,7 +444,7 @@ def test_a_rank_without_a_file_is_placed_from_what_the_others_heard():
     docs = {1: waiting(1, "world/tp", 3, tp_heard), 3: waiting(3, "world/dp", 3, dp_heard)}
     verdict = analyze(docs, 4)
     assert (
-        "world/tp #3: rank 1 entered all_reduce #3 on world/tp (8,) float64 and wait. rank 0 "
+        "world/tp #3: rank 1 entered all_reduce #3 on world/tp (8,) float64 and waits. rank 0 "
         "never did and left no trace file, but rank 1 heard at its timeout in all_reduce #3 on "
         "world/tp where it was: last call of world/tp #2, waits in all_reduce #5 on world."
     ) in verdict, verdict

@@ -47,7 +47,10 @@ def test_a_departed_rank_fails_only_the_calls_it_never_reached():
     # call the departed rank did reach (its data on the way) is left alone.
     wire = {}
     leaving, staying = NoticeBoard(FakeComm(1, wire), -1), NoticeBoard(FakeComm(0, wire), -1)
-    leaving.depart({"world": 7, "world/3@0": 2}, "its program ended: a normal exit or sys.exit")
+    leaving.departed[0] = ({}, "gone")  # (the peer has left: depart does not wait for it)
+    leaving.depart(
+        {"world": 7, "world/3@0": 2}, "its program ended: a normal exit or sys.exit", print
+    )
     assert wire[0][0][0] == DEPARTURES
     staying.check("world", 7, "all_reduce #7 on world (rank 0 of 2)", [0, 1])  # it came
     staying.check("world", 8, "all_reduce #8 on world (rank 0 of 2)", [0])  # not a member
@@ -261,3 +264,34 @@ def test_a_rank_past_a_call_it_did_not_refuse_answers_a_refusal_of_it():
         root.post("world", seq, "all_reduce", 0, [0, 1], "z", "refused")
     sender.poll(force=True)
     assert wire.get(0) is None, wire.get(0)
+
+
+def test_a_leaving_rank_waits_for_every_other_departure_and_says_for_whom(monkeypatch):
+    # A rank left at once after its departure notices: the notices of a rank leaving later
+    # then reached a rank that had finalized MPI, which ended the job (status 14 on two
+    # Slurm nodes, an outside hunt). depart now returns only once every other rank has
+    # said it leaves too, saying on stderr (here: say) for whom it waits after a while.
+    import threading
+    import time
+
+    import hpccomm.notices as notices_mod
+
+    monkeypatch.setattr(notices_mod, "EXIT_SAY_AFTER", 0.05)
+    wire = {}
+    leaving, later = NoticeBoard(FakeComm(1, wire), -1), NoticeBoard(FakeComm(0, wire), -1)
+    said = []
+    done = threading.Event()
+
+    def leave():
+        leaving.depart({"world": 3}, "its program ended: a normal exit or sys.exit", said.append)
+        done.set()
+
+    t = threading.Thread(target=leave)
+    t.start()
+    time.sleep(0.3)
+    assert not done.is_set() and said, said  # waits for rank 0, and says so
+    assert "waits 0 s so far for world rank(s) [0] to end their programs too" in said[0], said
+    later.departed[1] = ({}, "gone")
+    later.depart({"world": 3}, "its program ended: a normal exit or sys.exit", said.append)
+    t.join(5)
+    assert done.is_set()
