@@ -37,7 +37,7 @@ DEPARTURES = "<departures>"  # the group id of a departure notice (see depart)
 DEPART_WAIT = 1.0  # seconds a leaving rank waits for its departure notices to go out
 # a rank at exit waiting for the others' departures (see depart) says so after this many
 # seconds, then every EXIT_SAY_EVERY
-EXIT_SAY_AFTER = 60.0
+EXIT_SAY_AFTER = 30.0
 EXIT_SAY_EVERY = 600.0
 # At a collective's timeout the rank asks the group's other ranks where they are (ask): the
 # group ids of the question and of an answer, how long it waits for answers, and the
@@ -376,7 +376,9 @@ class NoticeBoard:
             self._asked[gid] = (time.monotonic(), since, frozenset(others))
         return since, {w: heard[w] for w in others if w in heard}
 
-    def depart(self, seqs: dict[str, int], reason: str, say: Callable[[str], None]) -> None:
+    def depart(
+        self, seqs: dict[str, int], reason: str, say: Callable[[str], None], bound: float = 120.0
+    ) -> None:
         """This rank leaves the job (at exit, its program done): tell every other rank,
         with the number of the last collective it reached on each of its groups (``seqs``,
         by group id), so that a rank waiting (bounded) in a later call of one of them hears
@@ -388,9 +390,11 @@ class NoticeBoard:
         message to a rank that has finalized MPI ends the job (two Slurm nodes, srun: the
         ranks of one node left 3 s before the other's, whose departure notices then ended
         a correct job with status 14, every time, in an outside hunt; raw mpi4py alike).
-        As MPI_Finalize is collective, the wait has no bound; ``say`` is told which ranks
-        it waits for after EXIT_SAY_AFTER seconds, then every EXIT_SAY_EVERY. A failure
-        MPI reports (ULFM) ends the wait (raised)."""
+        The wait ends after ``bound`` seconds all the same (a rank that finalized MPI
+        itself, or left without hpccomm's exit, never says it leaves: the others waited for
+        good): ``say`` is told so, and which ranks it waits for after EXIT_SAY_AFTER
+        seconds, then every EXIT_SAY_EVERY. A failure MPI reports (ULFM) ends the wait
+        (raised)."""
         msg = (DEPARTURES, self.world_rank, seqs, reason)
         others = [w for w in range(self.comm.Get_size()) if w != self.world_rank]
         for w in others:
@@ -409,6 +413,13 @@ class NoticeBoard:
                 # peer gone meanwhile leaves them unsent, cancelled at close)
                 if not self._sent or now - all_left > DEPART_WAIT:
                     return
+            elif now - start >= bound:
+                say(
+                    f"exiting: world rank(s) {waiting[:8]}{' and more' if len(waiting) > 8 else ''} "
+                    f"did not say they leave within {bound:g} s; finalizing MPI all the same (a "
+                    f"message to this rank from one of them now may end the job)"
+                )
+                return
             elif now >= said_at:
                 say(
                     f"exiting: waits {now - start:.0f} s so far for world rank(s) "

@@ -726,6 +726,7 @@ def init(
     )
     notices.locate = _locate
     notices.progress = _progress
+    _watch_finalize(MPI)
     _init_args = args
     _init_failed = False
     if trace:
@@ -945,18 +946,19 @@ def _at_exit() -> None:
     failed = mpi_backend.failed_in(MPI.COMM_WORLD) or []  # (ULFM; [] without it)
     known = bool(failed) or mpi_backend.peer_failure_seen
     bound = (None if world.freed else world.timeout) or _SURVIVOR_WAIT
-    if known or world.freed:
-        # also after free() (``with hpccomm.init() as c:``), with a call stuck on a worker
-        # thread, and on a rank that only saw a peer's revoke (MPI may not have told it
-        # which rank failed): MPI_Finalize would wait, MPI_Abort may leave the launcher stuck.
-        # Under ULFM every rank that does not abort agrees first (_failure_agreed), so that
-        # the ranks that never heard of the failure leave as survivors too
-        if not known and world.size > 1 and not _stuck_calls(world):
+    # (a freed world may hold a group freed with its call stuck inside MPI: see free)
+    stuck = [] if known else _stuck_calls(world)
+    if known or (world.freed and not stuck):
+        # also after free() (``with hpccomm.init() as c:``), and on a rank that only saw a
+        # peer's revoke (MPI may not have told it which rank failed): MPI_Finalize would
+        # wait, MPI_Abort may leave the launcher stuck. Under ULFM every rank that does not
+        # abort agrees first (_failure_agreed), so that the ranks that never heard of the
+        # failure leave as survivors too
+        if not known and world.size > 1:
             _depart(world)  # (the ranks that did not free the world wait for this one)
         if _failure_agreed(known) or known:
             _leave_after_failure(bound)
         return
-    stuck = _stuck_calls(world)
     if not stuck and (_uncaught is None or world.size == 1):
         if world.size > 1:
             _depart(world)  # (first: a peer waiting for this rank in a call hears it now)
@@ -1016,6 +1018,9 @@ EXIT_AFTER_QUESTION = 1.0  # and the time an asking peer has after its answers, 
 # exit, and across nodes a connection to every rank; above this size they are not sent
 # (a waiting peer then learns of the departure at its timeout, as before).
 DEPART_MAX_RANKS = 64
+# seconds at least a leaving rank waits for the others' departures (see NoticeBoard.depart;
+# the world's timeout where longer)
+EXIT_WAIT = 120.0
 
 
 def _locate(gid: str) -> tuple[int, str, Any] | None:
@@ -1041,15 +1046,45 @@ def _locate(gid: str) -> tuple[int, str, Any] | None:
     return None
 
 
+_departed = False  # this rank's departure went out (see _depart)
+_finalize_watched = False
+
+
+def _watch_finalize(MPI: Any) -> None:
+    """Have the program's own ``MPI.Finalize()`` send this rank's departure first (MPI frees
+    MPI_COMM_SELF's attributes at the start of MPI_Finalize): hpccomm's exit comes after it,
+    finds MPI finalized and sends nothing, and a peer waiting at its exit for this rank's
+    departure waited until its bound (an outside review)."""
+    global _finalize_watched
+    if _finalize_watched:
+        return
+    keyval = MPI.Comm.Create_keyval(delete_fn=_on_finalize)
+    MPI.COMM_SELF.Set_attr(keyval, "hpccomm")
+    _finalize_watched = True
+
+
+def _on_finalize(comm: Any, keyval: int, value: Any) -> None:
+    world = _world
+    if world is None or _departed or os.getpid() != _init_pid or world.size == 1:
+        return  # (at hpccomm's own exit it departed already; a fork child never does)
+    try:
+        if not _stuck_calls(world):
+            _depart(world)
+    except BaseException:  # noqa: BLE001 - never raised into MPI_Finalize
+        pass
+
+
 def _depart(world: Communicator) -> None:
     """A normal exit: tell the other ranks this one is gone (NoticeBoard.depart), with the
     last call number it reached on every group it has or had, so that a peer waiting for it
     in a later call (one rank ran fewer steps than the others) hears it at once, where
     it waited out its timeout (torch's default: 30 min); MPI_Finalize here then waits for
     them as before."""
+    global _departed
     notices = world._notices
-    if notices is None or world.size > DEPART_MAX_RANKS:
+    if notices is None or world.size > DEPART_MAX_RANKS or _departed:
         return
+    _departed = True
     seqs = dict(notices.freed_seqs)
     for c in world._tree():
         if not c.freed:
@@ -1065,6 +1100,11 @@ def _depart(world: Communicator) -> None:
         sys.stderr.write(f"hpccomm (rank {rank} of {size}): {text}\n")
         sys.stderr.flush()
 
+    for stream in (sys.stdout, sys.stderr):  # (before the wait: a peer's abort ends it,
+        try:  # and this rank's buffered output was lost with it, an outside review)
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed or replaced stream
+            pass
     try:
         notices.depart(
             seqs,
@@ -1072,9 +1112,10 @@ def _depart(world: Communicator) -> None:
             if _uncaught_kept
             else "its program ended: a normal exit or sys.exit",
             say,
+            max(world.timeout or 0.0, EXIT_WAIT),
         )
-    except Exception:  # noqa: BLE001 - leaving anyway (a failure MPI reported: ULFM)
-        pass
+    except BaseException:  # noqa: BLE001 - leaving anyway (a failure MPI reported: ULFM;
+        pass  # a Ctrl-C during the wait)
 
 
 def _abort_failed_init() -> None:

@@ -1766,3 +1766,49 @@ def test_a_group_left_unusable_by_a_refusal_frees_and_the_exit_names_its_call(la
     line = next(x for x in job.stderr.splitlines() if "exiting while" in x)
     assert "; and 3 more never completed; aborting the job" in line, line
     assert not job.crashed(), job.stderr[-3000:]
+
+
+def test_a_freed_world_with_a_group_stuck_in_mpi_aborts_at_exit(launch):
+    # A group left unusable by a peer's refusal is freed with its call inside MPI; then the
+    # world is freed too: the exit took the freed world's path, neither departed nor
+    # aborted, and the peer waited for its departure for good (an outside review)
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=3)
+        g = c.dup()
+        bad = np.ones(4, dtype=object if c.rank == 1 else np.float64)
+        outcome(c, "call", lambda: g.all_reduce(bad))
+        g.free()
+        c.free()
+        """,
+        bound=60,
+    )
+    assert job.of(0, "call")["cls"] == "PeerError"
+    assert job.rc != 0 and job.seconds < 40, (job.rc, job.seconds)
+    assert "exiting while all_reduce #1 on world/dup (rank 0 of 2) never completed" in job.stderr
+    assert not job.crashed()
+
+
+def test_a_peer_that_finalizes_mpi_itself_departs_too(launch):
+    # The usual mpi4py closing line, MPI.Finalize(), on rank 1, while rank 0 ended first:
+    # hpccomm's exit found MPI finalized and sent no departure, and rank 0 waited at its
+    # exit for it (an outside review). MPI_Finalize now sends it first.
+    job = launch(
+        2,
+        """
+        from mpi4py import MPI
+        c = hpccomm.init()
+        c.all_reduce(np.ones(2))
+        if c.rank == 0:
+            sys.exit(0)
+        time.sleep(1)
+        MPI.Finalize()
+        print("R1 finalized {}", flush=True)
+        """,
+        bound=60,
+    )
+    assert job.rc == 0, job.stderr[-3000:]
+    assert (1, "finalized") in job.reports
+    assert job.seconds < 20, job.seconds
+    assert "did not say they leave" not in job.stderr
