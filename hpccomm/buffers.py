@@ -93,6 +93,13 @@ def resolve(x: Any, where: object, arg: str = "array") -> Buffer:
     )
 
 
+def flat(a: np.ndarray) -> np.ndarray:
+    """A contiguous host array as one flat ndarray view (no copy). A subclass's reshape may
+    keep two axes: np.matrix stayed (1, n), and the shared-memory path failed on it
+    ("operands could not be broadcast together", an outside hunt) where MPI's path works."""
+    return a.view(np.ndarray).reshape(-1)
+
+
 def on_host(x: Any) -> bool:
     """Whether :func:`resolve` takes ``x`` for host memory (a NumPy array, or DLPack's CPU
     or CUDA-host memory), without resolving it: not a CuPy array, an object with

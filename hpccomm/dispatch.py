@@ -771,13 +771,11 @@ class Dispatcher:
             return work.wait(self._timeout)
         except CommTimeoutError as exc:
             work.disown()
-            if (
-                call.spec.p2p
-                and call.spec.name not in ("send", "send_object")
-                and not getattr(pending, "posted", True)
-                and self._refused_receive is None
-            ):  # withdrawn: a message sent to it later stays unmatched (see strays)
-                self._refused_receive = f"a {call.spec.name} timed out here"
+            if _receives(call.spec) and not getattr(pending, "posted", True):
+                # withdrawn: a message sent to it later stays unmatched (see strays)
+                self._refused_receive = (
+                    self._refused_receive or f"a {call.spec.name} timed out here"
+                )
             raise exc from None  # explained by timed_out, reported, in the Work's wait
         except PeerError as exc:
             work.disown()
@@ -824,7 +822,7 @@ class Dispatcher:
         if record.error_hooks:
             record.report_error(exc)
         if spec.p2p:
-            if spec.name not in ("send", "send_object") and self._refused_receive is None:
+            if _receives(spec) and self._refused_receive is None:
                 self._refused_receive = f"a {spec.name} was refused here ({type(exc).__name__})"
             if args is not None:
                 self._tell_p2p_refusal(spec, args, exc)
@@ -1003,9 +1001,10 @@ class Dispatcher:
         by its root, then free() and dup(): the new group's first broadcast received the old
         data, silently; a refused recv alike). The reasons: the group is unusable; a
         refusal some peer has not refused too (one look at the notices, no wait); a
-        receive refused here, or a blocking one that timed out with nothing posted. The peers' word on a refusal is waited for up to STRAYS_WAIT
-        (a group freed right after a refusal every rank made, as ``with comm.dup() as g:``
-        does, was kept for good when their notices had not come yet)."""
+        receive refused here, or a blocking one that timed out with nothing posted. The
+        peers' word on a refusal is waited for up to STRAYS_WAIT (a group freed right after
+        a refusal every rank made, as ``with comm.dup() as g:`` does, was kept for good when
+        their notices had not come yet)."""
         if self.broken is not None:
             return self.broken
         if self._unsettled and self.notices is not None:
@@ -1827,6 +1826,11 @@ class Dispatcher:
 
 # seconds free() waits for the peers' word on a refusal of the group (see strays)
 STRAYS_WAIT = 1.0
+
+
+def _receives(spec: OpSpec) -> bool:
+    """Whether a point-to-point op receives (a message may come to it: see strays)."""
+    return spec.p2p and spec.name not in ("send", "send_object")
 
 
 def _every_rank_joined(said: str, where_: str) -> str:

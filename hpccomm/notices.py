@@ -407,6 +407,7 @@ class NoticeBoard:
             self._drop_sent()
             now = time.monotonic()
             waiting = [w for w in others if w not in self.departed]
+            listed = f"{waiting[:8]}{' and more' if len(waiting) > 8 else ''}"
             if not waiting:
                 all_left = now if all_left is None else all_left
                 # (every peer heard from: this rank's own notices are on their way; a
@@ -415,16 +416,15 @@ class NoticeBoard:
                     return
             elif now - start >= bound:
                 say(
-                    f"exiting: world rank(s) {waiting[:8]}{' and more' if len(waiting) > 8 else ''} "
-                    f"did not say they leave within {bound:g} s; finalizing MPI all the same (a "
+                    f"exiting: world rank(s) {listed} did not say they leave within {bound:g} s; finalizing MPI all the same (a "
                     f"message to this rank from one of them now may end the job)"
                 )
                 return
             elif now >= said_at:
                 say(
                     f"exiting: waits {now - start:.0f} s so far for world rank(s) "
-                    f"{waiting[:8]}{' and more' if len(waiting) > 8 else ''} to end their programs too (MPI_Finalize is "
-                    f"collective; a message to a rank that has left MPI ends the job)"
+                    f"{listed} to end their programs too (MPI_Finalize is collective; a message "
+                    f"to a rank that has left MPI ends the job)"
                 )
                 said_at = now + EXIT_SAY_EVERY
             time.sleep(pause)

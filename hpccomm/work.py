@@ -515,7 +515,7 @@ class Work:
         # (a collective's Future is done before its done-callbacks run: the Work read
         # "pending" inside its own callback, an outside hunt)
         source = self._pending
-        done = self._done or (isinstance(source, Future) and source.done.is_set())
+        done = self._done or (isinstance(source, Future) and source.test())
         return f"<Work {self._where()} {'done' if done else 'pending'}>"
 
 

@@ -23,6 +23,7 @@ from mpi4py import MPI
 from mpi4py.util import pkl5
 
 from .. import ops as O
+from ..buffers import flat
 from ..debug import HEADER_WORDS, decode_header, encode_header
 from ..dtypes import ARITHMETIC_UFUNCS, SUPPORTED_DTYPES
 from ..errors import BackendError, HpccommError, InvalidArgumentError, MismatchError, PeerError
@@ -181,8 +182,8 @@ def _too_many(call: Call) -> bool:
 def _in_pieces(body: Callable[..., Any], call: Call, x: Any, out: Any, stream: Any) -> Any:
     """Run a one-buffer body on consecutive pieces of at most MAX_COUNT elements (views of
     the same memory); a point-to-point body's requests are gathered into one Requests."""
-    flat = x.view(np.ndarray).reshape(-1)  # (np.matrix: (1, n) otherwise)
-    pieces = [flat[i : i + MAX_COUNT] for i in range(0, flat.size, MAX_COUNT)]
+    whole = flat(x)
+    pieces = [whole[i : i + MAX_COUNT] for i in range(0, whole.size, MAX_COUNT)]
     results = [body(call.piece(piece.size), piece, None, stream) for piece in pieces]
     if not call.spec.p2p:
         return x
@@ -391,7 +392,7 @@ class _SelfReceived(_Received):
                 f"unchanged"
             )
         if got != MPI.UNDEFINED and got > 0:
-            target.view(np.ndarray).reshape(-1)[:got] = scratch[:got]
+            flat(target)[:got] = scratch[:got]
         return super().outcome()
 
 

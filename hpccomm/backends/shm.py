@@ -86,6 +86,7 @@ import numpy as np
 
 from .. import ops as O
 from .. import record
+from ..buffers import flat as _flat
 from ..dtypes import ARITHMETIC_UFUNCS, SUPPORTED_DTYPES, ReduceOp
 from ..errors import (
     BackendError,
@@ -217,13 +218,6 @@ def settings(env: Any = None) -> Settings:
     if env is None:
         _settings = s
     return s
-
-
-def _flat(a: np.ndarray) -> np.ndarray:
-    """``a`` as one flat ndarray (no copy: the arrays here are contiguous). A subclass's
-    reshape may keep two axes: np.matrix stayed (1, n), and the fast path failed on it
-    ("operands could not be broadcast together", an outside hunt) where MPI's path works."""
-    return a.view(np.ndarray).reshape(-1)
 
 
 def _round_up(n: int, to: int) -> int:

@@ -68,20 +68,28 @@ print(f"rank {{c.rank}} on node {{c.node_index}}: {{seed}} calls, {{calls}} hier
 """
 
 
-@pytest.mark.parametrize("cma", ["1", "0"], ids=["single_copy", "copy_path"])
-def test_hierarchical_all_reduce_two_nodes_two_ranks_each(cluster, tmp_path, cma):
-    script = tmp_path / "hier.py"
-    script.write_text(SCRIPT.format(root=str(ROOT)))
-    env = cluster.env()
-    env.update(HPCCOMM_SHM_THRESHOLD="1K", HPCCOMM_SHM_CHUNK="4096", HPCCOMM_SHM_CMA=cma)
+def _ranks_said(cluster, script, text, placement, **env):
+    """Run ``text`` (formatted with this checkout's root) as ``script`` on 2 nodes x 2 ranks
+    (``placement``: srun's option) with ``env`` added; its 4 ranks' "rank ..." lines, sorted.
+    """
+    script.write_text(text.format(root=str(ROOT)))
     out = subprocess.run(
-        ["srun", "-N2", "-n4", "--ntasks-per-node=2", "--mpi=pmix", "--kill-on-bad-exit=1",
+        ["srun", "-N2", "-n4", placement, "--mpi=pmix", "--kill-on-bad-exit=1",
          str(cluster.bin / "python"), str(script)],
-        capture_output=True, text=True, timeout=240, env=env,
+        capture_output=True, text=True, timeout=240, env={**cluster.env(), **env},
     )  # fmt: skip
     assert out.returncode == 0, f"{out.stdout}\n{out.stderr}"
     lines = sorted(line for line in out.stdout.splitlines() if line.startswith("rank "))
     assert len(lines) == 4, out.stdout
+    return lines
+
+
+@pytest.mark.parametrize("cma", ["1", "0"], ids=["single_copy", "copy_path"])
+def test_hierarchical_all_reduce_two_nodes_two_ranks_each(cluster, tmp_path, cma):
+    lines = _ranks_said(
+        cluster, tmp_path / "hier.py", SCRIPT, "--ntasks-per-node=2",
+        HPCCOMM_SHM_THRESHOLD="1K", HPCCOMM_SHM_CHUNK="4096", HPCCOMM_SHM_CMA=cma,
+    )  # fmt: skip
     for r, line in enumerate(lines):
         node = r // 2
         assert line.startswith(f"rank {r} on node {node}: "), line
@@ -126,18 +134,13 @@ def test_first_hierarchical_calls_of_several_groups_at_once(cluster, tmp_path):
     # its node and cross-node communicators on its own worker thread: mpi4py's duplicate for
     # object transfers, made there, holds the GIL in its collective, and the ranks' threads
     # waited for each other for good (5 runs in 35 in an outside hunt; 3 rounds here)
-    script = tmp_path / "groups.py"
-    script.write_text(GROUPS_AT_ONCE.format(root=str(ROOT)))
-    env = cluster.env()
-    env.update(HPCCOMM_SHM_THRESHOLD="1K")
-    out = subprocess.run(
-        ["srun", "-N2", "-n4", "--distribution=cyclic", "--mpi=pmix", "--kill-on-bad-exit=1",
-         str(cluster.bin / "python"), str(script)],
-        capture_output=True, text=True, timeout=240, env=env,
-    )  # fmt: skip
-    assert out.returncode == 0, f"{out.stdout}\n{out.stderr}"
-    lines = sorted(line for line in out.stdout.splitlines() if line.startswith("rank "))
-    assert len(lines) == 4, out.stdout
+    lines = _ranks_said(
+        cluster,
+        tmp_path / "groups.py",
+        GROUPS_AT_ONCE,
+        "--distribution=cyclic",
+        HPCCOMM_SHM_THRESHOLD="1K",
+    )
     for line in lines:
         assert "wrong 0, on the fast path 30" in line, line
 
