@@ -671,7 +671,7 @@ class Communicator:
 
     # -- Python objects -----------------------------------------------------------------
 
-    def broadcast_object(self, obj: Any = None, *, src: int = 0) -> Any:
+    def broadcast_object(self, obj: Any = None, src: int = 0) -> Any:
         """Return ``src``'s object on every rank (pickled; large buffers out of band).
 
         All ranks of the group must call this, in the same order.
@@ -685,14 +685,14 @@ class Communicator:
         """
         return self._dispatch(ALL_GATHER_OBJECT, obj)
 
-    def gather_object(self, obj: Any, *, dst: int = 0) -> list[Any] | None:
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
         """Return the list of every rank's object on ``dst``; None on other ranks.
 
         All ranks of the group must call this, in the same order.
         """
         return self._dispatch(GATHER_OBJECT, obj, peer=dst)
 
-    def scatter_object(self, objects: Sequence[Any] | None = None, *, src: int = 0) -> Any:
+    def scatter_object(self, objects: Sequence[Any] | None = None, src: int = 0) -> Any:
         """Give ``objects[i]`` (a list of group-size items on ``src``) to rank i.
 
         All ranks of the group must call this, in the same order.
@@ -789,9 +789,7 @@ class Communicator:
                 )
             return None if shm is None else shm.allocate(here, dims, dt)
 
-        made = self._dispatcher.collective(
-            "empty", job, agree={"shape": list(dims), "dtype": dt.name}
-        )
+        made = self._dispatcher.collective("empty", job, agree={"shape": dims, "dtype": dt.name})
         if isinstance(made, str):  # (the same on every rank: the reasons are agreed)
             warnings.warn(
                 f"{here}: an ordinary array, not a symmetric buffer: the shared memory "

@@ -90,7 +90,7 @@ from .ops import (
     p2p_counterparts,
 )
 from .record import Record
-from .work import ORPHANS, Done, Work, batch_tags, reap, wait_watching
+from .work import ORPHANS, Done, Work, batch_tags, reap, wait_watching, withdrawn_receive
 
 __all__ = ["Dispatcher", "CACHE_LIMIT"]
 
@@ -771,7 +771,7 @@ class Dispatcher:
             return work.wait(self._timeout)
         except CommTimeoutError as exc:
             work.disown()
-            if _receives(call.spec) and not getattr(pending, "posted", True):
+            if withdrawn_receive(call.spec.name, pending):
                 # withdrawn: a message sent to it later stays unmatched (see strays)
                 self._refused_receive = (
                     self._refused_receive or f"a {call.spec.name} timed out here"

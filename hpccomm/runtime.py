@@ -927,6 +927,26 @@ def _install_excepthook(abort: bool = True) -> None:
 
 
 def _at_exit() -> None:
+    """At interpreter exit (registered by init): leave as :func:`_exit_steps` says; if
+    those steps fail (a defect of hpccomm's), say so and abort the job rather than leave the
+    other ranks waiting for this one's departure (up to EXIT_WAIT each)."""
+    try:
+        _exit_steps()
+    except Exception as exc:  # noqa: BLE001 - reported, then the job ends
+        from mpi4py import MPI
+
+        if MPI.Is_finalized():
+            raise
+        sys.stderr.write(
+            f"hpccomm (rank {MPI.COMM_WORLD.Get_rank()} of {MPI.COMM_WORLD.Get_size()}): "
+            f"its exit steps failed ({type(exc).__name__}: {exc}); aborting the job instead "
+            f"of finalizing MPI (the other ranks would wait for this one)\n"
+        )
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+
+
+def _exit_steps() -> None:
     if _init_pid and os.getpid() != _init_pid:  # a fork() child (see _after_fork): leave
         # with its status, after the other atexit handlers, without MPI_Finalize
         _exit_before_finalize(_child_status[0] if _child_status else 1 if _uncaught else 0)

@@ -591,12 +591,23 @@ def p2p_waiting(call: Call, seq: int) -> str:
     return text
 
 
+def withdrawn_receive(name: str, pending: Any) -> bool:
+    """Whether a point-to-point call that timed out withdrew its receive (a probed receive
+    that matched no message: nothing stays posted), so a message sent to it later stays
+    unmatched: a recv's or recv_object's, or a sendrecv's receive part."""
+    if name in ("recv", "recv_object"):
+        return not getattr(pending, "posted", True)
+    parts = getattr(pending, "parts", None)
+    return name == "sendrecv" and parts is not None and not getattr(parts[0], "posted", True)
+
+
 def _p2p_left(call: Call, pending: Any) -> str:
     """What a point-to-point call that timed out leaves behind (the end of its error)."""
     name = call.spec.name
     peer = "any rank" if call.peer is None else call.group.peer(call.peer)
     tag = "any tag" if call.tag is None else f"tag {call.tag}"
-    if name in ("recv", "recv_object") and not getattr(pending, "posted", True):
+    withdrawn = withdrawn_receive(name, pending)
+    if withdrawn and name != "sendrecv":
         return (
             f"; no message from {peer} with {tag} arrived{_other_tag(call)}. Nothing stays "
             f"posted: a later receive may take that message"
@@ -613,8 +624,7 @@ def _p2p_left(call: Call, pending: Any) -> str:
             f"read the data (hpccomm keeps it alive), so do not modify it before a wait() "
             f"completes; if {peer} never receives it, end the job"
         )
-    parts = getattr(pending, "parts", None)
-    if name == "sendrecv" and parts is not None and not getattr(parts[0], "posted", True):
+    if withdrawn:  # a sendrecv's
         src = "any rank" if call.src is None else call.group.peer(call.src)
         return (
             f"; no message from {src} with {tag} arrived{_other_tag(call)}, and nothing of "

@@ -3,6 +3,7 @@ class expected on every rank that should see it, and a message naming the op, th
 sequence number and, where known, the culprit rank. Each runs in its own MPI job."""
 
 import os
+import re
 import signal
 
 import pytest
@@ -698,6 +699,32 @@ def test_init_settings(launch):
     assert again["cls"] == "InvalidArgumentError"
     assert "timeout=10.0 (first init: 5.0)" in again["msg"]
     assert job.of(0, "same")["value"] == "True" and job.of(0, "plain")["value"] == "True"
+
+
+def test_exit_steps_that_fail_on_one_rank_abort_the_job_at_once(launch):
+    # hpccomm's own exit steps raising on one rank (a defect, simulated) left that rank
+    # without its departure: the others waited for it up to EXIT_WAIT (120 s) at exit
+    job = launch(
+        2,
+        """
+        import hpccomm.runtime as rt
+        c = hpccomm.init(timeout=5)
+        c.barrier()
+        if c.rank == 1:
+            def broken(world):
+                raise RuntimeError("simulated")
+            rt._stuck_calls = broken
+        report(c, "done")
+        """,
+        bound=50,
+    )
+    assert job.rc != 0 and job.seconds < 40, (job.rc, job.seconds, job.stderr[-2000:])
+    assert re.search(
+        r"hpccomm \(rank 1 of 2\): its exit steps failed \(RuntimeError: simulated\); "
+        r"aborting the job",
+        job.stderr,
+    ), job.stderr[-2000:]
+    assert job.of(0, "done") == {} and job.of(1, "done") == {}
 
 
 def test_init_after_mpi_was_finalized(launch):

@@ -803,7 +803,7 @@ def test_a_collective_refused_in_a_done_callback_at_check_is_refused_at_once(wor
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("kind", ["broadcast", "recv", "timed-out recv"])
+@pytest.mark.parametrize("kind", ["broadcast", "recv", "timed-out recv", "timed-out sendrecv"])
 def test_a_message_to_a_call_refused_here_never_reaches_a_later_group(comm, kind):
     # Rank 1 refuses its side (a read-only array), rank 0 completes its own (a small
     # message goes out eagerly) after rank 1 has freed the group. Open MPI hands a message
@@ -817,7 +817,9 @@ def test_a_message_to_a_call_refused_here_never_reaches_a_later_group(comm, kind
         return
     g = pair.dup()
     if pair.rank == 0:
-        time.sleep(1.5 if kind == "timed-out recv" else 0.5)  # after rank 1's free()
+        if kind == "timed-out sendrecv":
+            g.recv(np.zeros(4), 1)  # (rank 1's send)
+        time.sleep(1.5 if kind.startswith("timed-out") else 0.5)  # after rank 1's free()
         if kind == "broadcast":
             g.broadcast(np.full(4, 111.0), 0)
         else:
@@ -826,6 +828,11 @@ def test_a_message_to_a_call_refused_here_never_reaches_a_later_group(comm, kind
         g.timeout = 0.2
         with pytest.raises(hpccomm.CommTimeoutError):
             g.recv(np.zeros(4), 0)
+    elif kind == "timed-out sendrecv":  # (its receive withdrawn, its send received: a
+        # sendrecv whose receive timed out let free() give the context id back)
+        g.timeout = 0.2
+        with pytest.raises(hpccomm.CommTimeoutError):
+            g.sendrecv(np.zeros(4), dst=0, src=0)
     else:
         x = np.zeros(4)
         x.flags.writeable = False
@@ -836,13 +843,13 @@ def test_a_message_to_a_call_refused_here_never_reaches_a_later_group(comm, kind
     if pair.rank == 1:
         assert re.search(r"broadcast #1 on .* was refused here \(InvalidArgumentError\) and "
                          r"rank\(s\) \[0\] did not refuse it|a recv was refused here"
-                         r"|a recv timed out here",
+                         r"|a recv timed out here|a sendrecv timed out here",
                          g._kept)  # fmt: skip
         # a group MPI cannot make counts the freed groups kept (it said "1 groups not
         # freed": every group had been freed, the kept ones went uncounted)
         said = str(pair._not_created("dup", RuntimeError("MPI_ERR_INTERN")))
         assert re.search(r"and [\d,]+ freed groups whose communicators free\(\) kept .*the "
-                         r"latest: world/\S+: (a broadcast|a recv|broadcast)", said), said  # fmt: skip
+                         r"latest: world/\S+: (a broadcast|a recv|a sendrecv|broadcast)", said), said  # fmt: skip
     for _ in range(3):  # (new groups take the freed context ids first)
         g2 = pair.dup()
         y = np.full(4, 222.0) if pair.rank == 0 else np.zeros(4)

@@ -122,6 +122,11 @@ def test_objects(comm):
     got = comm.gather_object((r, "x"), dst=n - 1)
     assert got == ([(i, "x") for i in range(n)] if r == n - 1 else None)
     assert comm.scatter_object([{"i": i} for i in range(n)] if r == 0 else None, src=0) == {"i": r}
+    # the root positional too, as broadcast(array, src) takes it (a TypeError before)
+    last = n - 1
+    assert comm.broadcast_object(r * 10, last) == last * 10
+    assert comm.gather_object(r, last) == (list(range(n)) if r == last else None)
+    assert comm.scatter_object(list(range(0, 2 * n, 2)) if r == last else None, last) == 2 * r
 
 
 @pytest.mark.mpi(min_size=2)

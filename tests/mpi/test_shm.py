@@ -659,7 +659,7 @@ def test_empty_with_different_shapes_is_a_mismatch_on_every_rank(sym):
     # (compared before the call at every debug level but off, as every group step is; the
     # call's own comparison, under "off", says "the ranks ask for different arrays")
     with pytest.raises(MismatchError, match=r"empty #\d+ on .*\(rank \d+ of \d+\): the ranks' "
-                       r"calls differ: shape is \[4\] on rank 0(,| but) \[5\] on rank 1"):  # fmt: skip
+                       r"calls differ: shape is \(4,\) on rank 0(,| but) \(5,\) on rank 1"):  # fmt: skip
         comm.empty(4 + comm.rank, np.float32)
     comm.debug, level = "off", comm.debug
     on = "" if comm.name == "world" else f" on {re.escape(comm.name)}"
