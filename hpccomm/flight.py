@@ -547,6 +547,10 @@ _ABOUT = re.compile(r"(\w+) #(\d+) on (\S+) \(rank \d+ of \d+\)")  # the call th
 _PART = re.compile(
     r"rank (\d+)(?: \(world rank (\d+)\))?(: | has left the job | freed | refused | failed )(.*)"
 )
+_NO_ANSWER = re.compile(  # the ranks that did not answer (Dispatcher._no_answer)
+    r"no answer within (\S+) s from rank\(s\) \[([\d, ]*)\]"
+    r"(?: \(world rank\(s\) \[([\d, ]*)\]\))? \((.*)\)"
+)
 _GROUP_RANK = re.compile(r" \(rank \d+ of \d+\)")  # a group rank in a call's name
 _WAITS_IN = re.compile(r"waits in (\w+) #(\d+) on (\S+)")
 _IN_IT = "waits in it too"
@@ -558,7 +562,8 @@ _Call = tuple[str, int]  # a collective call: group id, sequence number
 class _Heard:
     """What the dump of world rank ``by`` says of another rank: where it was when ``by``
     asked at its timeout in call ``about`` (its group id and number ``call``, where known),
-    in the words of the error (``text``), and the departure it heard of (``left``)."""
+    in the words of the error (``text``), and the departure it heard of (``left``); or
+    that it did not answer (``answered`` False, ``text`` saying so)."""
 
     by: int
     about: str  # "all_reduce #3 on world/tp" ("" where the error does not name it)
@@ -566,6 +571,7 @@ class _Heard:
     text: str  # "last call of world/tp #2, waits in all_reduce #5 on world"
     left: str | None
     time: float
+    answered: bool = True
 
 
 def _gid_of(groups: Mapping[str, Any], name: str, world_rank: int) -> str | None:
@@ -618,7 +624,16 @@ def _heard(docs: dict[int, dict[str, Any]]) -> dict[int, list[_Heard]]:
                 call = None if gid is None or op in _P2P else (gid, seq)
             for part in text[asked.end() :].split("; "):
                 m = _PART.fullmatch(part)
-                if m is None:  # (a tail about every rank, the ranks that did not answer)
+                silent = _NO_ANSWER.fullmatch(part) if m is None else None
+                if silent is not None:  # alive or not, it was not waiting in a bounded call
+                    said = f"it did not answer within {silent.group(1)} s ({silent.group(4)})"
+                    for w in (silent.group(3) or silent.group(2)).split(","):
+                        if w.strip():
+                            out.setdefault(int(w), []).append(
+                                _Heard(by, what, call, said, None, when, answered=False)
+                            )
+                    continue
+                if m is None:  # (a tail about every rank)
                     continue
                 world = int(m.group(2) or m.group(1))
                 said = _GROUP_RANK.sub("", m.group(4)).replace("this rank", f"rank {by}")
@@ -636,6 +651,8 @@ def _heard(docs: dict[int, dict[str, Any]]) -> dict[int, list[_Heard]]:
 def _heard_text(lead: str, h: _Heard) -> str:
     """A rank without a trace file, with what another rank's dump heard of it."""
     at = f"at its timeout in {h.about}" if h.about else "at its timeout"
+    if not h.answered:
+        return f"{lead}; rank {h.by} asked where it was {at}: {_short(h.text, 160)}"
     return f"{lead}, but rank {h.by} heard {at} where it was: {_short(h.text, 160)}"
 
 
@@ -786,10 +803,11 @@ def analyze(
                         f"rank {r} never did: it left the job ({left[r]}) without a trace file"
                     )
                 elif r in heard:  # best: heard at a timeout in this group, then the newest
-                    h = max(
-                        heard[r], key=lambda h: (h.call is not None and h.call[0] == gid, h.time)
+                    h = max(  # (an answer before a silence)
+                        heard[r],
+                        key=lambda h: (h.answered, h.call is not None and h.call[0] == gid, h.time),
                     )
-                    reached = h.call == (gid, seq) and not h.text.startswith("last ")
+                    reached = h.answered and h.call == (gid, seq) and not h.text.startswith("last ")
                     lead = f"rank {r} {'' if reached else 'never did and '}left no trace file"
                     lines.append(_heard_text(lead, h))
                 else:
@@ -857,7 +875,7 @@ def analyze(
         )
     missing = [r for r in missing if r not in left]
     for r in [r for r in missing if r in heard]:  # alive when another rank asked
-        newest = max(heard[r], key=lambda h: h.time)
+        newest = max(heard[r], key=lambda h: (h.answered, h.time))
         lines.append(_heard_text(f"rank {r} left no trace file", newest))
     missing = [r for r in missing if r not in heard]
     if missing:

@@ -487,3 +487,43 @@ def test_a_rank_without_a_file_is_placed_from_what_the_others_heard():
         "rank 1 never did: it left the job (its program ended: a normal exit or sys.exit) "
         "without a trace file"
     ) in verdict, verdict
+
+
+def test_a_rank_that_did_not_answer_is_not_called_killed():
+    # rank 3 was alive, busy outside hpccomm, when rank 1 (in tp #3) and rank 0 (in world #5)
+    # asked; the job was aborted before it wrote a file. The verdict said "killed hard?"
+    # where the asking ranks' dumps say that it did not answer
+    silence = (
+        "no answer within 1 s from rank(s) [1] (world rank(s) [3]) (not waiting in a call "
+        "with a timeout: busy outside hpccomm, in a call without a timeout, or gone)"
+    )
+    docs = {
+        r: layout_doc(
+            r,
+            [
+                entry("all_reduce", "world", 4, "completed", (8,), "float64"),
+                entry("all_reduce", "world/dp", 3, "started", (8,), "float64", gid=DP[r]),
+            ],
+            timeout(f"all_reduce #3 on world/dp (rank {r // 2} of 2)", silence),
+        )  # fmt: skip
+        for r in (1,)
+    }
+    docs[0] = layout_doc(0, [
+        entry("all_reduce", "world", 5, "started", (8,), "float64"),
+    ], timeout("all_reduce #5 on world (rank 0 of 4)",
+               "rank(s) [1, 3] have not reached it; rank 1: last call of this group #4, waits "
+               "in all_reduce #3 on world/dp (rank 0 of 2); rank 2: waits in it too; "
+               "no answer within 1 s from rank(s) [3] (not waiting in a call with a timeout: "
+               "busy outside hpccomm, in a call without a timeout, or gone)"))  # fmt: skip
+    verdict = analyze(docs, 4)
+    assert "killed hard" not in verdict, verdict
+    assert (
+        "rank 3 never did and left no trace file; rank 0 asked where it was at its timeout in "
+        "all_reduce #5 on world: it did not answer within 1 s (not waiting in a call with a "
+        "timeout: busy outside hpccomm, in a call without a timeout, or gone)"
+    ) in verdict or (
+        "rank 3 never did and left no trace file; rank 1 asked where it was at its timeout in "
+        "all_reduce #3 on world/dp: it did not answer within 1 s"
+    ) in verdict, verdict
+    # an answer counts before a silence: rank 2 answered rank 0 ("waits in it too")
+    assert "rank 2 left no trace file, but rank 0 heard" in verdict, verdict
