@@ -74,6 +74,7 @@ STOP_TIMEOUT = 30.0  # seconds the exit-time stop waits for every rank
 _CALLS_KEPT = 4096  # Call objects remembered for a fast lookup
 _SYNC_ROUNDS = 16  # message exchanges per rank and clock estimate
 _TAG = 7301
+_ANSWER_SLACK = 5.0  # seconds added to a stop's wait for answers it is sure to get
 _P2P = {"send", "recv", "sendrecv", "batch_isend_irecv", "send_object", "recv_object"}
 _TOTAL_IN = {"all_gather", "gather"}  # nccl-tests' S is n times this rank's block
 
@@ -381,29 +382,52 @@ def stop_from_env() -> None:
 
 
 def _all_arrive(mpi: Any, timeout: float, keep: list[Any]) -> bool:
-    """Whether every rank reached the stop within ``timeout`` seconds, decided by rank 0
-    and told to every rank, so all take the same path: rank 0 polls a non-blocking barrier
-    until the deadline and sends its verdict; a rank that hears none in time (rank 0 never
-    came), or hears "no" (it came too late), writes alone. ``keep`` holds the verdict
-    messages still in flight."""
+    """Whether every rank reached the stop within ``timeout`` seconds, the same answer on
+    every rank. Rank 0 polls a non-blocking barrier until its deadline and sends its word
+    (come, or no). Another rank that hears no word within twice the timeout (rank 0 never
+    came, or came that late) gives up and tells rank 0 so; one that hears "come" answers
+    "here". After "come", rank 0 waits for every rank's answer (each has reached the stop:
+    it answers within its own wait) and sends the verdict, all here or not, to those that
+    answered "here". (A rank that gave up used to leave rank 0, arriving later, to find the
+    barrier complete and enter the clock exchange alone, for good: an outside hunt.)
+    ``keep`` holds the messages still in flight."""
     rank, n = mpi.Get_rank(), mpi.Get_size()
     barrier = mpi.Ibarrier()
     if rank == 0:
         ok = _poll(barrier, time.monotonic() + timeout)
-        verdict = np.array([1 if ok else 0], dtype=np.int32)
-        sends = [mpi.Isend(verdict, k, _TAG + 1) for k in range(1, n)]
-        if ok:
-            for req in sends:
-                req.Wait()
-        else:
-            keep.extend([verdict, barrier, *sends])  # a late rank still receives "no"
-        return ok
+        word = np.array([1 if ok else 0], dtype=np.int32)
+        sends = [mpi.Isend(word, k, _TAG + 1) for k in range(1, n)]
+        if not ok:
+            keep.extend([word, barrier, *sends])  # a late rank still receives "no"
+            return False
+        answers = np.zeros(n, dtype=np.int32)
+        deadline = time.monotonic() + 2 * timeout + _ANSWER_SLACK
+        for k in range(1, n):
+            got = mpi.Irecv(answers[k : k + 1], k, _TAG + 2)
+            if not _poll(got, deadline):  # (gone since it reached the stop)
+                keep.append(got)
+        all_here = bool(answers[1:].all())
+        verdict = np.array([1 if all_here else 0], dtype=np.int32)
+        told = [mpi.Isend(verdict, k, _TAG + 3) for k in range(1, n) if answers[k]]
+        for req in sends + told:
+            req.Wait()
+        return all_here
     box = np.zeros(1, dtype=np.int32)
     recv = mpi.Irecv(box, 0, _TAG + 1)
-    if _poll(recv, time.monotonic() + 2 * timeout):
-        return bool(box[0])
-    keep.extend([box, barrier, recv])
-    return False
+    if not _poll(recv, time.monotonic() + 2 * timeout):
+        gave_up = np.zeros(1, dtype=np.int32)
+        keep.extend([box, barrier, recv, gave_up, mpi.Isend(gave_up, 0, _TAG + 2)])
+        return False
+    if not box[0]:
+        return False
+    here = np.ones(1, dtype=np.int32)
+    mpi.Send(here, 0, _TAG + 2)
+    verdict = np.zeros(1, dtype=np.int32)
+    got = mpi.Irecv(verdict, 0, _TAG + 3)
+    if not _poll(got, time.monotonic() + 4 * timeout + 2 * _ANSWER_SLACK):
+        keep.extend([verdict, got])  # (rank 0 gone since it said "come")
+        return False
+    return bool(verdict[0])
 
 
 def _poll(req: Any, deadline: float) -> bool:

@@ -44,17 +44,21 @@ def test_env_variable_profiles_an_unchanged_program(launch, tmp_path, capsys):
     assert {e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"} == {0, 1, 2}
 
 
-def test_a_rank_late_for_the_exit_stop_writes_alone(launch, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("late", [1, 0])
+def test_a_rank_late_for_the_exit_stop_writes_alone(launch, tmp_path, capsys, late):
+    # late=0: rank 1 gave up waiting for rank 0's word, and rank 0, arriving after that,
+    # found the barrier complete and entered the clock exchange alone: the job hung at exit
+    # (an outside hunt; likewise for stop(timeout=) called by a program)
     prof = tmp_path / "prof"
     job = launch(
         2,
-        """
+        f"""
         import hpccomm.profiler as P
         P.STOP_TIMEOUT = 1.0
         c = hpccomm.init()
         c.all_reduce(np.ones(4))
-        if c.rank == 1:
-            time.sleep(3)  # past rank 0's deadline
+        if c.rank == {late}:
+            time.sleep(3)  # past the other rank's wait
         report(c, "done")
         """,
         env={"HPCCOMM_PROFILE": str(prof)},
@@ -66,6 +70,35 @@ def test_a_rank_late_for_the_exit_stop_writes_alone(launch, tmp_path, capsys, mo
     out = report(prof, capsys)
     assert out.startswith("hpccomm profile: 2 ranks")
     assert "note: not every rank reached the profiler's stop in time" in out
+
+
+def test_a_stop_whose_root_comes_late_ends_alike_on_every_rank(launch, tmp_path):
+    # stop(timeout=1) with rank 0 three seconds late (rank 0 hung in the clock exchange),
+    # and on time (one profile)
+    job = launch(
+        3,
+        f"""
+        for late in (3.0, 0.0):
+            c = hpccomm.init()
+            p = hpccomm.profile(c, {str(tmp_path)!r} + f"/p{{late}}").start()
+            c.all_reduce(np.ones(4))
+            if c.rank == 0:
+                time.sleep(late)
+            doc = p.stop(timeout=1)
+            report(c, f"stop{{late}}", doc=doc is not None)
+        """,
+        bound=60,
+    )
+    assert job.rc == 0, job.stderr
+    for r in range(3):
+        assert job.of(r, "stop3.0") == {"doc": False}
+        assert job.of(r, "stop0.0") == {"doc": r == 0}
+    assert sorted(p.name for p in (tmp_path / "p3.0").iterdir()) == [
+        "rank00000.json",
+        "rank00001.json",
+        "rank00002.json",
+    ]
+    assert (tmp_path / "p0.0" / "summary.txt").exists()
 
 
 def test_bench_command_with_json_plot_and_progress(mpiexec, mpi_env, venv_bin, tmp_path):
