@@ -1161,10 +1161,15 @@ class Communicator:
         Example (4 ranks, ``g = comm.layout(tp=2, dp=2)``): ``g.tp`` on rank 3 holds ranks
         [2, 3], ``g.dp`` holds [1, 3]; ``g.group("tp-dp")`` holds all four.
         """
+        self._check_open("layout")
         given = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "order": order}
         passed = {k: v for k, v in given.items() if v is not None}
         if layout is None:  # the rest takes Layout's defaults
-            layout = Layout(self.size, **passed)  # type: ignore[arg-type]
+            try:
+                layout = Layout(self.size, **passed)  # type: ignore[arg-type]
+            except InvalidArgumentError as exc:  # ("layout: ..."): named with this rank
+                said = str(exc).removeprefix("layout: ")
+                raise InvalidArgumentError(f"{self._here('layout')}: {said}") from None
         elif passed:  # they were ignored: the layout passed decides everything
             raise InvalidArgumentError(
                 f"{self._here('layout')}: both a Layout and {passed} were given, expected "

@@ -53,6 +53,7 @@ from .debug import (
 )
 from .dtypes import ReduceOp
 from .errors import (
+    BackendError,
     ClosedError,
     CommTimeoutError,
     HpccommError,
@@ -1350,6 +1351,18 @@ class Dispatcher:
                     self.refused_late(spec, seq, precise)
                 return precise
         err = call.backend.error(call, seq, exc)
+        if (
+            not call.spec.p2p
+            and type(err) is BackendError
+            and not getattr(err, "local", False)
+            and self.broken is None
+        ):  # MPI failed inside a collective (MPI_ERR_TRUNCATE: sizes that differ): part of
+            # its messages may be left unreceived on some ranks, which the group's next calls
+            # would match. Calls queued behind it ran on and returned wrong sums on every
+            # rank, with no error (an outside hunt, 4 ranks): the group is unusable here, and
+            # its later calls are refused, their peers told
+            self.broken = f"the group is unusable: {err}"
+            self._update_slow()
         if call.spec.p2p and isinstance(err, InvalidArgumentError):  # refused in the library,
             # nothing sent (an object that cannot be pickled): its peer is told, as of a
             # refusal by validation (it said only that no message came, at its timeout)

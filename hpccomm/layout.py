@@ -402,6 +402,10 @@ class Layout:
 
     def differences(self, other: Layout) -> list[str]:
         """What differs between two layouts, in words (empty when equal)."""
+        if not isinstance(other, Layout):
+            raise InvalidArgumentError(
+                f"layout: differences() compares two Layouts; got {type(other).__name__} {other!r}"
+            )
         out = []
         if self.world_size != other.world_size:
             out.append(f"world size {self.world_size} != {other.world_size}")

@@ -134,10 +134,26 @@ class ParallelGroups:
         return self.group("ep")
 
     def free(self) -> None:
-        """Free every group made so far (idempotent)."""
-        for group in self._groups.values():
-            group.free()
-        self._groups.clear()
+        """Free every group made so far (idempotent).
+
+        Raises:
+            InvalidArgumentError: a call of one of them is still running (wait() for it
+                first); none is freed then (some were freed, the rest not, and the layout
+                kept handles of freed groups: an outside hunt).
+        """
+        groups = [g for g in self._groups.values() if not g.freed]
+        busy = [b for g in groups for b in g._running()]
+        if busy:
+            raise InvalidArgumentError(
+                f"free of the layout over {self.comm.name} (rank {self.comm.rank} of "
+                f"{self.comm.size}): {'; '.join(busy)}; wait() "
+                f"for them first (nothing was freed)"
+            )
+        try:
+            for group in groups:
+                group.free()
+        finally:
+            self._groups = {k: g for k, g in self._groups.items() if not g.freed}
 
 
 def placement_note(

@@ -112,6 +112,16 @@ class Profiler:
 
     def __init__(self, comm: Any, directory: str | os.PathLike[str] | None = None,
                  *, events: int = EVENT_LIMIT) -> None:  # fmt: skip
+        if not all(hasattr(comm, a) for a in ("mpi", "world_rank", "rank", "size")):
+            raise InvalidArgumentError(
+                f"profile: comm is {type(comm).__name__} {comm!r:.80}, expected a "
+                f"Communicator (hpccomm.init()'s, or a group made from it)"
+            )
+        if isinstance(events, bool) or not isinstance(events, (int, np.integer)) or events < 0:
+            raise InvalidArgumentError(
+                f"profile (rank {comm.rank} of {comm.size}): events is {events!r}, expected "
+                f"an integer >= 0 (calls per rank kept with their times)"
+            )
         self.comm = comm
         self.directory = None if directory is None else Path(directory)
         self.limit = events
@@ -203,12 +213,34 @@ class Profiler:
         self._rank, self._world_rank = self.comm.rank, self.comm.world_rank()
         self._world_size = self.comm._world.size  # (rank files name their job by it too)
         self._mpi = self.comm.mpi.Dup()  # the profiler's own messages: never recorded
+        self._check_directory()
         self._sync_start = _clock_offsets(self._mpi)
         self._open.clear()  # (calls of an earlier session)
         self._t_start = time.perf_counter()
         self._running = True
         record.add_listener(self)
         return self
+
+    def _check_directory(self) -> None:
+        """At start, on every rank (collective): the directory can be made and written
+        here; else every rank raises, naming the ranks (found at the stop, the profile was
+        lost, and only rank 0 said so: an outside hunt)."""
+        why = ""
+        if self.directory is not None:
+            try:
+                make_writable_directory(self.directory)
+            except OSError as exc:
+                why = str(exc.strerror or exc)
+        said = self._mpi.allgather(why)
+        bad = [r for r, w in enumerate(said) if w]
+        if bad:
+            self._mpi.Free()
+            self._mpi = None
+            first = said[bad[0]]
+            raise InvalidArgumentError(
+                f"profile.start (rank {self._rank} of {len(said)}): the directory "
+                f"{str(self.directory)!r} cannot be written on rank(s) {bad}: {first}"
+            )
 
     def stop(self, *, timeout: float | None = None) -> dict[str, Any] | None:
         """Stop recording; rank 0 gathers every rank's data, writes the files (when a
@@ -221,6 +253,16 @@ class Profiler:
         """
         if not self._running:
             return self.doc
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float, np.integer, np.floating))
+            or not timeout >= 0
+            or timeout == float("inf")
+        ):
+            raise InvalidArgumentError(
+                f"profile.stop (rank {self._rank} of {self.comm.size}): timeout is "
+                f"{timeout!r}, expected seconds >= 0 (finite) or None"
+            )
         record.remove_listener(self)
         self._running = False
         self._t_stop = time.perf_counter()

@@ -107,6 +107,47 @@ def test_a_layout_and_sizes_beside_it_are_refused(comm):
     assert comm.layout(Layout(comm.size)).layout == Layout(comm.size)
 
 
+def test_layout_errors_name_the_rank_and_group(comm):
+    # Layout's own errors went through unnamed ("layout: world 2 is not divisible ..."); a
+    # freed communicator's layout() returned groups that failed only on first use
+    from hpccomm import ClosedError, InvalidArgumentError
+
+    on = "" if comm.name == "world" else f" on {comm.name}"
+    with pytest.raises(InvalidArgumentError, match=rf"^layout{on} \(rank {comm.rank} of "
+                       rf"{comm.size}\): world {comm.size} is not divisible by tp"):  # fmt: skip
+        comm.layout(tp=comm.size + 1)
+    with pytest.raises(InvalidArgumentError, match=r"\(rank \d+ of \d+\): tp is 0, expected"):
+        comm.layout(tp=0)
+    with pytest.raises(InvalidArgumentError, match=r"differences\(\) compares two Layouts; "
+                       r"got int 5"):  # fmt: skip
+        Layout(comm.size).differences(5)
+    d = comm.dup()
+    d.free()
+    with pytest.raises(ClosedError, match=r"layout .*already freed"):
+        d.layout(dp=comm.size)
+
+
+def test_a_layout_with_a_call_running_frees_none_of_its_groups(comm):
+    # free() freed the groups before the one with a call running, then refused "nothing was
+    # freed", and kept the freed groups' handles (an outside hunt)
+    from hpccomm import InvalidArgumentError
+
+    groups = comm.layout(dp=comm.size)
+    tp, dp = groups.tp, groups.dp
+    work = dp.all_reduce(np.ones(1 << 16, np.float32), async_op=True)
+    with pytest.raises(InvalidArgumentError, match=r"free of the layout over .*: 1 operation"
+                       r"\(s\) on \S+/dp still running .*wait\(\) for them first \(nothing "
+                       r"was freed\)"):  # fmt: skip
+        groups.free()
+    assert not tp.freed and not dp.freed
+    work.wait()
+    assert tp.all_reduce(np.ones(2))[0] == 1
+    groups.free()
+    assert tp.freed and dp.freed
+    assert groups.tp is not tp and groups.tp.all_reduce(np.ones(2))[0] == 1  # made anew
+    groups.free()
+
+
 def test_dense_and_expert_groups_have_their_own_names(comm):
     # Megatron's pair: the dense layout's groups and its expert layout's shared names
     # (world/tp for both), so errors and flight recorder dumps could not tell them apart

@@ -3,6 +3,7 @@ named as the straggler with about the wait it caused, byte counts equal the arra
 every op, the Chrome trace has a track per rank, and layout subgroups are told apart."""
 
 import json
+import re
 import time
 
 import numpy as np
@@ -186,3 +187,29 @@ def test_the_dropped_events_note_names_the_limit_in_use(comm, tmp_path_factory):
             f"note: {7 * comm.size} calls in all past the first 5 per rank ({ranks}) are counted"
             in summary
         ), summary
+
+
+def test_bad_profiler_arguments_are_refused_naming_the_rank(comm, tmp_path_factory):
+    # profile(None) was an AttributeError, events=-1 and stop(timeout="1"/-1) went through
+    # (a TypeError at the stop, or each rank writing alone), and an unwritable directory
+    # lost the whole profile at the stop, said on rank 0 alone (an outside hunt)
+    with pytest.raises(hpccomm.InvalidArgumentError, match=r"profile: comm is NoneType None, "
+                       r"expected a Communicator"):  # fmt: skip
+        hpccomm.profile(None, "x")
+    with pytest.raises(hpccomm.InvalidArgumentError, match=rf"profile \(rank {comm.rank} of "
+                       rf"{comm.size}\): events is -1, expected an integer >= 0"):  # fmt: skip
+        hpccomm.profile(comm, None, events=-1)
+    with pytest.raises(hpccomm.InvalidArgumentError, match=rf"profile.start \(rank {comm.rank}"
+                       rf" of {comm.size}\): the directory '/proc/nope/x' cannot be written on "
+                       rf"rank\(s\) {re.escape(str(list(range(comm.size))))}: No such file"):  # fmt: skip
+        hpccomm.profile(comm, "/proc/nope/x").start()
+    out = comm.mpi.bcast(str(tmp_path_factory.mktemp("prof")) if comm.rank == 0 else None)
+    prof = hpccomm.profile(comm, out).start()
+    comm.all_reduce(np.ones(4))
+    for bad in ("1", -1, float("nan"), True):
+        with pytest.raises(hpccomm.InvalidArgumentError, match=r"profile.stop \(rank \d+ of "
+                           r"\d+\): timeout is .*, expected seconds >= 0"):  # fmt: skip
+            prof.stop(timeout=bad)
+    assert prof.running  # (refused before anything was stopped)
+    doc = _on_rank0(comm, prof.stop(timeout=30))
+    assert doc["ranks"] == comm.size
