@@ -23,6 +23,7 @@ call with device arrays; it imports nothing above it.
 from __future__ import annotations
 
 import math
+import random
 import re
 import sys
 import threading
@@ -97,7 +98,9 @@ __all__ = ["Dispatcher", "CACHE_LIMIT"]
 
 _get_ident = threading.get_ident  # (the worker-thread test of every dispatch: see _on_own_worker)
 
-CACHE_LIMIT = 512  # validated call descriptions kept per communicator (cleared when full)
+CACHE_LIMIT = 512  # validated call descriptions kept per communicator (then one at random
+# makes room for each new one)
+_EVICT = random.Random(0)  # (its own generator: the program's random state is left alone)
 # What a timeout says of a peer that did not answer where it is, and of one that has no
 # such group (whereabouts, p2p_whereabouts)
 _SILENT_WHY = (
@@ -361,12 +364,16 @@ class Dispatcher:
         # resolve + validate, once per description of host arrays (the key holds only what
         # validation depends on; a freed communicator has an empty cache and is refused by
         # prepare)
-        if type(data) is _ndarray and (out is None or type(out) is _ndarray):
+        if (out is None or type(out) is _ndarray) and (
+            type(data) is _ndarray or (data is None and spec.arrays)
+        ):  # (no data: a barrier, a scatter's receiving rank; it validated every call)
+            d: Any = data
+            nodata = d is None
             key: tuple = (
                 spec,
-                data.dtype,
-                data.shape,
-                data.strides,
+                None if nodata else d.dtype,
+                None if nodata else d.shape,
+                None if nodata else d.strides,
                 peer,
                 tag,
                 redop,
@@ -382,7 +389,7 @@ class Dispatcher:
                     out.shape,
                     out.strides,
                     out.flags.writeable if spec.p2p else None,
-                    _overlap(data, out) if spec in OVERLAP_CHECKED else None,
+                    _overlap(d, out) if spec in OVERLAP_CHECKED and not nodata else None,
                 ),
                 # the arguments' types: True == 1 == 1.0 and 2.0 == 2+0j as keys, but not
                 # in validation (a root of True, a complex factor on a real dtype)
@@ -398,7 +405,7 @@ class Dispatcher:
                 # lost). Collectives find it at the call: the shared-memory path's header
                 # makes every rank raise (tests/mpi/test_shm.py), mpi4py refuses it before
                 # MPI, and the precise error follows
-                data.flags.writeable if spec.p2p else None,
+                d.flags.writeable if spec.p2p and not nodata else None,
             )
             try:
                 call = self.cache.get(key)
@@ -423,8 +430,11 @@ class Dispatcher:
                     self.refused(spec, exc, (data, peer, src, tag))
                     raise
                 if key:
-                    if len(self.cache) >= CACHE_LIMIT:
-                        self.cache.clear()
+                    if len(self.cache) >= CACHE_LIMIT:  # one out, at random: clearing them
+                        # all (or dropping the least recently used) made a program cycling
+                        # over 513 descriptions validate every call, 10x slower (an
+                        # outside hunt); at random, most of such a cycle stays
+                        self.cache.pop(_EVICT.choice(list(self.cache)), None)
                     self.cache[key] = call
         else:
             key = ()  # not cached
@@ -1260,6 +1270,12 @@ class Dispatcher:
             for j, (got, want) in enumerate(zip(arriving, expects, strict=True))
             if got != want
         ]
+        # one 16-byte allreduce says whether every rank found its splits right; the pickled
+        # allgather naming them runs only when some did not (it ran on every call: +8-12
+        # us per call at 2 ranks, an outside hunt). Equal values on every rank: all take
+        # the same path
+        if self.backend.same_int(1 if mine else 0) and not mine:
+            return
         everyone = self.backend.allgather_object(mine)
         bad = [
             f"rank {j} sends {got} elements to rank {i}, which expects {want}"

@@ -413,6 +413,13 @@ def stop_from_env() -> None:
     if MPI.Is_finalized():  # pragma: no cover - the application finalized MPI itself
         prof._write_alone("MPI was finalized before the profiler's exit-time stop")
         return
+    from . import runtime
+
+    if runtime._uncaught is not None:  # the job is aborted next: its peers, waiting for it
+        # in a call, said at their timeout that it did not answer, where its exception was
+        # the cause (it waited up to STOP_TIMEOUT here first: an outside hunt)
+        prof._write_alone(f"this rank ends with an exception nobody caught ({runtime._uncaught})")
+        return
     try:
         doc = prof.stop(timeout=STOP_TIMEOUT)
     except Exception as exc:  # never turn a clean exit into a traceback

@@ -1027,6 +1027,14 @@ class HpccommProcessGroup(dist.ProcessGroup):
     def alltoall(
         self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], opts: Any = None
     ) -> _TorchWork:
+        n = self.comm.size
+        for what, tensors in (("input", inputs), ("output", outputs)):
+            if len(tensors) != n:  # (said as split sizes of the wrong length before)
+                raise TensorRefused(
+                    f"hpccomm torch backend: {len(tensors)} {what} tensor"
+                    f"{'' if len(tensors) == 1 else 's'}, expected {n} (one per rank of the "
+                    f"group)"
+                )
         xs = [as_numpy(t, "input", copied=True).reshape(-1) for t in inputs]
         sends = [a.size for a in xs]
         dtype = xs[0].dtype if xs else np.float32

@@ -72,6 +72,28 @@ def test_a_rank_late_for_the_exit_stop_writes_alone(launch, tmp_path, capsys, la
     assert "note: not every rank reached the profiler's stop in time" in out
 
 
+def test_a_rank_ending_with_an_uncaught_exception_skips_the_exit_stop(launch, tmp_path):
+    # it waited in the profiler's exit-time stop (30 s) before the abort, while its peer
+    # waited in a call for it (an outside hunt)
+    prof = tmp_path / "prof"
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=40)
+        c.all_reduce(np.ones(4))
+        if c.rank == 1:
+            raise RuntimeError("a bug in step 3")
+        c.all_reduce(np.ones(4))
+        """,
+        env={"HPCCOMM_PROFILE": str(prof)},
+        bound=60,
+    )
+    assert job.rc != 0 and job.seconds < 25, (job.rc, job.seconds, job.stderr[-2000:])
+    assert "RuntimeError: a bug in step 3" in job.stderr
+    assert "this rank ends with an exception nobody caught (RuntimeError)" in job.stderr
+    assert (prof / "rank00001.json").exists()
+
+
 def test_a_stop_whose_root_comes_late_ends_alike_on_every_rank(launch, tmp_path):
     # stop(timeout=1) with rank 0 three seconds late (rank 0 hung in the clock exchange),
     # and on time (one profile)

@@ -144,6 +144,20 @@ def test_all_to_all_single_receiver_expects_more(checked):
     )
 
 
+@pytest.mark.mpi(min_size=2)
+def test_all_to_all_single_every_receiver_expects_more(checked):
+    # every rank finds a difference (one allreduce says whether any did: equal values on
+    # every rank must not read as "all fine")
+    n = checked.size
+    mismatch(
+        checked,
+        lambda: checked.all_to_all_single(
+            np.ones(n), input_split_sizes=[1] * n, output_split_sizes=[2] * n
+        ),
+        "the split sizes disagree: rank 0 sends 1 elements to rank 0, which expects 2",
+    )
+
+
 def test_a_rank_that_refuses_tells_the_others(checked):
     r = checked.rank
     op = ReduceOp.BAND if r == 1 else ReduceOp.SUM

@@ -176,6 +176,14 @@ def test_all_to_all_forms(tdist):
     outs = [torch.empty(2) for _ in range(n)]
     tdist.all_to_all(outs, [torch.full((2,), float(10 * r + j)) for j in range(n)])
     assert [o.tolist() for o in outs] == [[float(10 * j + r)] * 2 for j in range(n)]
+    # a list of the wrong length (on every rank) was said as split sizes nobody passed
+    with pytest.raises(Exception, match=rf"all_to_all .*\(rank {r} of {n}\): .*{n + 1} input "
+                       rf"tensors, expected {n} \(one per rank of the group\)"):  # fmt: skip
+        tdist.all_to_all(outs, [torch.ones(2)] * (n + 1))
+    with pytest.raises(Exception, match=rf"\b{n + 1} output tensors, expected {n}"):
+        tdist.all_to_all(outs + [torch.ones(2)], [torch.ones(2)] * n)
+    tdist.all_to_all(outs, [torch.full((2,), 1.0)] * n)  # the group goes on
+    assert [o.tolist() for o in outs] == [[1.0, 1.0]] * n
 
 
 @pytest.mark.mpi(min_size=2)
