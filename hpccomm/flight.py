@@ -502,6 +502,44 @@ def _p2p_waits(
     return waits
 
 
+def _peer_tag(e: dict[str, Any]) -> str:
+    """ " (peer rank 1, tag 2)" for an entry that names them."""
+    parts = [f"peer rank {e['peer']}"] if e.get("peer") is not None else []
+    if e.get("tag") is not None:
+        parts.append(f"tag {e['tag']}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _tags_unmatched(
+    blocked: dict[int, tuple[str, int, dict[str, Any]]],
+    p2p: list[tuple[int, dict[str, Any]]],
+    groups: dict[str, dict[str, Any]],
+) -> list[str]:
+    """A blocking receive whose sender has sends to it not seen complete, none with the
+    receive's tag: said, naming their tags (a skipped or mistagged send)."""
+    out = []
+    for r, (op, peer, e) in sorted(blocked.items()):
+        if op != "recv" or e.get("tag") is None:
+            continue
+        tags = set()
+        for w, f in p2p:
+            if w != peer or f["op"] != "send" or f.get("tag") is None:
+                continue
+            members = groups.get(f.get("gid") or f["group"], {}).get("members")
+            to = f.get("peer")
+            if members and to is not None and 0 <= to < len(members):
+                to = members[to]
+            if to == r and (f.get("gid") or f["group"]) == (e.get("gid") or e["group"]):
+                tags.add(f["tag"])
+        if tags and e["tag"] not in tags:
+            out.append(
+                f"rank {r}'s receive from rank {peer} (tag {e['tag']}) has no matching send: "
+                f"rank {peer}'s sends to rank {r} not seen complete have tag(s) "
+                f"{sorted(tags)} (a send skipped, or the tags differ)"
+            )
+    return out
+
+
 def _p2p_cycle(waits: dict[int, tuple[str, int, dict[str, Any]]]) -> list[int] | None:
     """World ranks that wait for one another (``waits``: :func:`_p2p_waits`) in a ring of
     blocking calls of one kind (each receiving from the next, or each sending to the next:
@@ -845,10 +883,23 @@ def analyze(
         )
     if not waits:
         p2p = [(r, e) for r, es in sorted(pending.items()) for e in es if e["op"] in _P2P]
-        for r, e in p2p[:3]:
-            peer = "" if e.get("peer") is None else f" (peer rank {e['peer']})"
-            lines.append(f"rank {r} waits in {_desc(e)}{peer}")
+        # where each rank waits: its latest blocking call (every rank); then async calls not
+        # seen complete (an isend never waited for stays "started" after its receive took
+        # it), a few. The first three entries in rank order were listed, so one rank's
+        # unwaited isends hid the receive that waited (an outside hunt)
+        latest = {r: e for r, e in p2p if not e.get("async")}
+        unwaited = [(r, e) for r, e in p2p if e.get("async")]
+        for r, e in sorted(latest.items()):
+            lines.append(f"rank {r} waits in {_desc(e)}{_peer_tag(e)}")
+        for r, e in unwaited[:3]:
+            lines.append(
+                f"rank {r} has {_desc(e)}{_peer_tag(e)} not seen complete (async: not waited "
+                f"for, or waited for now)"
+            )
+        if len(unwaited) > 3:
+            lines.append(f"and {len(unwaited) - 3} more async point-to-point calls so")
         blocked = _p2p_waits(p2p, groups)
+        lines.extend(_tags_unmatched(blocked, p2p, groups))
         ring = _p2p_cycle(blocked)
         facing = None if ring else _p2p_facing(blocked)
         if ring:

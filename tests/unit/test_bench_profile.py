@@ -502,3 +502,25 @@ def test_report_timeline_without_matplotlib_says_how(tmp_path, capsys, monkeypat
     captured = capsys.readouterr()
     assert captured.out == "" and not png.exists()
     assert captured.err == f"hpccomm: profile report --timeline: {bench.PLOT_HINT}\n"
+
+
+def test_overlapping_async_calls_count_once_in_a_ranks_communication_time():
+    # 8 async buckets issued at once and waited later: each call's time runs from its
+    # issue, so summed they made 300-750% of the wall time (an outside hunt)
+    raws = []
+    for rank in range(2):
+        events = [[0, "all_reduce", k + 1, 100.0, 100.1 + 0.01 * k, 4096, True, False]
+                  for k in range(8)]  # fmt: skip
+        events.append([0, "all_reduce", 9, 100.5, 100.6, 4096, False, False])
+        g = [{"gid": "world", "name": "world", "members": [0, 1], "rank": rank, "size": 2}]
+        raws.append({
+            "rank": rank, "host": "node1", "pid": 1, "t_start": 100.0, "t_stop": 101.0,
+            "groups": g, "stats": [[0, "all_reduce", 9, 9 * 4096, sum(e[4] - e[3] for e in events),
+                                   1.0, 0]],
+            "events": events, "dropped": 0,
+            "clock": {"start": [0.0, 1e-6], "stop": [0.0, 1e-6]},
+        })  # fmt: skip
+    doc = profiler.analyze(raws)
+    per = {p["rank"]: p for p in doc["per_rank"]}
+    assert per[0]["comm_s"] == pytest.approx(0.17 + 0.1)  # not 0.08 * 8 + ... = 1.18
+    assert "communication: 270.00 ms per rank (27.0% of wall)" in profiler.format_summary(doc)

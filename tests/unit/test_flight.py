@@ -527,3 +527,31 @@ def test_a_rank_that_did_not_answer_is_not_called_killed():
     ) in verdict, verdict
     # an answer counts before a silence: rank 2 answered rank 0 ("waits in it too")
     assert "rank 2 left no trace file, but rank 0 heard" in verdict, verdict
+
+
+def test_a_blocking_receive_is_named_before_other_ranks_unwaited_sends():
+    # rank 0 skipped the send with tag 1 and left two isends unwaited; rank 1 blocks in its
+    # recv of tag 1. The verdict listed rank 0's first three entries only ("waits in send
+    # #1", which rank 1 had received) and never named the receive that waited
+    def p2p(op, seq, state, peer, tag, is_async):
+        e = entry(op, "world", seq, state)
+        e["peer"], e["tag"], e["async"] = peer, tag, is_async
+        return e
+
+    docs = {
+        0: doc(0, 2, [p2p("send", 1, "started", 1, 0, True), p2p("send", 2, "started", 1, 2, True),
+                      p2p("send", 3, "started", 1, 3, True), p2p("send", 4, "started", 1, 4, True),
+                      p2p("batch_isend_irecv", 5, "started", None, None, True)]),
+        1: doc(1, 2, [p2p("recv", 1, "completed", 0, 0, False),
+                      p2p("recv", 2, "started", 0, 1, False)]),
+    }  # fmt: skip
+    verdict = analyze(docs, 2)
+    assert verdict.startswith("rank 1 waits in recv #2 on world (4,) float32 (peer rank 0, tag 1)")
+    assert (
+        "rank 0 has send #1 on world (4,) float32 (peer rank 1, tag 0) not seen complete (async"
+    ) in verdict, verdict
+    assert "and 2 more async point-to-point calls so" in verdict, verdict
+    assert (
+        "rank 1's receive from rank 0 (tag 1) has no matching send: rank 0's sends to rank 1 not "
+        "seen complete have tag(s) [0, 2, 3, 4] (a send skipped, or the tags differ)"
+    ) in verdict, verdict
