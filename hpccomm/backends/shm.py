@@ -107,10 +107,10 @@ CHUNK_ENV = "HPCCOMM_SHM_CHUNK"
 CMA_ENV = "HPCCOMM_SHM_CMA"
 NEVER = 2**63  # a size no call reaches
 # (smallest, largest) bytes of input the copy path takes by default, from the measurements
-# in the README: reduce_scatter from 1 MiB; all_reduce from 256 KiB up to 8 MiB in groups of
-# 3 or more ranks; all_reduce and reduce never in groups of 2, reduce never at all (Open
+# in the README: reduce_scatter from 1 MiB; all_reduce from 1 MiB up to 8 MiB in groups of
+# 3 or more ranks (from 256 KiB before 2026-12-04: it lost to MPI below 1 MiB, 0.50-0.64); all_reduce and reduce never in groups of 2, reduce never at all (Open
 # MPI's reduce is cheaper than its all_reduce: the copy path lost at every size)
-DEFAULT_RANGES = {"reduce_scatter": (1 << 20, NEVER), "all_reduce": (256 << 10, 8 << 20),
+DEFAULT_RANGES = {"reduce_scatter": (1 << 20, NEVER), "all_reduce": (1 << 20, 8 << 20),
                   "reduce": (NEVER, NEVER), "pair": (NEVER, NEVER)}  # fmt: skip
 # the single-copy path (ordinary arrays, process_vm_readv/writev), where the ranks may
 # reach each other's memory: all_reduce and reduce_scatter from these sizes of input in
@@ -285,7 +285,7 @@ class ShmBackend:
     single-copy path (``direct``, where the first call's probe allows it) for all_reduce
     and reduce_scatter from 256 KiB in groups of 2 and from 1 MiB in larger ones, for
     reduce from 1 MiB and 8 MiB (``DIRECT_RANGES``); below that, or without it, the copy
-    path (``DEFAULT_RANGES``): reduce_scatter from 1 MiB; all_reduce from 256 KiB up to
+    path (``DEFAULT_RANGES``): reduce_scatter from 1 MiB; all_reduce from 1 MiB up to
     8 MiB in groups of 3 or more ranks, never in groups of 2; reduce never. ``threshold`` (bytes, or ``HPCCOMM_SHM_THRESHOLD``) makes every size from
     it on take the path (single copy where allowed), for all three. Across nodes
     (``node``) only all_reduce, only from ``threshold``: single copy or the copy path inside
