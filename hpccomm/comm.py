@@ -235,6 +235,11 @@ class Communicator:
 
     @name.setter
     def name(self, value: str) -> None:
+        if not isinstance(value, str) or not value:
+            raise InvalidArgumentError(
+                f"name ({self._group.name}, rank {self.rank} of {self.size}): the name is "
+                f"{type(value).__name__} {value!r}, expected a non-empty str"
+            )
         self._group.name = value
 
     @property
@@ -363,7 +368,7 @@ class Communicator:
     # -- collectives -------------------------------------------------------------------
 
     def all_reduce(
-        self, array: Any, *, op: ReduceOp = _SUM, async_op: bool = False, stream: Any = None
+        self, array: Any, op: ReduceOp = _SUM, *, async_op: bool = False, stream: Any = None
     ) -> Any:
         """Reduce ``array`` over all ranks, in place; every rank gets the result.
 
@@ -390,8 +395,8 @@ class Communicator:
         self,
         array: Any,
         dst: int = 0,
-        *,
         op: ReduceOp = _SUM,
+        *,
         async_op: bool = False,
         stream: Any = None,
     ) -> Any:
@@ -743,19 +748,19 @@ class Communicator:
         Example (2 ranks): ``x = comm.empty(1 << 20); x[:] = rank; comm.all_reduce(x)``:
         both ranks' ``x`` hold 1.0 everywhere.
         """
-        return self._symmetric(shape, dtype, stacklevel=3)
+        return self._symmetric(shape, dtype, stacklevel=3, what="empty")
 
     def zeros(self, shape: int | Sequence[int], dtype: Any = np.float32) -> np.ndarray:
         """:meth:`empty`, filled with zeros (free: its memory is fresh pages). Collective,
         like :meth:`empty`."""
-        return self._symmetric(shape, dtype, stacklevel=3)
+        return self._symmetric(shape, dtype, stacklevel=3, what="zeros")
 
-    def _symmetric(self, shape: Any, dtype: Any, *, stacklevel: int) -> np.ndarray:
+    def _symmetric(self, shape: Any, dtype: Any, *, stacklevel: int, what: str) -> np.ndarray:
         """:meth:`empty`; a fall-back warning points ``stacklevel`` frames up (the user's
         line, also when the allocation ran on the group's worker thread)."""
-        self._check_open("empty")
-        here = self._here("empty")
-        with self._refusing("empty"):  # (the others are in the step: they hear of it)
+        self._check_open(what)
+        here = self._here(what)
+        with self._refusing(what):  # (the others are in the step: they hear of it)
             try:
                 dt = np.dtype(dtype)
             except TypeError as exc:

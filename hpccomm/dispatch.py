@@ -860,6 +860,12 @@ class Dispatcher:
         if self.closed:  # freed here: nothing to agree on (its communicators are gone)
             return
         fp = {"op": spec.name, "seq": seq, "refused": f"{type(exc).__name__}: {exc}"}
+        if (self.debug in CHECKING and compare) or objects:
+            # it joins the others' comparison, which takes the calls not compared before
+            # (see _same): their count restarts here as it does there (it did not: the next
+            # barrier compared on this rank alone, while the others went into MPI's barrier,
+            # for good; an outside audit, 2026-12-04)
+            self._uncompared = 0
         if self.debug in CHECKING and compare:  # the others compare fingerprints: join
             try:
                 self.bounded(where_, self.agree, where_, fp)
@@ -970,6 +976,7 @@ class Dispatcher:
             return
         name = where(what, group.rank, group.size, group=group.name, seq=seq)
         fp = {"op": what, "seq": seq, "refused": f"{type(exc).__name__}: {exc}"}
+        self._uncompared = 0  # (as collective does: see refused)
         self._join_refused(name, fp)
 
     def _join_refused(self, name: str, fp: dict[str, Any]) -> None:
@@ -1776,6 +1783,7 @@ class Dispatcher:
             fp = {"op": what, "seq": group.seq, **(agree or {})}
             if self.debug == "detail":
                 fp["site"] = call_site()
+            self._uncompared = 0  # (the comparison takes the calls not compared before)
             self.bounded(name, self.agree, name, fp, step=(group.seq, what))
         ex = self.executor
         if self._timeout is None and (ex is None or not ex.pending):

@@ -85,7 +85,8 @@ def dtype_info(dtype: np.dtype, where: object, arg: str = "array") -> DtypeInfo:
     info = SUPPORTED_DTYPES.get(dtype)
     if info is None:
         names = ", ".join(d.name for d in SUPPORTED_DTYPES)
-        raise DtypeError(f"{where}: {arg} has dtype {dtype}, expected one of {names}")
+        said = f"dtype is {dtype}" if arg == "dtype" else f"{arg} has dtype {dtype}"
+        raise DtypeError(f"{where}: {said}, expected one of {names}")
     return info
 
 

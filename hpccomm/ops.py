@@ -500,7 +500,7 @@ def _check_sizes(call: Call, sizes: Any, arg: str, total: int | None) -> list[in
         )
     if len(sizes) != n:
         raise InvalidArgumentError(
-            f"{call}: {arg} has {len(sizes)} entries, expected {n} (one per rank)"
+            f"{call}: {arg} has {_entries(len(sizes))}, expected {n} (one per rank)"
         )
     out = []
     for i, s in enumerate(sizes):
@@ -905,12 +905,22 @@ def _v_p2p_object(call: Call, obj: Any, o: Any) -> None:
     _check_tag(call, sends=not is_recv)
 
 
+def _entries(k: int) -> str:
+    """ "1 entry", "3 entries"."""
+    return "1 entry" if k == 1 else f"{k:,} entries"
+
+
 def check_scatter_objects(call: Call, objs: Any) -> None:
     """scatter_object's list on the source: one object per rank."""
-    if not isinstance(objs, Sequence) or len(objs) != call.group.size:
-        got = len(objs) if isinstance(objs, Sequence) else type(objs).__name__
+    n = call.group.size
+    if not isinstance(objs, Sequence):  # ("objects has int entries" before)
         raise InvalidArgumentError(
-            f"{call}: objects has {got} entries, expected {call.group.size} (one per rank)"
+            f"{call}: objects is {type(objs).__name__} {objs!r:.40}, expected a list of {n} "
+            f"objects (one per rank)"
+        )
+    if len(objs) != n:
+        raise InvalidArgumentError(
+            f"{call}: objects has {_entries(len(objs))}, expected {n} (one per rank)"
         )
 
 

@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .errors import HpccommError
+from .errors import HpccommError, InvalidArgumentError
 from .ops import Call
 
 __all__ = [
@@ -84,6 +84,11 @@ def add_listener(fn: Callable[[str, Record], None]) -> None:
     """Register ``fn(event, record)``; event is "start" or "end". Costs time on every call.
     An exception from ``fn`` is said on stderr (its first one, with the traceback), never
     raised: the call goes on as on the other ranks."""
+    if not callable(fn):  # (found at the next call, with a traceback on stderr, before)
+        raise InvalidArgumentError(
+            f"add_listener: fn is {type(fn).__name__} {fn!r:.60}, expected a callable "
+            f"fn(event, record)"
+        )
     listeners.append(fn)
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import hpccomm
-from hpccomm import DtypeError, InvalidArgumentError, P2POp, ReduceOp
+from hpccomm import DtypeError, InvalidArgumentError, MismatchError, P2POp, ReduceOp
 
 
 def where(comm, op):
@@ -878,3 +878,38 @@ def test_a_freed_group_leaves_nothing_of_its_notices(comm):
     board = comm._notices
     if board is not None:
         assert gid not in board.received and gid not in board.heard, (board.received, board.heard)
+
+
+def test_small_api_and_wording_fixes(comm):
+    # from an outside audit of the error messages (2026-12-04)
+    n, r = comm.size, comm.rank
+    x = np.full(3, float(r))
+    assert comm.all_reduce(x, ReduceOp.MAX)[0] == n - 1  # op positional, as torch takes it
+    y = np.full(3, float(r))
+    comm.reduce(y, 0, ReduceOp.MAX)
+    assert r or y[0] == n - 1
+    on = "" if comm.name == "world" else f" on {re.escape(comm.name)}"
+    with pytest.raises(InvalidArgumentError, match=r"objects is int 5, expected a list of "
+                       rf"{n} objects \(one per rank\)"):  # fmt: skip
+        comm.scatter_object(5 if r == 0 else None, src=0) if n == 1 else _scatter5(comm)
+    if n > 1:
+        with pytest.raises(InvalidArgumentError, match=r"sizes has 1 entry, expected"):
+            comm.all_gather(np.ones(1), sizes=[1])
+    with pytest.raises(InvalidArgumentError, match=r"add_listener: fn is int 5, expected a "
+                       r"callable fn\(event, record\)"):  # fmt: skip
+        hpccomm.add_listener(5)
+    with pytest.raises(InvalidArgumentError, match=r"the name is int 5, expected a non-empty str"):
+        comm.name = 5
+    with pytest.raises(InvalidArgumentError, match=rf"^zeros{on} \(rank {r} of {n}\): shape"):
+        comm.zeros(2**62)
+    comm.barrier()
+
+
+def _scatter5(comm):
+    """scatter_object with an int on the source: its refusal is compared (the others get a
+    MismatchError naming it): every rank raises."""
+    try:
+        comm.scatter_object(5 if comm.rank == 0 else None, src=0)
+    except MismatchError as exc:  # (the other ranks)
+        assert "objects is int 5" in str(exc)
+        raise InvalidArgumentError(str(exc)) from None

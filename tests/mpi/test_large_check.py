@@ -302,3 +302,23 @@ def test_split_sizes_on_some_ranks_only_below_the_threshold(comm, async_op):
     assert "uneven sizes (sizes=, split sizes) given on rank 0 but not on" in str(info.value)
     out = comm.all_to_all_single(x)  # the group goes on
     assert np.array_equal(out, np.concatenate([np.arange(4 * r, 4 * r + 4)] * p)), out
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("then", ["barrier", "split"])
+def test_a_refusal_joining_a_comparison_restarts_the_uncompared_count(comm, then):
+    # A small all_reduce (not compared when it runs), then a scatter_object refused on the
+    # source (it joins the others' comparison): the others' count of uncompared calls
+    # restarted there, the refusing rank's did not, so the barrier compared on that rank
+    # alone while the others went into MPI's barrier, for good (an outside audit)
+    comm.all_reduce(np.ones(3))
+    with pytest.raises((hpccomm.InvalidArgumentError, hpccomm.MismatchError), match="objects is"):
+        comm.scatter_object(5 if comm.rank == 0 else None, src=0)
+    if then == "barrier":
+        comm.barrier()
+    else:
+        comm.split(0).free()
+    x = np.ones(3)
+    comm.all_reduce(x)
+    assert (x == comm.size).all()
+    comm.barrier()
