@@ -39,7 +39,7 @@ import socket
 import statistics
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -377,6 +377,15 @@ def profile(comm: Any, directory: str | os.PathLike[str] | None = None,
 _from_env: Profiler | None = None
 
 
+# the name of the exception nobody caught that ends this rank, if any (set by init: the
+# runtime's, which imports this module)
+def _none() -> str | None:
+    return None
+
+
+uncaught_exception: Callable[[], str | None] = _none
+
+
 def check_directory(directory: str) -> None:
     """init: ``HPCCOMM_PROFILE``'s directory can be made and written (else
     InvalidArgumentError, on every rank alike); found at exit, the whole profile was lost
@@ -414,12 +423,11 @@ def stop_from_env() -> None:
     if MPI.Is_finalized():  # pragma: no cover - the application finalized MPI itself
         prof._write_alone("MPI was finalized before the profiler's exit-time stop")
         return
-    from . import runtime
-
-    if runtime._uncaught is not None:  # the job is aborted next: its peers, waiting for it
-        # in a call, said at their timeout that it did not answer, where its exception was
-        # the cause (it waited up to STOP_TIMEOUT here first: an outside hunt)
-        prof._write_alone(f"this rank ends with an exception nobody caught ({runtime._uncaught})")
+    uncaught = uncaught_exception()
+    if uncaught is not None:  # the job is aborted next: its peers, waiting for it in a
+        # call, said at their timeout that it did not answer, where its exception was the
+        # cause (it waited up to STOP_TIMEOUT here first: an outside hunt)
+        prof._write_alone(f"this rank ends with an exception nobody caught ({uncaught})")
         return
     try:
         doc = prof.stop(timeout=STOP_TIMEOUT)

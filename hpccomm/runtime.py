@@ -732,6 +732,7 @@ def init(
     if trace:
         rec = flight.start(trace, _world.rank, _world.size)
         rec.departed = lambda: {w: why for w, (_, why) in list(notices.departed.items())}
+    profiler.uncaught_exception = _uncaught_name
     profiler.start_from_env(_world)  # HPCCOMM_PROFILE=DIR: profile until exit
     if nccl:
         _world.enable_nccl()
@@ -903,6 +904,11 @@ _uncaught: str | None = None  # the exception nobody caught, if one ends this ra
 _uncaught_text = ""  # and its message, for the flight recorder's dump
 _uncaught_kept: str | None = None  # the same with HPCCOMM_ABORT_ON_EXCEPTION=0 (no abort)
 _init_failed = False  # init raised on this rank alone, with MPI up (see _abort_failed_init)
+
+
+def _uncaught_name() -> str | None:
+    """The exception nobody caught that ends this rank (its class name), or None."""
+    return _uncaught
 
 
 def _install_excepthook(abort: bool = True) -> None:

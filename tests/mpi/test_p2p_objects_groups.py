@@ -198,7 +198,7 @@ def test_a_creation_refused_on_one_rank_fails_on_every_rank(comm, how):
         kw = {"device_backend": "bogus"} if first else {}
         args, said = (), r"dup .*device_backend is 'bogus', expected 'nccl' or 'mpi'"
     elif how == "empty dtype":
-        args, said = (4, "U4" if first else np.float32), r"empty .*dtype <U4, expected one of"
+        args, said = (4, "U4" if first else np.float32), r"empty .*dtype is <U4, expected one of"
         error = hpccomm.DtypeError
     else:
         args, said = (-1 if first else 4,), r"empty .*shape is -1, expected integers >= 0"

@@ -698,7 +698,8 @@ def test_a_buffer_that_cannot_be_mapped_is_an_ordinary_array_warned_at_the_users
         assert x.shape == (5, 7) and x.dtype == np.int16 and (x == 0).all()
         assert not comm.is_symmetric(x)
         (w,) = [w for w in said if "symmetric" in str(w.message)]
-        assert re.search(r"empty.* \(rank \d+ of \d+\): an ordinary array, not a symmetric "
+        assert re.search(rf"{make.__name__}.* \(rank \d+ of \d+\): an ordinary array, not a "
+                         r"symmetric "
                          r"buffer: the shared memory could not be mapped: .*pretend",
                          str(w.message)), w.message  # fmt: skip
         # the line above, also where the allocation ran on the group's worker thread (a
