@@ -587,8 +587,12 @@ def init(
     init_bound = _checked(problems, check_timeout, init_timeout, "init (init_timeout)")
     if init_bound is None and timeout_s is not None:
         init_bound = max(timeout_s, 60.0)
-    if _world is not None and not _world.freed and problems:
-        raise problems[0]
+    if _world is not None and not _world.freed and problems:  # (named with the rank, as
+        # the first init's errors are)
+        first = problems[0]
+        raise type(first)(
+            f"init (rank {_world.rank} of {_world.size}): {_unprefixed(str(first))}"
+        ) from None
     args: dict[str, object] = {
         "timeout": timeout_s,
         "gpu": gpu,

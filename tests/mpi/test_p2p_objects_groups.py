@@ -318,6 +318,13 @@ def test_launch_discovery_agrees_with_mpi(world):
 
 def test_init_is_idempotent(world):
     assert hpccomm.init() is world and hpccomm.is_initialized()
+    # a repeated init's bad arguments are named with the rank, as the first init's are
+    # ("init: timeout is -3 ..." before)
+    for kw, said in (({"timeout": -3}, "timeout is -3"), ({"debug": "loud"}, "loud")):
+        with pytest.raises(hpccomm.InvalidArgumentError,
+                           match=rf"^init \(rank {world.rank} of {world.size}\): .*{said}"):  # fmt: skip
+            hpccomm.init(**kw)
+    assert hpccomm.init() is world
 
 
 @pytest.mark.mpi(min_size=2)
