@@ -881,27 +881,38 @@ def test_sizes_either_side_of_the_large_threshold_time_out_instead_of_matching(l
     checked: every message within the eager limit): the check runs on a communicator of
     its own, so rank 0 never sends its data into rank 1's smaller buffer; both ranks' calls
     time out, rank 0's saying that the sizes may differ. Below the threshold a longer
-    message is cut cleanly: MPI_ERR_TRUNCATE and nothing written past the buffer."""
+    message is cut cleanly: MPI_ERR_TRUNCATE and nothing written past the buffer, and the
+    group is unusable there after it (its later calls would match the failed call's
+    leftovers: ClosedError), so the straddling call runs on another group."""
     job = launch(
         2,
         """
         c = hpccomm.init(timeout=3)
+        d = c.dup()
         block = np.zeros(8000, np.uint8)
         x = block[: 4000 if c.rank == 0 else 2000]
         x[:] = 1
         outcome(c, "small", lambda: c.broadcast(x, 0))
         outcome(c, "past", lambda: int(np.count_nonzero(block[x.size:])))
+        if c.rank == 1:
+            outcome(c, "after", lambda: c.broadcast(x, 0))
         y = np.ones(40000 if c.rank == 0 else 20000, np.uint8)
-        outcome(c, "straddle", lambda: c.broadcast(y, 0))
+        outcome(c, "straddle", lambda: d.broadcast(y, 0))
         """,
     )
     got = job.of(1, "small")
     assert got["cls"] == "BackendError" and "MPI_ERR_TRUNCATE" in got["msg"], got
     assert job.of(1, "past")["value"] == "0"
+    got = job.of(1, "after")
+    assert got["cls"] == "ClosedError" and re.search(
+        r"broadcast #3 on world \(rank 1 of 2\): the group is unusable: broadcast #2 on world "
+        r"\(rank 1 of 2\): mpi failed: MPI_ERR_TRUNCATE",
+        got["msg"],
+    ), got
     for rank in (0, 1):
         got = job.of(rank, "straddle")
         assert got["cls"] == "CommTimeoutError", got
-        assert got["msg"].startswith(f"broadcast #2 on world (rank {rank} of 2): not complete")
+        assert got["msg"].startswith(f"broadcast #1 on world/dup (rank {rank} of 2): not complete")
         assert 2.5 < got["s"] < 10
     assert "waits in the check that compares the call" in job.of(0, "straddle")["msg"]
     assert "the ranks' sizes may differ" in job.of(0, "straddle")["msg"]
