@@ -416,8 +416,9 @@ class NoticeBoard:
                     return
             elif now - start >= bound:
                 say(
-                    f"exiting: world rank(s) {listed} did not say they leave within {bound:g} s; finalizing MPI all the same (a "
-                    f"message to this rank from one of them now may end the job)"
+                    f"exiting: world rank(s) {listed} did not say they leave within {bound:g} "
+                    f"s; finalizing MPI all the same (a message to this rank from one of them "
+                    f"now may end the job)"
                 )
                 return
             elif now >= said_at:

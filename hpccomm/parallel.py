@@ -146,8 +146,8 @@ class ParallelGroups:
         if busy:
             raise InvalidArgumentError(
                 f"free of the layout over {self.comm.name} (rank {self.comm.rank} of "
-                f"{self.comm.size}): {'; '.join(busy)}; wait() "
-                f"for them first (nothing was freed)"
+                f"{self.comm.size}): {'; '.join(busy)}; wait() for them first (nothing was "
+                f"freed)"
             )
         try:
             for group in groups:

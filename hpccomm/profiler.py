@@ -49,6 +49,7 @@ from . import record
 from .bench import FACTORS, PLOT_HINT
 from .errors import HpccommError, InvalidArgumentError
 from .flight import job_identity, make_writable_directory
+from .ops import check_timeout
 from .record import Record
 
 __all__ = [
@@ -254,16 +255,9 @@ class Profiler:
         """
         if not self._running:
             return self.doc
-        if timeout is not None and (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, (int, float, np.integer, np.floating))
-            or not timeout >= 0
-            or timeout == float("inf")
-        ):
-            raise InvalidArgumentError(
-                f"profile.stop (rank {self._rank} of {self.comm.size}): timeout is "
-                f"{timeout!r}, expected seconds >= 0 (finite) or None"
-            )
+        timeout = check_timeout(
+            timeout, f"profile.stop (rank {self._rank} of {self.comm.size})", zero=True
+        )
         record.remove_listener(self)
         self._running = False
         self._t_stop = time.perf_counter()
@@ -377,12 +371,12 @@ def profile(comm: Any, directory: str | os.PathLike[str] | None = None,
 _from_env: Profiler | None = None
 
 
-# the name of the exception nobody caught that ends this rank, if any (set by init: the
-# runtime's, which imports this module)
 def _none() -> str | None:
     return None
 
 
+# the name of the exception nobody caught that ends this rank, if any (set by init: the
+# runtime's, which imports this module)
 uncaught_exception: Callable[[], str | None] = _none
 
 

@@ -108,8 +108,9 @@ CMA_ENV = "HPCCOMM_SHM_CMA"
 NEVER = 2**63  # a size no call reaches
 # (smallest, largest) bytes of input the copy path takes by default, from the measurements
 # in the README: reduce_scatter from 1 MiB; all_reduce from 1 MiB up to 8 MiB in groups of
-# 3 or more ranks (from 256 KiB before 2026-12-04: it lost to MPI below 1 MiB, 0.50-0.64); all_reduce and reduce never in groups of 2, reduce never at all (Open
-# MPI's reduce is cheaper than its all_reduce: the copy path lost at every size)
+# 3 or more ranks (from 256 KiB before 2026-12-04: it lost to MPI below 1 MiB, 0.50-0.64);
+# all_reduce and reduce never in groups of 2, reduce never at all (Open MPI's reduce is
+# cheaper than its all_reduce: the copy path lost at every size)
 DEFAULT_RANGES = {"reduce_scatter": (1 << 20, NEVER), "all_reduce": (1 << 20, 8 << 20),
                   "reduce": (NEVER, NEVER), "pair": (NEVER, NEVER)}  # fmt: skip
 # the single-copy path (ordinary arrays, process_vm_readv/writev), where the ranks may

@@ -208,7 +208,7 @@ def test_bad_profiler_arguments_are_refused_naming_the_rank(comm, tmp_path_facto
     comm.all_reduce(np.ones(4))
     for bad in ("1", -1, float("nan"), True):
         with pytest.raises(hpccomm.InvalidArgumentError, match=r"profile.stop \(rank \d+ of "
-                           r"\d+\): timeout is .*, expected seconds >= 0"):  # fmt: skip
+                           r"\d+\): timeout is .*, expected finite seconds >= 0 or None"):  # fmt: skip
             prof.stop(timeout=bad)
     assert prof.running  # (refused before anything was stopped)
     doc = _on_rank0(comm, prof.stop(timeout=30))
