@@ -87,6 +87,7 @@ from .ops import (
     Group,
     OpSpec,
     as_int,
+    check_async_op,
     check_stream,
     matches,
     p2p_counterparts,
@@ -345,14 +346,17 @@ class Dispatcher:
         if held and ORPHANS:  # a dropped Work's arrays are free once MPI is done with them
             reap()
             held = bool(_HELD)
-        if held or stream is not None:
+        if held or stream is not None or (async_op is not False and async_op is not True):
             # refused here, before validation, and the others told: an array an async call
             # not waited for holds (read-only; validation would call it read-only), whether
-            # this call is async or not, on one rank or on all; a stream= that is no stream
+            # this call is async or not, on one rank or on all; a stream= that is no stream;
+            # an async_op that is no bool ("no" was taken as True, an outside audit)
             g = self.group
             nxt = (g.p2p_seq if spec.p2p else g.seq) + 1
             here = where(spec.name, g.rank, g.size, group=g.name, seq=nxt)
             try:
+                if async_op is not False and async_op is not True:
+                    async_op = check_async_op(async_op, here)
                 if held:
                     writes = ReadOnlyWhileRunning.writes_data(spec, g.rank, peer, data, out)
                     ReadOnlyWhileRunning.refuse_held(data, out, here, writes)

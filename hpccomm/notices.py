@@ -460,8 +460,9 @@ class NoticeBoard:
                     raise err
         for nseq, op, group_rank, world_rank, reason, kind in self.received.get(gid, ()):
             if nseq == seq and kind != ENTERED:
+                verb = "refused" if kind == REFUSED else "failed"  # as the timeout's answer
                 err = PeerError(
-                    f"{where}: rank {group_rank} (world rank {world_rank}) failed {op} #{nseq} "
+                    f"{where}: rank {group_rank} (world rank {world_rank}) {verb} {op} #{nseq} "
                     f"and will not join it: {reason}"
                 )
                 err.told = True  # by a notice, while this rank waited inside the call

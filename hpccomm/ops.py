@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
+import reprlib
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -323,6 +324,19 @@ def check_timeout(value: Any, what: str, zero: bool = False) -> float | None:
             f"or None"
         )
     return float(value)
+
+
+def check_async_op(value: Any, what: str) -> bool:
+    """``async_op=`` is a bool (Python's or NumPy's), else an InvalidArgumentError naming
+    ``what``: any other value was taken for its truth, so ``async_op="no"`` returned a Work."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    shown = (
+        _kind(value)
+        if isinstance(value, np.ndarray)
+        else (f"{type(value).__name__} {reprlib.repr(value)}")
+    )
+    raise InvalidArgumentError(f"{what}: async_op is {shown}, expected True or False")
 
 
 def check_stream(stream: Any, what: str) -> None:

@@ -6,7 +6,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from .errors import InvalidArgumentError, MismatchError, PlacementWarning
+from .errors import ClosedError, InvalidArgumentError, MismatchError, PlacementWarning
 from .layout import Layout
 
 __all__ = ["ParallelGroups", "Splittable"]
@@ -30,6 +30,9 @@ class Splittable(Protocol):
 
     @property
     def local_size(self) -> int: ...
+
+    @property
+    def freed(self) -> bool: ...
 
     def split(self, color: int | None, *, key: int | None = None, expect: Any = None) -> Any: ...
 
@@ -82,6 +85,12 @@ class ParallelGroups:
         key = self.layout.normalize(dims)
         group = self._groups.get(key)
         if group is None:
+            if self.comm.freed:  # (the split's own error named only "split")
+                raise ClosedError(
+                    f"layout group {self.name(key)} on {self.comm.name} (rank {self.comm.rank} "
+                    f"of {self.comm.size}): communicator {self.comm.name} already freed, and "
+                    f"a layout makes its groups from it on first use"
+                )
             members = self.members(key)
             group = self.comm.split(
                 members[0],

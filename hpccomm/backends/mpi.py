@@ -970,8 +970,15 @@ class MPIBackend:
             call.blocking_body = None
             return
         counts = [call.count, *call.counts[0], *call.send_counts[0]]
+        most = max(counts)
+        blocks = call.counts[0] if most in call.counts[0] else call.send_counts[0]
+        whose = (  # a block of sizes=/splits: the rank it stands for
+            f" (rank {list(blocks).index(most)}'s block)"
+            if most != call.count and most in blocks
+            else ""
+        )
         raise InvalidArgumentError(
-            f"{call}: {max(counts):,} elements in one MPI argument, more than {MAX_COUNT:,} "
+            f"{call}: {most:,} elements in one MPI argument{whose}, more than {MAX_COUNT:,} "
             f"(a C int): this MPI ({MPI.Get_version()[0]}.{MPI.Get_version()[1]}) has no "
             f"large-count calls, and hpccomm splits only all_reduce, reduce, broadcast, send "
             f"and recv from a named source into pieces; split the array into parts of at most "

@@ -82,7 +82,7 @@ def test_validation_failure_on_one_rank_names_it_to_the_others(launch):
         got = job.of(rank, "call")
         assert got["cls"] == "PeerError" and ERR in got["mro"]
         assert got["msg"].startswith(f"all_reduce #1 on world (rank {rank} of 3): rank 1 ")
-        assert "failed all_reduce #1 and will not join it: DtypeError" in got["msg"]
+        assert "refused all_reduce #1 and will not join it: DtypeError" in got["msg"]
         assert got["s"] < 5  # promptly, not at the 20 s timeout
         nxt = job.of(rank, "next")
         assert nxt["cls"] == "ClosedError" and "the group is unusable" in nxt["msg"]
@@ -196,7 +196,7 @@ def test_a_root_that_refused_hears_at_once_from_a_sender_that_went_past(launch, 
     assert second["s"] < 5, second  # at once, not at the 20 s timeout
     other = job.of(1, "second")
     assert other["cls"] == "PeerError" and other["s"] < 5, other
-    assert "rank 0 (world rank 0) failed all_reduce #2 and will not join it" in other["msg"]
+    assert "rank 0 (world rank 0) refused all_reduce #2 and will not join it" in other["msg"]
     assert not job.crashed()
 
 
@@ -279,7 +279,7 @@ def test_scatter_object_with_the_wrong_count(launch):
             and "objects has 2 entries, expected 3" in got["msg"]
         ) or (
             got["cls"] == "PeerError"
-            and "rank 0 (world rank 0) failed scatter_object #1" in got["msg"]
+            and "rank 0 (world rank 0) refused scatter_object #1" in got["msg"]
         ), got
     assert not job.crashed()
 
@@ -723,7 +723,7 @@ def test_calls_queued_behind_a_collective_mpi_failed_never_run(launch):
             got = job.of(r, f"#{i}")
             assert got["cls"] == "PeerError", got  # (not a wrong sum)
             assert (
-                f"rank 1 (world rank 1) failed all_reduce #{i} and will not join it" in got["msg"]
+                f"rank 1 (world rank 1) refused all_reduce #{i} and will not join it" in got["msg"]
             )
         got = job.of(1, f"#{i}")
         assert got["cls"] == "ClosedError", got
@@ -1083,7 +1083,7 @@ def test_a_rank_whose_program_ends_early_is_named_at_once(launch):
 def test_polling_an_async_collective_ends_at_a_peers_refusal_or_departure(launch, peer):
     # A program that polls its Work while it computes (torch's pattern) polled for ever:
     # is_completed() only tested the operation, never the peers' notices that wait() raises
-    # at once (a refusal: "rank 1 failed all_reduce #1 and will not join it"; a departure)
+    # at once (a refusal: "rank 1 refused all_reduce #1 and will not join it"; a departure)
     job = launch(
         2,
         f"""
@@ -1111,7 +1111,7 @@ def test_polling_an_async_collective_ends_at_a_peers_refusal_or_departure(launch
     assert got["cls"] is None and got["value"].startswith("'PeerError: all_reduce #1 on world"), got
     # its done-callbacks ran then too (they waited on the MPI call, which never ends)
     assert job.of(0, "callbacks")["ran"] == ["PeerError"], job.of(0, "callbacks")
-    said = "failed all_reduce #1 and will not join it" if peer == "refuses" else "has left the job"
+    said = "refused all_reduce #1 and will not join it" if peer == "refuses" else "has left the job"
     assert said in got["value"], got
     assert got["s"] < 10, got
     assert not job.crashed()
@@ -1800,7 +1800,7 @@ def test_init_and_free_again_and_again_leaks_no_communicator(launch):
     assert job.of(1, "refused")["cls"] == "DtypeError"
     other = job.of(0, "refused")
     assert other["cls"] == "PeerError" and other["s"] < 5, other
-    assert "rank 1 (world rank 1) failed all_reduce #1 and will not join it" in other["msg"]
+    assert "rank 1 (world rank 1) refused all_reduce #1 and will not join it" in other["msg"]
 
 
 def test_a_group_left_unusable_by_a_refusal_frees_and_the_exit_names_its_call(launch):

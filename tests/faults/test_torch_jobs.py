@@ -314,7 +314,7 @@ def test_a_tensor_refused_on_the_root_only_reaches_the_other_ranks(launch, mista
     assert root["cls"] == "TensorRefused" and said in root["msg"], root
     assert root["msg"].startswith("scatter on torch:0 (default_pg) (rank 0 of 2): "), root
     assert other["cls"] == "PeerError", other
-    assert re.search(r"scatter #\d+ on torch:0 \(default_pg\) \(rank 1 of 2\): rank 0 .*failed "
+    assert re.search(r"scatter #\d+ on torch:0 \(default_pg\) \(rank 1 of 2\): rank 0 .*refused "
                      r"scatter #\d+ and will not join it: TensorRefused: scatter .*" +
                      re.escape(said), other["msg"]), other  # fmt: skip
     assert other["s"] < 30, other  # told, not timed out
@@ -490,7 +490,7 @@ def test_a_future_fails_at_a_peers_refusal_without_anyone_waiting_on_the_work(la
     got = job.of(0, "call")
     # (torch's Future.wait() says "Got the following error when running the callback: ...")
     assert "PeerError: all_gather #1 (torch all_gather_into_tensor)" in got["msg"], got
-    assert "rank 1 (world rank 1) failed all_gather #1" in got["msg"], got
+    assert "rank 1 (world rank 1) refused all_gather #1" in got["msg"], got
     assert got["s"] < 10, got  # (60 s, the timeout, before)
 
 

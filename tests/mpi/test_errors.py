@@ -325,6 +325,27 @@ def test_bool_is_not_a_rank(comm):
         comm.broadcast(np.ones(1), src=True)
 
 
+def test_async_op_that_is_no_bool_is_refused(comm):
+    # any value was taken for its truth: async_op="no" returned a Work (an outside audit).
+    # Refused on every rank, the group goes on; NumPy's bools are bools
+    x = np.ones(10_000, np.float32)
+    for bad, shown in (("no", "str 'no'"), (1, "int 1"), (None, "NoneType None")):
+        with pytest.raises(
+            InvalidArgumentError,
+            match=where_run(comm, "all_reduce") + rf": async_op is {shown}, expected True or "
+            "False",
+        ):
+            comm.all_reduce(x, async_op=bad)
+        with pytest.raises(InvalidArgumentError, match=r"barrier .*: async_op is"):
+            comm.barrier(async_op=bad)
+    assert (x == 1).all()
+    work = comm.all_reduce(x, async_op=np.True_)
+    work.wait()
+    assert (x == comm.size).all()
+    assert comm.all_reduce(x, async_op=np.False_) is x  # (returns the array, not a Work)
+    assert (x == comm.size**2).all()
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("nbytes", [32, 40_000, 8 << 20])  # eager; above the 32 KiB limit
 def test_a_longer_message_never_reaches_a_blocking_receives_buffer(comm, nbytes):
@@ -549,7 +570,7 @@ def test_a_monitored_barrier_refused_on_one_rank_is_named_and_the_group_goes_on(
     else:
         with pytest.raises(
             hpccomm.PeerError,
-            match=r"rank 1 \(world rank \d+\) failed monitored_barrier #\d+ and will not join "
+            match=r"rank 1 \(world rank \d+\) refused monitored_barrier #\d+ and will not join "
             r"it: InvalidArgumentError: .*timeout is -1",
         ):
             comm.monitored_barrier(timeout=30)
@@ -752,7 +773,7 @@ def test_a_collective_from_a_second_thread_while_one_is_inside_is_refused(comm):
         t0 = time.monotonic()
         with pytest.raises(
             hpccomm.PeerError,
-            match=r"rank 0 \(world rank \d+\) failed all_reduce #2 and will not join it: "
+            match=r"rank 0 \(world rank \d+\) refused all_reduce #2 and will not join it: "
             r"InvalidArgumentError: .*another thread",
         ):
             comm.all_reduce(np.ones(3))  # #2: the second thread's, here in order

@@ -78,6 +78,15 @@ def test_other_operations_name_the_limit(small_limit):
         r"argument, more than 1,000 \(a C int\)",
     ):
         comm.all_gather(np.ones(LIMIT + 1))
+    if comm.size > 1:  # another rank's block: named (it was the count alone)
+        sizes = [1] * comm.size
+        sizes[(comm.rank + 1) % comm.size] = LIMIT + 1
+        with pytest.raises(
+            InvalidArgumentError,
+            match=rf"1,001 elements in one MPI argument \(rank {(comm.rank + 1) % comm.size}'s "
+            r"block\), more than 1,000",
+        ):
+            comm.all_gather(np.ones(1), sizes=sizes)
 
 
 def test_a_receive_from_itself_in_pieces(small_limit):

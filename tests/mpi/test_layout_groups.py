@@ -1,6 +1,8 @@
 """Layout groups on real ranks: members and an all_reduce per group (tp 2 x dp 2 and
 pp 2 x tp 2 at 4 ranks; the layouts that fit at other sizes)."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -125,6 +127,14 @@ def test_layout_errors_name_the_rank_and_group(comm):
     d.free()
     with pytest.raises(ClosedError, match=r"layout .*already freed"):
         d.layout(dp=comm.size)
+    # a layout's group first used after its communicator was freed: named, not "split"
+    d = comm.dup()
+    groups = d.layout(dp=comm.size)
+    d.free()
+    with pytest.raises(ClosedError, match=rf"^layout group tp on {re.escape(d.name)} \(rank "
+                       rf"{comm.rank} of {comm.size}\): communicator {re.escape(d.name)} already "
+                       r"freed, and a layout makes its groups from it on first use"):  # fmt: skip
+        groups.tp.all_reduce(np.ones(2))
 
 
 def test_a_layout_with_a_call_running_frees_none_of_its_groups(comm):
