@@ -461,7 +461,7 @@ def test_a_tensor_of_the_wrong_size_on_one_rank_is_named_and_the_others_told(lau
         assert "rank 1 refused it: TensorRefused: " in other["msg"], other
     else:  # rank 0 is inside the call: told by rank 1's notice
         assert other["cls"] == "PeerError", other
-        assert "rank 1 (world rank 1) failed" in other["msg"], other
+        assert "rank 1 (world rank 1) refused" in other["msg"], other
     assert said in other["msg"], other
     assert other["s"] < 30, other  # told, not timed out
 
