@@ -586,6 +586,9 @@ class Communicator:
         """
         self._check_open("monitored_barrier")
         notices = self._notices
+        broken = self._dispatcher.broken
+        if notices is None and broken is not None:  # a fork() child (it said "no init()")
+            raise ClosedError(f"{self._here('monitored_barrier')}: {broken}")
         if notices is None:  # pragma: no cover - init always makes the board
             raise HpccommError(f"{self._here('monitored_barrier')}: no init()")
         self._group.seq += 1  # (a refused one too: the group's calls stay in step)

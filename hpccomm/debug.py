@@ -89,9 +89,24 @@ def level_from(value: Any, what: str) -> str:
     return value.lower()
 
 
-def large_bytes(environ: Any = os.environ) -> int:
+# the job's threshold, agreed by init (the smallest of its ranks': a rank's own, from an eager
+# limit set on one rank only, checked a collective its peers did not: a hang, an outside hunt)
+_job_large: list[int] = []
+
+
+def agree_large(value: int) -> None:
+    """init: the job's threshold, which :func:`large_bytes` returns from now on."""
+    _job_large[:] = [value]
+
+
+def large_bytes(environ: Any = None) -> int:
     """The size above which the ``large`` level checks a collective: the node's eager limit
-    (from the environment MPI started with) less room for Open MPI's headers."""
+    (from the environment MPI started with) less room for Open MPI's headers; without
+    ``environ``, the job's (:func:`agree_large`) once init has agreed it."""
+    if environ is None:
+        if _job_large:
+            return _job_large[0]
+        environ = os.environ
     eager = EAGER_DEFAULT
     for name in EAGER_ENV:
         value = str(environ.get(name, "")).strip()

@@ -305,6 +305,11 @@ def _srun_step(r: _Reader) -> None:
                     f"{len(counts)} nodes, but the step has {size} tasks "
                     f"({r.sources.get('size')}) on {nodes} nodes ({r.sources.get('num_nodes')})"
                 )
+            if counts[node] < 1:  # (the README's rule for every size)
+                raise InvalidArgumentError(
+                    f"{r.where()}: {var}={env[var]!r} gives node {node} (SLURM_NODEID) "
+                    f"{counts[node]} tasks, but this task runs there"
+                )
             r.set("local_size", counts[node], f"{var}[SLURM_NODEID]")
             break
     # the step's own node list against the step's node count and this task's node index

@@ -28,13 +28,25 @@ _NO_DEVICE = {"", "-1", "NoDevFiles", "none"}
 
 
 def parse_visible_devices(value: str | None) -> tuple[str, ...] | None:
-    """Parse ``CUDA_VISIBLE_DEVICES``: None when unset (unknown), () when it hides every GPU."""
+    """Parse ``CUDA_VISIBLE_DEVICES``: None when unset (unknown), () when it hides every GPU.
+
+    As CUDA reads it (CUDA C++ Programming Guide, "CUDA Environment Variables"): only the
+    entries before the first invalid one are visible (``0,2,-1,1``: devices 0 and 2): an
+    entry is an index (ASCII digits) or a UUID (``GPU-...``, ``MIG-...``). Counting those
+    after it predicted GPUs the process would never see (an outside hunt: ``0,-1,1``)."""
     if value is None:
         return None
     value = value.strip()
     if value in _NO_DEVICE:
         return ()
-    return tuple(item.strip() for item in value.split(",") if item.strip())
+    seen: list[str] = []
+    for item in (part.strip() for part in value.split(",")):
+        if not item:
+            continue
+        if not ((item.isascii() and item.isdigit()) or item.startswith(("GPU-", "MIG-"))):
+            break
+        seen.append(item)
+    return tuple(seen)
 
 
 def format_uuid(raw: object) -> str:

@@ -211,7 +211,9 @@ def expand_tasks_per_node(spec: str) -> list[int]:
     """Expand Slurm's ``SLURM_TASKS_PER_NODE`` form, e.g. ``"2(x3),1"`` -> ``[2, 2, 2, 1]``.
 
     Raises:
-        InvalidArgumentError: (a ValueError) naming the spec and the bad item.
+        InvalidArgumentError: (a ValueError) naming the spec and the bad item, or a list of
+            more than :data:`MAX_RANGE` nodes (``1(x100000000)`` took 1.6 GB and 10 s to
+            expand, an outside hunt).
     """
     counts: list[int] = []
     for item in spec.split(","):
@@ -220,5 +222,11 @@ def expand_tasks_per_node(spec: str) -> list[int]:
             raise InvalidArgumentError(
                 f"tasks-per-node {spec!r}: bad item {item!r} (want N or N(xM))"
             )
-        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+        repeat = int(match.group(2) or 1)
+        if len(counts) + repeat > MAX_RANGE:
+            raise InvalidArgumentError(
+                f"tasks-per-node {spec!r}: item {item!r} makes the list longer than the limit "
+                f"of {MAX_RANGE} nodes"
+            )
+        counts.extend([int(match.group(1))] * repeat)
     return counts

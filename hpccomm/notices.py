@@ -105,6 +105,7 @@ class NoticeBoard:
         # per group id: (seq, op, group rank, world rank, reason, kind: see post)
         self.received: dict[str, list[tuple[int, str, int, int, str, str]]] = {}
         self._sent: list[Any] = []
+        self.announced = False  # this rank's departure went out (see depart)
         # (threads send at once: a failure notice, an answer from another thread's poll)
         self._sent_lock = threading.Lock()
         self._monitor: dict[int, list[tuple]] = {}  # monitor messages that came early
@@ -377,7 +378,13 @@ class NoticeBoard:
         return since, {w: heard[w] for w in others if w in heard}
 
     def depart(
-        self, seqs: dict[str, int], reason: str, say: Callable[[str], None], bound: float = 120.0
+        self,
+        seqs: dict[str, int],
+        reason: str,
+        say: Callable[[str], None],
+        bound: float = 120.0,
+        *,
+        wait: bool = True,
     ) -> None:
         """This rank leaves the job (at exit, its program done): tell every other rank,
         with the number of the last collective it reached on each of its groups (``seqs``,
@@ -394,11 +401,15 @@ class NoticeBoard:
         itself, or left without hpccomm's exit, never says it leaves: the others waited for
         good): ``say`` is told so, and which ranks it waits for after EXIT_SAY_AFTER
         seconds, then every EXIT_SAY_EVERY. A failure MPI reports (ULFM) ends the wait
-        (raised)."""
-        msg = (DEPARTURES, self.world_rank, seqs, reason)
+        (raised). ``wait`` False: only tell them (once; a later call only waits)."""
         others = [w for w in range(self.comm.Get_size()) if w != self.world_rank]
-        for w in others:
-            self._send(msg, w)
+        if not self.announced:
+            self.announced = True
+            msg = (DEPARTURES, self.world_rank, seqs, reason)
+            for w in others:
+                self._send(msg, w)
+        if not wait:
+            return
         start = time.monotonic()
         said_at, pause = start + EXIT_SAY_AFTER, 0.001
         all_left: float | None = None

@@ -47,7 +47,7 @@ import numpy as np
 
 from . import record
 from .bench import FACTORS, PLOT_HINT
-from .errors import HpccommError, InvalidArgumentError
+from .errors import ClosedError, HpccommError, InvalidArgumentError
 from .flight import job_identity, make_writable_directory
 from .ops import check_timeout
 from .record import Record
@@ -129,6 +129,7 @@ class Profiler:
         self.limit = events
         self.doc: dict[str, Any] | None = None
         self._mpi: Any = None
+        self._pid = 0  # the process that started it
         self._running = False
         self._groups: dict[int, int] = {}  # id(Group) -> index in _group_list
         self._group_list: list[tuple[str, str, list[int], int, int]] = []
@@ -202,6 +203,12 @@ class Profiler:
         """
         if self._running:
             raise InvalidArgumentError("profile.start: this profiler is already running")
+        broken = self.comm._dispatcher.broken  # a fork() child, a call stuck in MPI: the
+        if broken is not None:  # Dup below went out as the parent's, or hung
+            raise ClosedError(
+                f"profile.start on {self.comm.name} (rank {self.comm.rank} of "
+                f"{self.comm.size}): {broken}"
+            )
         # a new session: nothing of an earlier start/stop carries over
         self._groups.clear()
         self._group_list.clear()
@@ -215,6 +222,7 @@ class Profiler:
         self._rank, self._world_rank = self.comm.rank, self.comm.world_rank()
         self._world_size = self.comm._world.size  # (rank files name their job by it too)
         self._mpi = self.comm.mpi.Dup()  # the profiler's own messages: never recorded
+        self._pid = os.getpid()
         self._check_directory()
         self._sync_start = _clock_offsets(self._mpi)
         self._open.clear()  # (calls of an earlier session)
@@ -255,6 +263,12 @@ class Profiler:
         """
         if not self._running:
             return self.doc
+        if os.getpid() != self._pid:  # its messages would go out as the parent's
+            raise ClosedError(
+                f"profile.stop (rank {self._rank} of {self.comm.size}): this process is a "
+                f"fork() child of the rank that started the profiler (pid {self._pid}); stop "
+                f"it there"
+            )
         timeout = check_timeout(
             timeout, f"profile.stop (rank {self._rank} of {self.comm.size})", zero=True
         )
@@ -375,9 +389,19 @@ def _none() -> str | None:
     return None
 
 
+def _nothing() -> None:
+    return None
+
+
 # the name of the exception nobody caught that ends this rank, if any (set by init: the
 # runtime's, which imports this module)
 uncaught_exception: Callable[[], str | None] = _none
+# tells the other ranks that this one leaves (the runtime's departure notice, set by init):
+# the exit-time stop, an atexit handler run before hpccomm's own exit, waits for every rank
+# up to STOP_TIMEOUT, and a peer waiting for this rank in a call waited out its timeout
+# (an outside hunt: 45 s, where without HPCCOMM_PROFILE it heard "has left the job" at once)
+depart: Callable[[], None] = _nothing
+_from_env_pid = 0  # the process that started the exit-time profiler (a fork() child is not)
 
 
 def check_directory(directory: str) -> None:
@@ -396,11 +420,12 @@ def check_directory(directory: str) -> None:
 def start_from_env(comm: Any) -> Profiler | None:
     """``HPCCOMM_PROFILE=DIR``: start a profiler over ``comm`` (init's world) and stop it at
     exit (bounded by :data:`STOP_TIMEOUT`). Called by :func:`hpccomm.init` on every rank."""
-    global _from_env
+    global _from_env, _from_env_pid
     directory = os.environ.get(ENV, "").strip()
     if not directory or _from_env is not None:
         return _from_env
     _from_env = Profiler(comm, directory).start()
+    _from_env_pid = os.getpid()
     atexit.register(stop_from_env)
     return _from_env
 
@@ -410,8 +435,9 @@ def stop_from_env() -> None:
     rank of its communicator calls this; a second call does nothing): for a program that
     leaves without the exit handlers (``hpccomm doctor`` with a call stuck in MPI)."""
     prof = _from_env
-    if prof is None or not prof.running:
-        return
+    if prof is None or not prof.running or os.getpid() != _from_env_pid:
+        return  # (a fork() child's exit ran the stop over MPI as its parent: a hang, or the
+        # parent's rank file overwritten, in an outside hunt)
     from mpi4py import MPI
 
     if MPI.Is_finalized():  # pragma: no cover - the application finalized MPI itself
@@ -424,6 +450,7 @@ def stop_from_env() -> None:
         prof._write_alone(f"this rank ends with an exception nobody caught ({uncaught})")
         return
     try:
+        depart()
         doc = prof.stop(timeout=STOP_TIMEOUT)
     except Exception as exc:  # never turn a clean exit into a traceback
         sys.stderr.write(f"hpccomm profile: stop at exit failed: {type(exc).__name__}: {exc}\n")

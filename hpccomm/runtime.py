@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
 
+from . import debug as debug_mod
 from . import flight, memory, profiler
 from . import work as work_mod
 from .backends.shm import settings as shm_settings
@@ -466,7 +467,7 @@ def _bind_gpu(
             warnings.warn(
                 f"hpccomm: staying CPU-only: {why} (init(gpu=False): a CPU-only job, no warning)",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=4,  # (the user's line: init, its _one_at_a_time wrapper)
             )
         sources["gpu"] = f"CPU-only: {why}"
         return info.replace(visible_gpus=visible, gpu=None, sources=sources)
@@ -623,9 +624,15 @@ def init(
                 f"timeout, or free() the world first"
             )
         return _world
-    info = discover()
+    try:
+        info = discover()
+    except HpccommError as exc:  # (a rank leaving here left the others waiting in MPI_Init
+        # for good under srun without --kill-on-bad-exit: an outside hunt)
+        problems.append(exc)
+        info = discover({})  # nothing known from the environment: MPI fills every field
     for note in info.warnings:
-        warnings.warn(f"hpccomm: {note}", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"hpccomm: {note}", RuntimeWarning, stacklevel=3)  # (the user's line:
+        # init is wrapped by _one_at_a_time)
     tune_open_mpi()
     if _checked(problems, _reuse_memory, reuse_memory):  # (None: refused, below)
         memory.keep_freed_memory()
@@ -641,7 +648,7 @@ def init(
                 f"recorder writes its dumps on errors and hpccomm.dump(), but not on SIGTERM "
                 f"or SIGUSR1 (call init on the main thread for those)",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
     profile_dir = os.environ.get(profiler.ENV, "").strip()
     if profile_dir:
@@ -665,7 +672,11 @@ def init(
         # but exited without calling finalize") after a correct run (an outside hunt)
         atexit.register(_finalize_what_init_started)
     _register_exit()  # an error on one rank only in the rest of init ends the job at exit
+    said_before = len(info.warnings)
     info, node, nodes = verify_launch(info, MPI.COMM_WORLD)
+    for note in info.warnings[said_before:]:  # what only MPI's view showed (a node index
+        # the launcher's variables contradict): it was kept in comm.launch, never said
+        warnings.warn(f"hpccomm: {note}", RuntimeWarning, stacklevel=3)
     _checked(problems, _thread_level, MPI, info)
     # Every rank's bad settings, raised alike on every rank (then it is safe to exit):
     # before binding a GPU (a mistyped HPCCOMM_ALLOW_GPU_SHARING is named, not taken for off)
@@ -679,11 +690,13 @@ def init(
     # not checking. One allgather, every rank raising alike.
     shm = shm_settings()  # (refused above where unreadable: read alike on every rank)
     said = MPI.COMM_WORLD.allgather(
-        (level, (shm.enabled, shm.threshold, shm.chunk, shm.cma), bool(profile_dir))
-    )
-    levels = [lv for lv, _, _ in said]
-    _same_shm_settings([s for _, s, _ in said], MPI.COMM_WORLD)
-    profiled = [p for _, _, p in said]
+        (level, (shm.enabled, shm.threshold, shm.chunk, shm.cma), bool(profile_dir),
+         debug_mod.large_bytes(os.environ))
+    )  # fmt: skip
+    levels = [lv for lv, _, _, _ in said]
+    _same_shm_settings([s for _, s, _, _ in said], MPI.COMM_WORLD)
+    profiled = [p for _, _, p, _ in said]
+    debug_mod.agree_large(min(b for _, _, _, b in said))  # (eager limits set on some ranks)
     if any(p != profiled[0] for p in profiled):  # (its start is collective over the world:
         # set on one rank only, that rank waited in it and its peers in their first call)
         held = ", ".join(by_rank(enumerate("set" if p else "unset" for p in profiled)))
@@ -737,6 +750,7 @@ def init(
         rec = flight.start(trace, _world.rank, _world.size)
         rec.departed = lambda: {w: why for w, (_, why) in list(notices.departed.items())}
     profiler.uncaught_exception = _uncaught_name
+    profiler.depart = _depart_early
     profiler.start_from_env(_world)  # HPCCOMM_PROFILE=DIR: profile until exit
     if nccl:
         _world.enable_nccl()
@@ -1104,17 +1118,37 @@ def _on_finalize(comm: Any, keyval: int, value: Any) -> None:
         pass
 
 
-def _depart(world: Communicator) -> None:
+def _depart_early() -> None:
+    """A normal exit's departure notice, sent before an exit step that waits for the other
+    ranks (HPCCOMM_PROFILE's stop, an atexit handler run before :func:`_at_exit`): as
+    _exit_steps would send it, only where no call of this rank is stuck and no failure or
+    uncaught exception is known (those leave by their own ways)."""
+    world = _world
+    if world is None or _departed or os.getpid() != _init_pid or world.size == 1:
+        return
+    if _uncaught is not None or _init_failed:
+        return
+    from mpi4py import MPI
+
+    from .backends import mpi as mpi_backend
+
+    if MPI.Is_finalized() or mpi_backend.peer_failure_seen or mpi_backend.failed_in(MPI.COMM_WORLD):
+        return
+    if not _stuck_calls(world):
+        _depart(world, wait=False)  # (the wait for the others comes at hpccomm's exit)
+
+
+def _depart(world: Communicator, *, wait: bool = True) -> None:
     """A normal exit: tell the other ranks this one is gone (NoticeBoard.depart), with the
     last call number it reached on every group it has or had, so that a peer waiting for it
     in a later call (one rank ran fewer steps than the others) hears it at once, where
     it waited out its timeout (torch's default: 30 min); MPI_Finalize here then waits for
-    them as before."""
+    them as before. ``wait`` False: only send the notice (see _depart_early)."""
     global _departed
     notices = world._notices
     if notices is None or world.size > DEPART_MAX_RANKS or _departed:
         return
-    _departed = True
+    _departed = wait
     seqs = dict(notices.freed_seqs)
     for c in world._tree():
         if not c.freed:
@@ -1143,6 +1177,7 @@ def _depart(world: Communicator) -> None:
             else "its program ended: a normal exit or sys.exit",
             say,
             max(world.timeout or 0.0, EXIT_WAIT),
+            wait=wait,
         )
     except BaseException:  # noqa: BLE001 - leaving anyway (a failure MPI reported: ULFM;
         pass  # a Ctrl-C during the wait)

@@ -470,6 +470,8 @@ class Work:
         # and an unsynchronized read of its buffers is the bug being reported.
         if self._done:
             return
+        if fork_child is not None:  # a fork() child ending: the parent's Works pending at the
+            return  # fork are the parent's to wait for (the child warned of them: an outside hunt)
         try:
             parts = _posted(self._pending)
             after, source, rec = self._after, self._pending, self._record

@@ -185,10 +185,8 @@ def _size(raw: str, name: str) -> int:
     text = raw.strip().upper().removesuffix("B")
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
     digits = text[:-1] if scale > 1 else text
-    try:
-        value = int(digits) * scale
-    except ValueError:
-        value = -1
+    # ASCII digits only, as every launcher integer (int() took '1_000' and Arabic-Indic '٣')
+    value = int(digits) * scale if digits.isascii() and digits.isdigit() else -1
     if value < 0:
         raise InvalidArgumentError(
             f"hpccomm: {name} is {raw!r}, expected a size in bytes (K/M/G suffixes allowed)"
@@ -206,9 +204,10 @@ def settings(env: Any = None) -> Settings:
         return _settings
     e = os.environ if env is None else env
     enabled = switch(e, ENV, default=True, where="hpccomm")
-    raw_threshold = e.get(THRESHOLD_ENV)
+    # (blank is unset, as for every other setting: a blank threshold was refused)
+    raw_threshold = (e.get(THRESHOLD_ENV) or "").strip() or None
     threshold = None if raw_threshold is None else _size(raw_threshold, THRESHOLD_ENV)
-    chunk = _size(e.get(CHUNK_ENV, str(DEFAULT_CHUNK)), CHUNK_ENV)
+    chunk = _size((e.get(CHUNK_ENV) or "").strip() or str(DEFAULT_CHUNK), CHUNK_ENV)
     if chunk < 4096 or chunk % _ALIGN:
         raise InvalidArgumentError(
             f"hpccomm: {CHUNK_ENV} is {chunk}, expected at least 4096 and a multiple of "

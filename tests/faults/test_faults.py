@@ -1017,6 +1017,30 @@ def test_a_bad_setting_on_one_rank_is_refused_on_every_rank(launch):
     assert job.rc == 0, job.stderr[-2000:]
 
 
+def test_an_eager_limit_set_on_one_rank_checks_alike_on_every_rank(launch):
+    # the "large" level's threshold came from each rank's own eager limit: a 40 KB
+    # all_reduce was compared on rank 0 only, which waited for a comparison rank 1 never
+    # joined (CommTimeoutError at 10 s saying sizes may differ, a correct call; an outside
+    # hunt). The job's is the smallest rank's
+    job = launch(
+        2,
+        """
+        if os.environ["OMPI_COMM_WORLD_RANK"] == "1":
+            os.environ["OMPI_MCA_btl_sm_eager_limit"] = "65536"
+        c = hpccomm.init(timeout=10)
+        report(c, "large", value=c._dispatcher.large)
+        for i in range(3):
+            outcome(c, f"call{i}", lambda: float(c.all_reduce(np.ones(10_000, np.float32))[0]))
+        """,
+        bound=60,
+    )
+    assert job.rc == 0, job.stderr[-2000:]
+    assert job.of(0, "large")["value"] == job.of(1, "large")["value"] == 32768 - 1024
+    for rank in range(2):
+        for i in range(3):
+            assert job.of(rank, f"call{i}")["value"] == "2.0", job.of(rank, f"call{i}")
+
+
 def test_init_failing_on_one_rank_after_its_checks_ends_the_job(launch):
     # An error in init on one rank after MPI was up and the checks had passed everywhere:
     # that rank finalized MPI while its peer, out of init, waited in all_reduce for ever.
@@ -1312,6 +1336,30 @@ def test_a_rank_that_freed_the_group_is_named_at_once(launch):
     ), p2p
 
 
+def test_a_launch_discovery_error_on_one_rank_is_refused_on_every_rank(launch):
+    # raised before MPI_Init on rank 1 alone: rank 0 waited in MPI_Init, for good under a
+    # launcher that does not end the job on a rank's non-zero exit (srun without
+    # --kill-on-bad-exit; PRTE's state_base_error_non_zero_exit=0 here), told nothing
+    job = launch(
+        2,
+        """
+        class Me:
+            rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+        if Me.rank == 1:
+            os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"] = "x4"
+        outcome(Me, "init", lambda: hpccomm.init())
+        """,
+        env={"PRTE_MCA_state_base_error_non_zero_exit": "0"},
+        bound=60,
+    )
+    for rank in range(2):
+        got = job.of(rank, "init")
+        assert got["cls"] == "InvalidArgumentError", got
+        assert got["msg"].startswith(f"init (rank {rank} of 2): refused on rank 1: "), got
+        assert "OMPI_COMM_WORLD_LOCAL_SIZE" in got["msg"] and "'x4'" in got["msg"], got
+    assert job.rc == 0 and "aborting" not in job.stderr, job.stderr[-2000:]
+
+
 def test_init_refused_alike_on_every_rank_and_caught_ends_normally(launch):
     # a bad device_backend= is refused on every rank; caught, the ranks ended normally
     # until init's abort-on-exit also took such refusals for one rank's own failure
@@ -1346,14 +1394,22 @@ def test_a_fork_child_cannot_disturb_its_rank_or_the_job(launch, tmp_path, trace
         import signal
         c = hpccomm.init(timeout=10)
         c.all_reduce(np.ones(1))
+        if c.rank == 1:
+            time.sleep(1)  # rank 0's Work below is still pending when it forks
+        w = c.all_reduce(np.ones(4), async_op=True)
         if c.rank == 0:
             pid = os.fork()
             if pid == 0:  # the child
-                try:
-                    c.all_reduce(np.full(1, 100.0))
-                except Exception as e:
-                    print(f"CHILD {type(e).__name__}: {e}", flush=True)
-                sys.exit(3)
+                for name, call in [
+                    ("all_reduce", lambda: c.all_reduce(np.full(1, 100.0))),
+                    ("monitored_barrier", lambda: c.monitored_barrier(2)),
+                    ("profile", lambda: hpccomm.profile(c).start()),
+                ]:
+                    try:
+                        call()
+                    except Exception as e:
+                        print(f"CHILD {name} {type(e).__name__}: {e}", flush=True)
+                sys.exit(3)  # (the parent's Work is dropped here: not the child's to wait)
             _, status = os.waitpid(pid, 0)
             report(c, "child", status=os.waitstatus_to_exitcode(status))
             pid = os.fork()
@@ -1365,6 +1421,7 @@ def test_a_fork_child_cannot_disturb_its_rank_or_the_job(launch, tmp_path, trace
             _, status = os.waitpid(pid, 0)
             report(c, "terminated", status=os.waitstatus_to_exitcode(status))
         time.sleep(0.5)  # a departure notice from the child would be here by now
+        outcome(c, "pending", lambda: w.wait().tolist())
         outcome(c, "after", lambda: c.all_reduce(np.ones(1)).tolist())
         """,
         env=env,
@@ -1374,9 +1431,17 @@ def test_a_fork_child_cannot_disturb_its_rank_or_the_job(launch, tmp_path, trace
     assert job.of(0, "child")["status"] == 3
     assert job.of(0, "terminated")["status"] == -signal.SIGTERM
     for rank in (0, 1):
+        assert job.of(rank, "pending")["value"] == "[2.0, 2.0, 2.0, 2.0]"
         assert job.of(rank, "after")["value"] == "[2.0]"
-    assert "CHILD ClosedError: all_reduce #2 on world (rank 0 of 2): the group is unusable: " \
-        "this process is a fork() child of rank 0 of 2" in job.stdout  # fmt: skip
+    unusable = "the group is unusable: this process is a fork() child of rank 0 of 2"
+    assert f"CHILD all_reduce ClosedError: all_reduce #3 on world (rank 0 of 2): {unusable}" \
+        in job.stdout  # fmt: skip
+    # (monitored_barrier said "no init()"; the profiler's start sent as the parent)
+    assert f"CHILD monitored_barrier ClosedError: monitored_barrier (rank 0 of 2): {unusable}" \
+        in job.stdout  # fmt: skip
+    assert f"CHILD profile ClosedError: profile.start on world (rank 0 of 2): {unusable}" \
+        in job.stdout  # fmt: skip
+    assert "UnwaitedWorkWarning" not in job.stderr, job.stderr[-3000:]  # (the child said it)
     assert not job.crashed()
 
 

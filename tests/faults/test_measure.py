@@ -72,6 +72,63 @@ def test_a_rank_late_for_the_exit_stop_writes_alone(launch, tmp_path, capsys, la
     assert "note: not every rank reached the profiler's stop in time" in out
 
 
+def test_a_fork_child_leaves_the_exit_stop_to_its_parent(launch, tmp_path, capsys):
+    # the child's exit ran the profiler's exit-time stop over MPI as its parent: the job
+    # hung or aborted, or the parent's rank file was overwritten (an outside hunt)
+    prof = tmp_path / "prof"
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=30)
+        c.all_reduce(np.ones(4))
+        if c.rank == 0:
+            pid = os.fork()
+            if pid == 0:
+                sys.exit(0)
+            _, status = os.waitpid(pid, 0)
+            report(c, "child", status=os.waitstatus_to_exitcode(status))
+        outcome(c, "after", lambda: c.all_reduce(np.ones(4)).tolist())
+        """,
+        env={"HPCCOMM_PROFILE": str(prof)},
+        bound=60,
+    )
+    assert job.rc == 0, job.stderr[-3000:]
+    assert job.of(0, "child")["status"] == 0
+    assert job.of(1, "after")["value"] == "[2.0, 2.0, 2.0, 2.0]"
+    assert sorted(p.name for p in prof.iterdir()) == ["profile.json", "summary.txt", "trace.json"]
+    assert job.stderr.count("hpccomm profile: wrote") == 1, job.stderr[-3000:]
+    assert "world [0, 1]" in report(prof, capsys)
+
+
+def test_a_rank_that_leaves_is_heard_at_once_with_the_exit_stop(launch, tmp_path, capsys):
+    # the profiler's exit-time stop (an atexit handler run before hpccomm's own exit) waited
+    # for every rank before this rank's departure notice went out: a peer waiting for it in
+    # a call waited out its timeout (45 s in an outside hunt) where it heard "has left the
+    # job" at once without HPCCOMM_PROFILE
+    prof = tmp_path / "prof"
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=40)
+        c.all_reduce(np.ones(4))
+        if c.rank == 0:
+            time.sleep(0.5)
+            outcome(c, "call", lambda: c.all_reduce(np.ones(4)))
+        """,
+        env={"HPCCOMM_PROFILE": str(prof)},
+        bound=90,
+    )
+    got = job.of(0, "call")
+    assert got["cls"] == "PeerError" and "world rank 1 has left the job" in got["msg"], got
+    assert got["s"] < 10, got
+    # rank 0, going on to its exit, met rank 1 in the stop: one profile of both; then, as
+    # without a profile, its call left inside MPI ends the job
+    assert sorted(p.name for p in prof.iterdir()) == ["profile.json", "summary.txt", "trace.json"]
+    assert "world [0, 1]" in report(prof, capsys)
+    assert job.rc != 0 and "exiting while all_reduce #2 on world (rank 0 of 2) never completed" \
+        in job.stderr, job.stderr[-3000:]  # fmt: skip
+
+
 def test_a_rank_ending_with_an_uncaught_exception_skips_the_exit_stop(launch, tmp_path):
     # it waited in the profiler's exit-time stop (30 s) before the abort, while its peer
     # waited in a call for it (an outside hunt)

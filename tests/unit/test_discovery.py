@@ -231,6 +231,14 @@ def test_srun_uneven_tasks_per_node(node, local_size):
     assert info.local_size == local_size and info.num_nodes == 4
 
 
+def test_no_tasks_on_this_tasks_node_is_refused():
+    # "0" gave local size 0 (sizes below 1 are refused everywhere else)
+    env = {**SRUN_STEP, "SLURM_STEP_TASKS_PER_NODE": "2,0", "SLURM_STEP_NUM_TASKS": "2"}
+    with pytest.raises(ValueError, match=r"SLURM_STEP_TASKS_PER_NODE='2,0' gives node 1 "
+                       r"\(SLURM_NODEID\) 0 tasks, but this task runs there"):  # fmt: skip
+        d(env)
+
+
 def test_srun_step_nodeid_out_of_range():
     env = {**SRUN_STEP, "SLURM_NODEID": "5"}
     with pytest.raises(ValueError, match=r"SLURM_NODEID=5 .* lists only 2 nodes"):
@@ -360,6 +368,11 @@ def test_frozen():
         ("0", ("0",)),
         ("0,1, 2", ("0", "1", "2")),
         ("GPU-abc,GPU-def", ("GPU-abc", "GPU-def")),
+        ("MIG-abc", ("MIG-abc",)),
+        # CUDA sees only the devices before the first invalid entry (0,-1,1 counted 2)
+        ("0,-1,1", ("0",)),
+        ("0,2,-1,1", ("0", "2")),
+        ("1,x,0", ("1",)),
     ],
 )
 def test_parse_visible_devices(value, parsed):

@@ -171,6 +171,14 @@ def test_other_scripts_digits_and_zero_repeats_are_refused():
         expand_tasks_per_node("2(x0)")
 
 
+def test_a_tasks_per_node_list_longer_than_slurm_allows_is_refused_unexpanded():
+    # "1(x100000000)" took 1.6 GB and 10 s to expand (x999999999: more than 10 GB)
+    assert len(expand_tasks_per_node(f"2,1(x{MAX_RANGE - 1})")) == MAX_RANGE
+    for spec in ("1(x100000000)", "1(x999999999)", f"2,1(x{MAX_RANGE})"):
+        with pytest.raises(ValueError, match=f"longer than the limit of {MAX_RANGE} nodes"):
+            expand_tasks_per_node(spec)
+
+
 def test_the_largest_range_slurm_takes_expands():
     names = expand("n[00000-65535]")
     assert len(names) == MAX_RANGE == 65536 and names[-1] == "n65535"

@@ -53,3 +53,25 @@ def test_step_variables_in_a_one_rank_world_name_both_causes(mpi_env):
     assert "srun --mpi=pmix" in last  # a real step launched without an MPI plug-in
     assert "SLURM_STEP_ID and SLURM_STEP_NUM_TASKS say srun started it as a task" in last
     assert "not started by that launcher but inherited" in last  # or not one of its tasks
+
+
+def test_warnings_point_at_the_programs_init_line(mpi_env):
+    # they named hpccomm's own wrapper (runtime.py, "return fn(*args, **kwargs)") as the
+    # place to look
+    out = run_init(mpi_env, {"SLURM_JOB_ID": "5", "SLURM_PROCID": "3", "SLURM_NTASKS": "8"})
+    assert out.returncode == 0, out.stderr
+    assert "<string>:1: RuntimeWarning: hpccomm: ignored SLURM_PROCID=3" in out.stderr, out.stderr
+
+
+def test_a_node_index_only_mpi_contradicts_is_said(mpi_env):
+    # the launcher's node index and count against MPI's node leaders: found after MPI
+    # started, kept in comm.launch.warnings, never said (an outside hunt)
+    out = run_init(
+        mpi_env,
+        {"TORCHELASTIC_RUN_ID": "x", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+         "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "1"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "1", "torchrun"]
+    said = "node_index is 1 from GROUP_RANK but 0 from MPI node leaders"
+    assert f"<string>:1: RuntimeWarning: hpccomm: {said}" in out.stderr, out.stderr

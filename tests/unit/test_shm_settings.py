@@ -30,9 +30,19 @@ def test_sizes():
     assert settings({"HPCCOMM_SHM_THRESHOLD": "0"}).threshold == 0
 
 
+def test_blank_sizes_are_unset():
+    # (a blank threshold was refused, where every other setting takes blank for unset)
+    s = settings({"HPCCOMM_SHM_THRESHOLD": " ", "HPCCOMM_SHM_CHUNK": ""})
+    assert s.threshold is None and s.chunk == DEFAULT_CHUNK
+
+
 @pytest.mark.parametrize(
     ("env", "text"),
     [
+        # int() took these: 1000 and 3 bytes
+        ({"HPCCOMM_SHM_THRESHOLD": "1_000"}, "HPCCOMM_SHM_THRESHOLD is '1_000', expected a size"),
+        ({"HPCCOMM_SHM_THRESHOLD": "\u0663"}, "HPCCOMM_SHM_THRESHOLD is '\u0663', expected a"),
+        ({"HPCCOMM_SHM_CHUNK": "+8M"}, "HPCCOMM_SHM_CHUNK is '\\+8M', expected a size"),
         (
             {"HPCCOMM_SHM": "maybe"},
             r"^hpccomm: HPCCOMM_SHM is 'maybe', expected 1/true/yes/on or 0/false/no/off "
