@@ -196,8 +196,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     # Rank 0 writes the files. Every rank on its node checks the path too, so that none of
     # them goes on into MPI's start to wait for a rank 0 that has refused; a rank on another
     # node cannot tell (its node may lack the folder rank 0 has) and leaves it to rank 0.
-    launch = discover()
-    if launch.rank in (0, None) or _on_one_node(launch):
+    try:
+        launch = discover()
+    except Exception:  # noqa: BLE001 - init refuses it on every rank, once MPI is up (raised
+        # here, this rank left before MPI_Init and the others waited in it)
+        launch = None
+    if launch is not None and (launch.rank in (0, None) or _on_one_node(launch)):
         for what, path in (("--json", args.json), ("--plot", args.plot)):
             if path:
                 bench.check_writable(path, f"bench {what}")

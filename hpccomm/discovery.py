@@ -134,6 +134,11 @@ class _Reader:
             # ASCII digits only: Python's int() also takes "1_0" (10) and other scripts' digits
             if not _DIGITS.fullmatch(raw):
                 raise InvalidArgumentError(f"{self.where()}: {var}={raw!r} is not an integer >= 0")
+            if len(raw.strip()) > 18:  # (beyond any job; 4,300 digits were int()'s own
+                # ValueError, raised before MPI_Init on that rank alone)
+                shown = raw.strip()
+                shown = shown if len(shown) <= 40 else f"{shown[:20]}...({len(shown)} digits)"
+                raise InvalidArgumentError(f"{self.where()}: {var}={shown!r} is too large")
             value = int(raw)
             if name in _COUNTS and value < 1:
                 raise InvalidArgumentError(f"{self.where()}: {var}={raw!r}, expected a count >= 1")

@@ -31,9 +31,6 @@ class Splittable(Protocol):
     @property
     def local_size(self) -> int: ...
 
-    @property
-    def freed(self) -> bool: ...
-
     def split(self, color: int | None, *, key: int | None = None, expect: Any = None) -> Any: ...
 
     def enable_nccl(self) -> None: ...
@@ -85,7 +82,8 @@ class ParallelGroups:
         key = self.layout.normalize(dims)
         group = self._groups.get(key)
         if group is None:
-            if self.comm.freed:  # (the split's own error named only "split")
+            if getattr(self.comm, "freed", False):  # (the split's own error named only
+                # "split"; a Splittable of the program's own may not say)
                 raise ClosedError(
                     f"layout group {self.name(key)} on {self.comm.name} (rank {self.comm.rank} "
                     f"of {self.comm.size}): communicator {self.comm.name} already freed, and "

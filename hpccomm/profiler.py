@@ -426,8 +426,23 @@ def start_from_env(comm: Any) -> Profiler | None:
         return _from_env
     _from_env = Profiler(comm, directory).start()
     _from_env_pid = os.getpid()
-    atexit.register(stop_from_env)
+    atexit.register(_stop_at_exit)
     return _from_env
+
+
+def _stop_at_exit() -> None:
+    """At exit (atexit, run before hpccomm's own exit handler): this rank's departure notice
+    first, where the program ends normally, then :func:`stop_from_env` (not in that function:
+    a program that calls it goes on running, and its peers took the notice for a departure)."""
+    prof = _from_env
+    if prof is None or not prof.running or os.getpid() != _from_env_pid:
+        return
+    if uncaught_exception() is None:
+        try:
+            depart()
+        except Exception:  # noqa: BLE001 - hpccomm's own exit departs all the same
+            pass
+    stop_from_env()
 
 
 def stop_from_env() -> None:
@@ -450,7 +465,6 @@ def stop_from_env() -> None:
         prof._write_alone(f"this rank ends with an exception nobody caught ({uncaught})")
         return
     try:
-        depart()
         doc = prof.stop(timeout=STOP_TIMEOUT)
     except Exception as exc:  # never turn a clean exit into a traceback
         sys.stderr.write(f"hpccomm profile: stop at exit failed: {type(exc).__name__}: {exc}\n")

@@ -26,7 +26,13 @@ from .comm import Communicator, NodeInfo, member_gid
 from .cuda_aware import DeviceConfig, decide
 from .debug import EAGER_ENV, by_rank, fingerprint, level_from, ranks_by_text, ranks_text
 from .discovery import LaunchInfo, discover
-from .errors import GpuBindingError, HpccommError, InvalidArgumentError, LaunchMismatchError
+from .errors import (
+    ClosedError,
+    GpuBindingError,
+    HpccommError,
+    InvalidArgumentError,
+    LaunchMismatchError,
+)
 from .gpuselect import choose_on_node, format_uuid, sharing_allowed
 from .notices import ASK_MAX_RANKS, ASK_WAIT, NoticeBoard
 from .ops import check_timeout
@@ -624,11 +630,22 @@ def init(
                 f"timeout, or free() the world first"
             )
         return _world
+    if _init_pid and os.getpid() != _init_pid:  # a fork() child of a rank whose world was
+        # freed: a new world's collectives went out as the parent's (an outside review)
+        raise ClosedError(
+            f"init: this process is a fork() child of a rank (pid {_init_pid}), where MPI "
+            f"cannot be used (its messages would go out as the parent's); communicate from "
+            f"the parent, or start workers with the 'spawn' method"
+        )
     try:
         info = discover()
-    except HpccommError as exc:  # (a rank leaving here left the others waiting in MPI_Init
-        # for good under srun without --kill-on-bad-exit: an outside hunt)
-        problems.append(exc)
+    except Exception as exc:  # noqa: BLE001 - (a rank leaving here left the others waiting
+        # in MPI_Init for good under srun without --kill-on-bad-exit: an outside hunt)
+        problems.append(
+            exc
+            if isinstance(exc, HpccommError)
+            else InvalidArgumentError(f"launch discovery failed: {type(exc).__name__}: {exc}")
+        )
         info = discover({})  # nothing known from the environment: MPI fills every field
     for note in info.warnings:
         warnings.warn(f"hpccomm: {note}", RuntimeWarning, stacklevel=3)  # (the user's line:
@@ -921,6 +938,8 @@ def _after_fork() -> None:
 _uncaught: str | None = None  # the exception nobody caught, if one ends this rank
 _uncaught_text = ""  # and its message, for the flight recorder's dump
 _uncaught_kept: str | None = None  # the same with HPCCOMM_ABORT_ON_EXCEPTION=0 (no abort)
+_thread_uncaught: str | None = None  # the first thread (not the main one) that an uncaught
+# exception ended: named in this rank's departure notice
 _init_failed = False  # init raised on this rank alone, with MPI up (see _abort_failed_init)
 
 
@@ -948,6 +967,21 @@ def _install_excepthook(abort: bool = True) -> None:
         previous(kind, value, tb)
 
     sys.excepthook = hook
+    previous_thread = threading.excepthook
+
+    def thread_hook(args: Any) -> None:
+        # A thread's uncaught exception ends that thread only (Python's rule, kept): its
+        # peers, waiting for its next collective, were told at this rank's exit "a normal
+        # exit or sys.exit", not why (an outside hunt)
+        global _thread_uncaught
+        if _thread_uncaught is None and args.exc_type is not SystemExit:
+            name = "?" if args.thread is None else args.thread.name
+            text = f"{args.exc_type.__name__}: {args.exc_value}" if str(args.exc_value) \
+                else args.exc_type.__name__  # fmt: skip
+            _thread_uncaught = f"its thread {name} had ended with an uncaught {text[:300]}"
+        previous_thread(args)
+
+    threading.excepthook = thread_hook
 
 
 def _at_exit() -> None:
@@ -1172,9 +1206,12 @@ def _depart(world: Communicator, *, wait: bool = True) -> None:
     try:
         notices.depart(
             seqs,
-            f"its program ended: an uncaught {_uncaught_kept} (HPCCOMM_ABORT_ON_EXCEPTION=0)"
-            if _uncaught_kept
-            else "its program ended: a normal exit or sys.exit",
+            (
+                f"its program ended: an uncaught {_uncaught_kept} (HPCCOMM_ABORT_ON_EXCEPTION=0)"
+                if _uncaught_kept
+                else "its program ended: a normal exit or sys.exit"
+            )
+            + ("" if _thread_uncaught is None else f"; {_thread_uncaught}"),
             say,
             max(world.timeout or 0.0, EXIT_WAIT),
             wait=wait,

@@ -471,7 +471,8 @@ class Work:
         if self._done:
             return
         if fork_child is not None:  # a fork() child ending: the parent's Works pending at the
-            return  # fork are the parent's to wait for (the child warned of them: an outside hunt)
+            return  # fork are the parent's to wait for (the child's exit warned of them, as if
+            # dropped by the program: an outside hunt)
         try:
             parts = _posted(self._pending)
             after, source, rec = self._after, self._pending, self._record

@@ -184,7 +184,7 @@ class Settings:
 def _size(raw: str, name: str) -> int:
     text = raw.strip().upper().removesuffix("B")
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    digits = text[:-1] if scale > 1 else text
+    digits = (text[:-1] if scale > 1 else text).strip()  # ("1 MB" as "1MB")
     # ASCII digits only, as every launcher integer (int() took '1_000' and Arabic-Indic '٣')
     value = int(digits) * scale if digits.isascii() and digits.isdigit() else -1
     if value < 0:

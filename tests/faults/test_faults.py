@@ -1445,6 +1445,36 @@ def test_a_fork_child_cannot_disturb_its_rank_or_the_job(launch, tmp_path, trace
     assert not job.crashed()
 
 
+def test_a_fork_child_cannot_start_a_new_world(launch):
+    # after the rank freed its world, a fork child's init() started a new one whose
+    # collectives went out as the parent's: the children of both ranks summed with each
+    # other, and the parents hung at exit (an outside review)
+    job = launch(
+        2,
+        """
+        with hpccomm.init(timeout=10) as c:
+            c.barrier()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                w = hpccomm.init()
+                print(f"CHILD init returned rank {w.rank}", flush=True)
+                w.all_reduce(np.ones(1))
+            except Exception as e:
+                print(f"CHILD {type(e).__name__}: {e}", flush=True)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        report(c, "child", status=os.waitstatus_to_exitcode(status))
+        """,
+        bound=60,
+    )
+    assert job.rc == 0, job.stderr[-3000:]
+    assert "CHILD init returned" not in job.stdout, job.stdout
+    assert job.stdout.count("CHILD ClosedError: init: this process is a fork() child of a "
+                            "rank (pid ") == 2, job.stdout  # fmt: skip
+    assert job.of(0, "child")["status"] == job.of(1, "child")["status"] == 0
+
+
 @pytest.mark.parametrize("timeout", [None, 5])
 def test_a_work_pending_at_a_fork_is_refused_in_the_child(launch, timeout):
     # A Work pending when rank 0 forked, waited in the child: it waited for ever (without a
@@ -1823,6 +1853,38 @@ def test_a_departure_by_an_uncaught_exception_without_the_abort_says_so(launch):
         "world rank 1 has left the job (its program ended: an uncaught ValueError "
         "(HPCCOMM_ABORT_ON_EXCEPTION=0)) after call #1 of this group" in got["msg"]
     ), got
+
+
+def test_a_departure_after_a_thread_died_of_an_uncaught_exception_says_so(launch):
+    # the thread that made rank 1's collectives died (Python ends that thread only); rank 1
+    # then ended normally, and its peer heard "a normal exit or sys.exit", not why
+    job = launch(
+        2,
+        """
+        import threading
+        c = hpccomm.init(timeout=20)
+        def loop():
+            for i in range(4):
+                if c.rank == 1 and i == 2:
+                    raise RuntimeError("thread boom on rank 1")
+                c.all_reduce(np.ones(2))
+        if c.rank == 0:
+            outcome(c, "thread", loop)
+        else:
+            t = threading.Thread(target=loop, name="steps")
+            t.start()
+            t.join()
+        """,
+        bound=60,
+    )
+    got = job.of(0, "thread")
+    assert got["cls"] == "PeerError" and got["s"] < 10, got
+    assert (
+        "world rank 1 has left the job (its program ended: a normal exit or sys.exit; its "
+        "thread steps had ended with an uncaught RuntimeError: thread boom on rank 1) after "
+        "call #2 of this group" in got["msg"]
+    ), got
+    assert "RuntimeError: thread boom on rank 1" in job.stderr  # (Python's own traceback)
 
 
 def test_init_and_free_again_and_again_leaks_no_communicator(launch):

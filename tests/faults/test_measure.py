@@ -129,6 +129,30 @@ def test_a_rank_that_leaves_is_heard_at_once_with_the_exit_stop(launch, tmp_path
         in job.stderr, job.stderr[-3000:]  # fmt: skip
 
 
+def test_stop_from_env_called_by_the_program_is_no_departure(launch, tmp_path):
+    # (a review of the change above: stop_from_env sent the departure notice itself, and a
+    # program that called it and went on got "rank 1 has left the job" in its next call)
+    prof = tmp_path / "prof"
+    job = launch(
+        2,
+        """
+        from hpccomm import profiler
+        c = hpccomm.init(timeout=20)
+        c.all_reduce(np.ones(4))
+        profiler.stop_from_env()
+        if c.rank == 1:
+            time.sleep(1)
+        outcome(c, "barrier", lambda: c.barrier())
+        """,
+        env={"HPCCOMM_PROFILE": str(prof)},
+        bound=60,
+    )
+    assert job.rc == 0, job.stderr[-3000:]
+    for rank in (0, 1):
+        assert job.of(rank, "barrier")["cls"] is None, job.of(rank, "barrier")
+    assert sorted(p.name for p in prof.iterdir()) == ["profile.json", "summary.txt", "trace.json"]
+
+
 def test_a_rank_ending_with_an_uncaught_exception_skips_the_exit_stop(launch, tmp_path):
     # it waited in the profiler's exit-time stop (30 s) before the abort, while its peer
     # waited in a call for it (an outside hunt)

@@ -239,6 +239,15 @@ def test_no_tasks_on_this_tasks_node_is_refused():
         d(env)
 
 
+def test_a_launcher_integer_beyond_any_job_is_refused_by_name():
+    # 5,000 digits: int()'s own ValueError ("Exceeds the limit (4300 digits)"), naming no
+    # variable
+    env = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "9" * 5000}
+    with pytest.raises(InvalidArgumentError, match=r"OMPI_COMM_WORLD_SIZE='9{20}\.\.\.\(5000 "
+                       r"digits\)' is too large"):  # fmt: skip
+        d(env)
+
+
 def test_srun_step_nodeid_out_of_range():
     env = {**SRUN_STEP, "SLURM_NODEID": "5"}
     with pytest.raises(ValueError, match=r"SLURM_NODEID=5 .* lists only 2 nodes"):

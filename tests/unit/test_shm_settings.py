@@ -28,6 +28,7 @@ def test_sizes():
     s = settings({"HPCCOMM_SHM_THRESHOLD": "64K", "HPCCOMM_SHM_CHUNK": "2M"})
     assert s.threshold == 64 << 10 and s.chunk == 2 << 20
     assert settings({"HPCCOMM_SHM_THRESHOLD": "0"}).threshold == 0
+    assert settings({"HPCCOMM_SHM_THRESHOLD": " 1 MB "}).threshold == 1 << 20
 
 
 def test_blank_sizes_are_unset():
