@@ -1268,8 +1268,13 @@ class Communicator:
         shm = self._shm()
         strays = self._dispatcher.strays()  # (before forget_group: it reads the notices)
         if self._notices is not None:  # its last call, for this rank's departure notice
+            d = self._dispatcher
+            calls = d.unchecked()  # (compared at the program's end: see runtime._depart)
             self._notices.forget_group(
-                self._dispatcher.gid, self._group.seq, self._dispatcher.members
+                d.gid,
+                self._group.seq,
+                d.members,
+                (self._group.name, tuple(d.members), calls) if calls else None,
             )
         stuck = self._dispatcher.close()
         self._devices.close()

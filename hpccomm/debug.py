@@ -55,6 +55,7 @@ __all__ = [
     "disagreement",
     "out_of_step",
     "earlier_difference",
+    "exit_difference",
     "call_site",
     "HEADER_WORDS",
     "encode_header",
@@ -328,6 +329,47 @@ def earlier_difference(fps: Sequence[dict[str, Any]], large: int, now: int) -> s
             f"in every buffer: the default level compares such calls with the group's next "
             f"compared call), so MPI ran it: its result{', and ' + after + ',' if after else ''}"
             f" may be wrong on some ranks (debug='check' compares every call before it runs)"
+        )
+    return None
+
+
+def exit_difference(
+    rows: Sequence[tuple[int, dict[int, dict[str, Any]]]], large: int
+) -> str | None:
+    """At the end of the program, the first of a group's calls that no comparison took (the
+    "large" level's deferred calls: no compared call came after them on the group) that the
+    ranks did not make alike, in words, or None. ``rows``: per group rank, the number of its
+    last collective call on the group and its uncompared calls' fingerprints by number.
+
+    A call number some rank passed without listing it (compared or refused there: a rank
+    that keeps no list at all, as a group it could not use) is not judged: its own
+    mechanism said so when it ran. A rank whose last call comes before a number another
+    rank lists never made that call: its peers completed it alone (a broadcast's root, whose
+    message went out eagerly, and the others' data never came)."""
+    lasts = [last for last, _ in rows]
+    listed = sorted(set().union(*(calls for _, calls in rows)))
+    for seq in listed:
+        if any(last >= seq and seq not in calls for last, calls in rows):
+            continue
+        present = [(r, calls[seq]) for r, (_, calls) in enumerate(rows) if seq in calls]
+        op = present[0][1]["op"]
+        never = [r for r, last in enumerate(lasts) if last < seq]
+        if never:
+            ends = ", ".join(f"#{lasts[r]} on rank {r}" for r in never)
+            said = (
+                f"made on {_ranks([r for r, _ in present])} but never on "
+                f"{_ranks(never)} (their last calls on the group: {ends})"
+            )
+        elif len({crc(fp) for _, fp in present}) > 1:
+            said = disagreement([fp for _, fp in present])
+        else:
+            continue
+        return (
+            f"{op} #{seq}: {said}. No compared call came after it on the group ({large:,} "
+            f"bytes or less in every buffer: the default level compares such calls with the "
+            f"group's next compared call, and the program ended, or freed the group, first), "
+            f"so MPI ran it: its result, and maybe those of the group's calls after it, may "
+            f"be wrong on some ranks (debug='check' compares every call before it runs)"
         )
     return None
 

@@ -640,6 +640,15 @@ class Dispatcher:
         self._deferred.append((seq, call))
         return False
 
+    def unchecked(self) -> dict[int, dict[str, Any]]:
+        """The fingerprints, by call number, of this group's calls that the "large" level
+        has not compared yet (no compared call came after them), for the comparison at the
+        program's end (see runtime._depart); none for a group made unusable (its error was
+        raised)."""
+        if self.broken is not None:
+            return {}
+        return {seq: fingerprint(call, call.spec.name, seq) for seq, call in list(self._deferred)}
+
     def run(
         self,
         call: Call,

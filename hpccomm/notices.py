@@ -22,7 +22,7 @@ from .work import p2p_waiting, wait_bounded
 
 __all__ = ["NoticeBoard", "NOTICE_TAG", "POLL_INTERVAL", "FAILED", "REFUSED", "ENTERED",
            "DEPARTURES", "ASK_WAIT", "ASK_MAX_RANKS", "Place", "P2pRefusal",
-           "P2P_REFUSALS_KEPT"]  # fmt: skip
+           "P2P_REFUSALS_KEPT", "Unchecked"]  # fmt: skip
 
 NOTICE_TAG = 7
 FAILED, REFUSED, ENTERED = "failed", "refused", "entered"  # what a notice says (see post)
@@ -31,6 +31,11 @@ MONITOR_TAG = 8  # monitored_barrier's arrivals and releases
 # freed group was kept: 20,000 groups made one 2-rank exit take 3.9-6.4 s instead of 0.1 s).
 # A peer still waiting in a group freed longer ago hears of the departure at its timeout.
 FREED_KEPT = 1024
+# freed groups whose uncompared calls are kept for the departure notice (the latest; a
+# group dropped from it is not judged at the end: see runtime._depart)
+FREED_UNCHECKED_KEPT = 256
+# a group's name, members (world ranks) and uncompared calls' fingerprints by number
+Unchecked = tuple[str, tuple[int, ...], dict[int, dict[str, Any]]]
 REFUSALS_KEPT = 1024  # per group: this rank's own refusals remembered (see _answer_refusal)
 POLL_INTERVAL = 0.02  # seconds between looks for notices while a rank waits
 DEPARTURES = "<departures>"  # the group id of a departure notice (see depart)
@@ -115,6 +120,11 @@ class NoticeBoard:
         self.departed: dict[int, tuple[dict[str, int], str]] = {}
         # group id -> its last call number, at free() (the latest FREED_KEPT groups)
         self.freed_seqs: dict[str, int] = {}
+        # group id -> (its name, members, the fingerprints of its calls no comparison took,
+        # by number) at free(), for the departure notice (the latest FREED_UNCHECKED_KEPT)
+        self.freed_unchecked: dict[str, Unchecked] = {}
+        # world rank -> the same of every group it had, from its departure notice
+        self.unchecked_of: dict[int, dict[str, Unchecked]] = {}
         # where this rank is on a group, for the answers to ask(): group id -> (the number
         # of its last collective call, what the group's worker runs now or "", its latest
         # bounded or async collective as (number, fingerprint) or None), None for a group
@@ -198,8 +208,9 @@ class NoticeBoard:
                 self._heard(gid, *rest)
                 continue
             if gid == DEPARTURES:
-                world_rank, seqs, reason = rest
+                world_rank, seqs, reason, unchecked = rest
                 self.departed[world_rank] = (seqs, reason)
+                self.unchecked_of[world_rank] = unchecked
                 continue
             if gid == FREED:
                 group_id, world_rank, seq = rest
@@ -385,6 +396,7 @@ class NoticeBoard:
         bound: float = 120.0,
         *,
         wait: bool = True,
+        unchecked: dict[str, Unchecked] | None = None,
     ) -> None:
         """This rank leaves the job (at exit, its program done): tell every other rank,
         with the number of the last collective it reached on each of its groups (``seqs``,
@@ -401,11 +413,13 @@ class NoticeBoard:
         itself, or left without hpccomm's exit, never says it leaves: the others waited for
         good): ``say`` is told so, and which ranks it waits for after EXIT_SAY_AFTER
         seconds, then every EXIT_SAY_EVERY. A failure MPI reports (ULFM) ends the wait
-        (raised). ``wait`` False: only tell them (once; a later call only waits)."""
+        (raised). ``wait`` False: only tell them (once; a later call only waits).
+        ``unchecked``: the calls no comparison took on this rank's groups (see
+        runtime._depart), told with it."""
         others = [w for w in range(self.comm.Get_size()) if w != self.world_rank]
         if not self.announced:
             self.announced = True
-            msg = (DEPARTURES, self.world_rank, seqs, reason)
+            msg = (DEPARTURES, self.world_rank, seqs, reason, unchecked or {})
             for w in others:
                 self._send(msg, w)
         if not wait:
@@ -596,11 +610,18 @@ class NoticeBoard:
             return got[0]
         return None
 
-    def forget_group(self, gid: str, seq: int, members: Sequence[int] = ()) -> None:
+    def forget_group(
+        self,
+        gid: str,
+        seq: int,
+        members: Sequence[int] = (),
+        unchecked: Unchecked | None = None,
+    ) -> None:
         """A group freed here after call ``seq``: kept for the departure notice (the latest
         FREED_KEPT such groups); its other ``members`` (world ranks; groups of up to
         ASK_MAX_RANKS) are told, so that one waiting in a later call of it hears that this
-        rank will not join (check)."""
+        rank will not join (check). ``unchecked``: its name, members and uncompared calls
+        (Dispatcher.unchecked), kept for the departure notice where there are any."""
         if len(members) <= ASK_MAX_RANKS:
             for w in members:
                 if w != self.world_rank:
@@ -619,6 +640,12 @@ class NoticeBoard:
         seqs[gid] = seq
         while len(seqs) > FREED_KEPT:
             del seqs[next(iter(seqs))]
+        kept = self.freed_unchecked
+        kept.pop(gid, None)
+        if unchecked is not None and unchecked[2]:
+            kept[gid] = unchecked
+            while len(kept) > FREED_UNCHECKED_KEPT:
+                del kept[next(iter(kept))]
 
     def close(self) -> None:
         """Drop what is still unsent (at exit: the receivers may be gone)."""

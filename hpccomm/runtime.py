@@ -34,7 +34,7 @@ from .errors import (
     LaunchMismatchError,
 )
 from .gpuselect import choose_on_node, format_uuid, sharing_allowed
-from .notices import ASK_MAX_RANKS, ASK_WAIT, NoticeBoard
+from .notices import ASK_MAX_RANKS, ASK_WAIT, NoticeBoard, Unchecked
 from .ops import check_timeout
 from .switches import switch
 from .work import wait_bounded
@@ -1032,16 +1032,23 @@ def _exit_steps() -> None:
         # wait, MPI_Abort may leave the launcher stuck. Under ULFM every rank that does not
         # abort agrees first (_failure_agreed), so that the ranks that never heard of the
         # failure leave as survivors too
+        differed = False
         if not known and world.size > 1:
-            _depart(world)  # (the ranks that did not free the world wait for this one)
+            # (the ranks that did not free the world wait for this one)
+            differed = _depart(world)
         if _failure_agreed(known) or known:
             _leave_after_failure(bound)
+        elif differed:
+            _exit_with_status(1)
         return
     if not stuck and (_uncaught is None or world.size == 1):
         if world.size > 1:
-            _depart(world)  # (first: a peer waiting for this rank in a call hears it now)
+            # (first: a peer waiting for this rank in a call hears it now)
+            differed = _depart(world)
             if _failure_agreed(False):
                 _leave_after_failure(bound)
+            elif differed:
+                _exit_with_status(1)
         return
     listed = "; ".join(stuck[:3]) + (f"; and {len(stuck) - 3} more" if len(stuck) > 3 else "")
     why = f"exiting while {listed} never completed" if stuck else f"{_uncaught} not caught"
@@ -1146,8 +1153,10 @@ def _on_finalize(comm: Any, keyval: int, value: Any) -> None:
     if world is None or _departed or os.getpid() != _init_pid or world.size == 1:
         return  # (at hpccomm's own exit it departed already; a fork child never does)
     try:
-        if not _stuck_calls(world):
-            _depart(world)
+        if not _stuck_calls(world) and _depart(world):
+            # (MPI_Finalize goes on: the status comes at the interpreter's exit)
+            gc.disable()
+            _ExitWhenCollected(1)
     except BaseException:  # noqa: BLE001 - never raised into MPI_Finalize
         pass
 
@@ -1172,21 +1181,33 @@ def _depart_early() -> None:
         _depart(world, wait=False)  # (the wait for the others comes at hpccomm's exit)
 
 
-def _depart(world: Communicator, *, wait: bool = True) -> None:
+def _depart(world: Communicator, *, wait: bool = True) -> bool:
     """A normal exit: tell the other ranks this one is gone (NoticeBoard.depart), with the
     last call number it reached on every group it has or had, so that a peer waiting for it
     in a later call (one rank ran fewer steps than the others) hears it at once, where
     it waited out its timeout (torch's default: 30 min); MPI_Finalize here then waits for
-    them as before. ``wait`` False: only send the notice (see _depart_early)."""
+    them as before. ``wait`` False: only send the notice (see _depart_early).
+
+    The notice also carries the calls of each group that no comparison took (the "large"
+    level compares a small call with the group's next compared call, which never came:
+    the group's last calls before the end or free()); once every rank has said it leaves,
+    each compares them (:func:`_uncompared_differences`, alike on every rank: each has
+    every notice) and says what differed. True where something did: the job then ends
+    with status 1 (see :func:`_exit_with_status`), not 0 over results that differ."""
     global _departed
     notices = world._notices
     if notices is None or world.size > DEPART_MAX_RANKS or _departed:
-        return
+        return False
     _departed = wait
     seqs = dict(notices.freed_seqs)
+    unchecked = dict(notices.freed_unchecked)
     for c in world._tree():
         if not c.freed:
-            seqs[c._dispatcher.gid] = c._group.seq
+            d = c._dispatcher
+            seqs[d.gid] = c._group.seq
+            calls = d.unchecked()
+            if calls:
+                unchecked[d.gid] = (c._group.name, tuple(d.members), calls)
     node = world._node_backend  # the world's node group, made at init, if never adopted
     if node is not None:  # (no step of the world made it: listed with no call, as node()
         # would name it) so that a peer waiting in its first call hears of this departure
@@ -1215,9 +1236,78 @@ def _depart(world: Communicator, *, wait: bool = True) -> None:
             say,
             max(world.timeout or 0.0, EXIT_WAIT),
             wait=wait,
+            unchecked=unchecked,
         )
     except BaseException:  # noqa: BLE001 - leaving anyway (a failure MPI reported: ULFM;
-        pass  # a Ctrl-C during the wait)
+        return False  # a Ctrl-C during the wait)
+    if not wait:
+        return False
+    try:
+        said = _uncompared_differences(notices, seqs, unchecked, debug_mod.large_bytes())
+    except Exception as exc:  # noqa: BLE001 - a defect of this comparison: said, not raised
+        say(f"at exit: the comparison of the groups' uncompared calls failed ({exc!r})")
+        return False
+    for text in said:
+        say(text)
+    return bool(said)
+
+
+def _uncompared_differences(
+    notices: NoticeBoard,
+    seqs: dict[str, int],
+    unchecked: dict[str, Unchecked],
+    large: int,
+) -> list[str]:
+    """What differed among the calls no comparison took, on every group whose members all
+    said they leave (``seqs`` and ``unchecked``: this rank's own, as its notice told them):
+    a message per group of which this rank is a member, naming the first call that differed
+    (:func:`debug.exit_difference`); one line for the other groups that differed. A group
+    some member did not list (it left without hpccomm's exit, or freed it long ago) is not
+    judged."""
+    me = notices.world_rank
+    every = {me: unchecked, **notices.unchecked_of}
+    gids = [g for by in every.values() for g in by]
+    said: list[str] = []
+    elsewhere: list[str] = []
+    for gid in dict.fromkeys(gids):  # (each once, in the order met)
+        name, members, _ = next(by[gid] for by in every.values() if gid in by)
+        rows = []
+        for w in members:
+            last = seqs.get(gid) if w == me else notices.departed.get(w, ({}, ""))[0].get(gid)
+            if last is None:
+                break
+            got = every.get(w, {}).get(gid)
+            rows.append((last, {} if got is None else got[2]))
+        else:
+            text = debug_mod.exit_difference(rows, large)
+            if text is None:
+                continue
+            if me in members:
+                said.append(
+                    f"at exit: on group {name} (world ranks {list(members)}; this rank is its "
+                    f"rank {members.index(me)}) {text}; the job ends with status 1"
+                )
+            else:
+                elsewhere.append(f"{name} (world ranks {list(members)})")
+    if elsewhere and not said:
+        said.append(
+            f"at exit: calls on group(s) {', '.join(elsewhere[:4])} that were never compared "
+            f"differed across their ranks (said there); the job ends with status 1"
+        )
+    return said
+
+
+def _exit_with_status(status: int) -> None:
+    """End the process with ``status`` once MPI_Finalize and the other atexit handlers have
+    run (:class:`_ExitWhenCollected`): MPI is finalized here (every rank of the job comes
+    here alike, after the departures), so a rank leaving first with a non-zero status does
+    not get the others killed before they have said why."""
+    from mpi4py import MPI
+
+    if not MPI.Is_finalized():
+        MPI.Finalize()
+    gc.disable()  # first: no automatic collection between the two lines
+    _ExitWhenCollected(status)
 
 
 def _abort_failed_init() -> None:

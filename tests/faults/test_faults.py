@@ -839,6 +839,102 @@ def test_a_rank_missing_from_the_first_shared_memory_call_leaves_no_file(launch)
     assert left == [], f"left in /dev/shm: {left}"
 
 
+_AT_EXIT = "No compared call came after it on the group"
+
+
+@pytest.mark.parametrize("where", ["world", "freed split", "with block"])
+def test_a_small_call_that_differs_among_a_groups_last_calls_ends_the_job_with_status_1(
+    launch, where
+):
+    """At the default level a small call is compared with the group's next compared call;
+    when none comes (the program ends, or frees the group, first) the departure notices
+    carry the uncompared calls and every rank compares them at exit: a broadcast whose
+    ranks named different roots (ranks hold 1.0 and 2.0) ended with status 0 and no word
+    (an outside hunt); now every rank names it and the job ends with status 1. On a split
+    of ranks 0 and 1, rank 2 (not in it) says where it was said."""
+    job = launch(
+        3,
+        f"""
+        where = {where!r}
+        if where == "with block":
+            with hpccomm.init(timeout=20) as c:
+                x = np.full(255, c.rank + 1.0)
+                c.broadcast(x, c.rank % 2)
+                for _ in range(10):
+                    c.all_reduce(np.ones(4))
+                report(c, "x", value=float(x[0]))
+            sys.exit(0)
+        c = hpccomm.init(timeout=20)
+        g = c if where == "world" else c.split(0 if c.rank < 2 else 1)
+        x = np.full(255, c.rank + 1.0)
+        if where == "world" or c.rank < 2:
+            g.broadcast(x, c.rank % 2)  # 2 KiB: not compared when it runs
+            for _ in range(10):
+                g.all_reduce(np.ones(4))
+        if g is not c:
+            g.free()
+            c.barrier()  # compared: takes the world's uncompared calls only
+        report(c, "x", value=float(x[0]))
+        """,
+    )
+    assert job.rc not in (0, None), job.stderr[-3000:]
+    assert job.of(0, "x")["value"] != job.of(1, "x")["value"]
+    named = [r for r in range(3) if f"hpccomm (rank {r} of 3): at exit: on group" in job.stderr]
+    group = "world/split(0)" if where == "freed split" else "world"
+    members = [0, 1] if where == "freed split" else [0, 1, 2]
+    assert named == members, job.stderr[-3000:]
+    assert f"on group {group} (world ranks {members}; this rank is its rank 1) broadcast #1: " in (
+        job.stderr
+    ), job.stderr[-3000:]
+    assert "src is 0 on ranks 0,2 but 1 on rank 1" in job.stderr or (
+        "src is 0 on rank 0 but 1 on rank 1" in job.stderr
+    ), job.stderr[-3000:]
+    assert _AT_EXIT in job.stderr and "the job ends with status 1" in job.stderr
+    if where == "freed split":
+        assert (
+            "hpccomm (rank 2 of 3): at exit: calls on group(s) world/split(0) (world ranks "
+            "[0, 1]) that were never compared differed across their ranks (said there)"
+        ) in job.stderr, job.stderr[-3000:]
+    assert "aborting" not in job.stderr and not job.crashed(), job.stderr[-3000:]
+
+
+def test_a_small_call_one_rank_never_made_before_the_end_is_named_at_exit(launch):
+    """A small broadcast that only its root made (its message goes out eagerly, so the root
+    completes it alone; the other rank's buffer never gets the data): said at exit, status
+    1. A correct program's last small calls end it with status 0 and no word."""
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=20)
+        for _ in range(5):
+            c.all_reduce(np.ones(7))
+        if c.rank == 0:
+            c.broadcast(np.ones(9), 0)
+        report(c, "done")
+        """,
+    )
+    assert job.rc not in (0, None), job.stderr[-3000:]
+    for r in (0, 1):
+        assert (
+            f"hpccomm (rank {r} of 2): at exit: on group world (world ranks [0, 1]; this rank "
+            f"is its rank {r}) broadcast #6: made on rank 0 but never on rank 1 (their last "
+            f"calls on the group: #5 on rank 1)"
+        ) in job.stderr, job.stderr[-3000:]
+    fine = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=20)
+        g = c.split(0)
+        for _ in range(20):
+            c.all_reduce(np.ones(7))
+            g.broadcast(np.ones(9), 1)
+        g.free()
+        report(c, "done")
+        """,
+    )
+    assert fine.rc == 0 and "at exit" not in fine.stderr, fine.stderr[-3000:]
+
+
 def test_a_larger_broadcast_than_the_buffer_is_refused_by_default(launch):
     """8 MiB from the root into 4 MiB elsewhere: Open MPI's single-copy transport would copy
     the message whole, past the 4 MiB buffer (a segfault where that memory is unmapped). By

@@ -227,3 +227,45 @@ def test_the_first_uncompared_call_that_differs_is_named():
     assert missing.startswith("all_reduce #2: compared when it ran on rank 2 (a buffer over"), (
         missing
     )
+
+
+def test_the_first_call_no_comparison_took_at_the_end_is_named():
+    """debug.exit_difference, the comparison at the program's end (runtime._depart): rows
+    of (last call number, uncompared calls by number) per group rank."""
+    calls = {2: _fp(2), 3: _fp(3)}
+    assert debug.exit_difference([(3, calls), (3, dict(calls))], 3072) is None
+    assert debug.exit_difference([(3, {}), (3, {})], 3072) is None
+    said = debug.exit_difference(
+        [
+            (4, {2: _fp(2), 3: _fp(3, src=0, op="broadcast")}),
+            (4, {2: _fp(2), 3: _fp(3, src=1, op="broadcast")}),
+        ],
+        3072,
+    )
+    assert said.startswith("broadcast #3: src is 0 on rank 0 but 1 on rank 1. "), said
+    assert "(3,072 bytes or less in every buffer" in said
+    assert "the program ended, or freed the group, first" in said
+    # a call some rank passed without listing it (compared or refused there) is not judged
+    assert (
+        debug.exit_difference([(3, {3: _fp(3)}), (3, {3: _fp(3, shape=(5,))}), (3, {})], 3072)
+        is None
+    )
+    # ... but a later one is
+    later = debug.exit_difference(
+        [
+            (4, {3: _fp(3), 4: _fp(4)}),
+            (4, {3: _fp(3, shape=(5,)), 4: _fp(4, dtype="int8")}),
+            (4, {4: _fp(4)}),
+        ],
+        3072,
+    )
+    assert later.startswith(
+        "all_reduce #4: dtype is 'float32' on ranks 0,2 but 'int8' on rank 1"
+    ), later
+    # a rank whose last call comes before a listed one never made it
+    never = debug.exit_difference(
+        [(5, {5: _fp(5, op="broadcast")}), (4, {}), (5, {5: _fp(5, op="broadcast")})], 3072
+    )
+    assert never.startswith(
+        "broadcast #5: made on ranks [0, 2] but never on rank 1 (their last calls on the group: #4 on rank 1)"
+    ), never
