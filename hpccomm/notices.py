@@ -33,7 +33,7 @@ MONITOR_TAG = 8  # monitored_barrier's arrivals and releases
 FREED_KEPT = 1024
 # freed groups whose uncompared calls are kept for the departure notice (the latest; a
 # group dropped from it is not judged at the end: see runtime._depart)
-FREED_UNCHECKED_KEPT = 256
+FREED_UNCHECKED_KEPT = 64  # (at most 64 calls each: a bounded notice)
 # a group's name, members (world ranks) and uncompared calls' fingerprints by number
 Unchecked = tuple[str, tuple[int, ...], dict[int, dict[str, Any]]]
 REFUSALS_KEPT = 1024  # per group: this rank's own refusals remembered (see _answer_refusal)

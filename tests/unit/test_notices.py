@@ -295,3 +295,27 @@ def test_a_leaving_rank_waits_for_every_other_departure_and_says_for_whom(monkey
     later.depart({"world": 3}, "its program ended: a normal exit or sys.exit", said.append)
     t.join(5)
     assert done.is_set()
+
+
+def test_a_departure_carries_the_uncompared_calls_and_freed_groups_keep_a_bounded_number():
+    # The calls no comparison took on a rank's groups (runtime._depart compares them once
+    # every rank has left) travel with its departure notice; a freed group's are kept until
+    # then, for the latest FREED_UNCHECKED_KEPT freed groups that had any.
+    from hpccomm.notices import FREED_UNCHECKED_KEPT
+
+    wire = {}
+    leaving, staying = NoticeBoard(FakeComm(1, wire), -1), NoticeBoard(FakeComm(0, wire), -1)
+    calls = {3: {"op": "broadcast", "seq": 3, "src": 1}}
+    for k in range(FREED_UNCHECKED_KEPT + 5):
+        leaving.forget_group(f"g{k}", 3, (), (f"world/split({k})", (0, 1), dict(calls)))
+    leaving.forget_group("none", 2, (), None)  # no uncompared calls: nothing kept
+    kept = leaving.freed_unchecked
+    assert len(kept) == FREED_UNCHECKED_KEPT and "none" not in kept
+    assert next(iter(kept)) == "g5" and kept["g5"][2] == calls  # the oldest were dropped
+    leaving.departed[0] = ({}, "gone")
+    leaving.depart(
+        {"world": 3}, "its program ended", print, unchecked={"world": ("world", (0, 1), calls)}
+    )
+    staying.poll(force=True)
+    assert staying.departed[1] == ({"world": 3}, "its program ended")
+    assert staying.unchecked_of[1] == {"world": ("world", (0, 1), calls)}
