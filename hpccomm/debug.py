@@ -161,8 +161,8 @@ def fingerprint(call: Call | None, op: str, seq: int, site: str | None = None) -
                 fp["elements per rank"] = tuple(call.counts[0])
         if spec.root is not None:
             fp[spec.root] = call.peer
-        if spec.reducing:
-            fp["reduce op"] = repr(call.redop)
+        if spec.reducing:  # (PREMUL_SUM's factor is each rank's own, as NCCL's: not compared)
+            fp["reduce op"] = f"ReduceOp.{call.redop.name}"
     if site is not None:
         fp["site"] = site
     return fp

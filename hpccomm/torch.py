@@ -82,7 +82,8 @@ _OPS = {
 _registered = False
 
 # The torch dtypes hpccomm carries, as NumPy sees their memory (bfloat16 through ml_dtypes);
-# others (float8, complex32, quantized, sub-byte) are refused by name.
+# others (float8, quantized, sub-byte; complex32 where torch does not pass its real view)
+# are refused by name.
 _NUMPY_DTYPES: dict[torch.dtype, np.dtype] = {
     torch.bool: np.dtype(np.bool_),
     torch.uint8: np.dtype(np.uint8),
@@ -566,7 +567,10 @@ class _TorchWork(dist.Work):
 
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
         seconds = timeout.total_seconds() if timeout else self._timeout
-        if self._driven and self._work is not None:  # its thread waits on MPI, not this one
+        if self._finished.is_set():
+            pass  # complete, or failed for good (the watchdog past the group's timeout: a
+            # wait() then waited out another timeout, each time, an outside hunt)
+        elif self._driven and self._work is not None:  # its thread waits on MPI, not this one
             if not self._finished.wait(seconds):
                 raise _in_torch_op(self._work._timed_out(seconds or 0.0), self._op)
         elif self._work is not None:
@@ -1446,19 +1450,32 @@ def init_process_group(
             f"mixed 'cpu:hpccomm,cuda:nccl' needs a c10d Backend subclass, which PyTorch "
             f"{torch.__version__} does not allow from Python: make an NCCL group beside it)"
         )
-    store = None
-    if world.rank == 0:
-        store = dist.TCPStore(
-            "127.0.0.1", 0, world.size, is_master=True, timeout=delta, wait_for_workers=False
-        )
-        offer = (_addresses(world), store.port)
-    else:
-        offer = None
     # bounded by torch's timeout, as gloo's start is (a rank that never calls this left the
     # others here for good: the world may have no timeout)
     saved = world.timeout
     world.timeout = delta.total_seconds() if saved is None else min(saved, delta.total_seconds())
     try:
+        # a second call (the default group is up): every rank says so before a new store
+        # is made (rank 0 made one, raised torch's ValueError and dropped it, while rank 1
+        # dialled it for torch's 30 min: an outside hunt)
+        started = world.all_gather_object(dist.is_initialized())
+        if any(started):
+            on = [r for r, up in enumerate(started) if up]
+            raise ValueError(
+                f"hpccomm.torch.init_process_group (rank {world.rank} of {world.size}): the "
+                f"default process group is initialized already on "
+                f"{'every rank' if all(started) else f'rank(s) {on}'} (torch: trying to "
+                f"initialize the default process group twice); call "
+                f"dist.destroy_process_group() first, on every rank"
+            )
+        store = None
+        if world.rank == 0:
+            store = dist.TCPStore(
+                "127.0.0.1", 0, world.size, is_master=True, timeout=delta, wait_for_workers=False
+            )
+            offer = (_addresses(world), store.port)
+        else:
+            offer = None
         hosts, port = world.broadcast_object(offer, src=0)
     finally:
         world.timeout = saved

@@ -328,6 +328,58 @@ def test_one_rank_missing_times_out_and_the_future_fails(tdist):
     assert x.tolist() == [float(n)] * 2
 
 
+def test_a_second_init_process_group_is_refused_on_every_rank_at_once(tdist):
+    # rank 0 made a new store, raised torch's ValueError and dropped the store, while the
+    # other ranks dialled it for torch's 30 minutes (an outside hunt)
+    import hpccomm.torch as ht
+
+    t0 = time.monotonic()
+    with pytest.raises(
+        ValueError,
+        match=r"^hpccomm.torch.init_process_group \(rank \d+ of \d+\): the default process "
+        r"group is initialized already on every rank \(torch: trying to initialize the default "
+        r"process group twice\); call dist.destroy_process_group\(\) first",
+    ):
+        ht.init_process_group(timeout=20)
+    assert time.monotonic() - t0 < 5
+    x = torch.ones(2)
+    tdist.all_reduce(x)  # the default group goes on
+    assert x.tolist() == [float(tdist.get_world_size())] * 2
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("first", ["wait", "poll"])
+def test_a_work_failed_at_the_timeout_raises_at_once_afterwards(tdist, first):
+    # Past the group's timeout a Work has failed for good (by wait(), or by the watchdog
+    # while the program polls is_completed()): a later wait(), with or without a timeout,
+    # raises that error at once (it waited out another full timeout each time, an outside
+    # hunt: 30 min at torch's default)
+    import datetime
+
+    n, r = tdist.get_world_size(), tdist.get_rank()
+    g = tdist.new_group(list(range(n)), timeout=datetime.timedelta(seconds=1), group_desc="late")
+    t = torch.ones(3)
+    if r == 0:
+        work = tdist.all_reduce(t, group=g, async_op=True)
+        if first == "wait":
+            with pytest.raises(Exception, match="not complete after 1 s"):
+                work.wait()
+        else:
+            end = time.monotonic() + 30
+            while not work.is_completed() and time.monotonic() < end:
+                time.sleep(0.02)
+            assert work.is_completed() and "not complete after 1 s" in str(work.exception())
+        for timeout in (None, datetime.timedelta(seconds=5)):
+            t0 = time.monotonic()
+            with pytest.raises(Exception, match="not complete after 1 s"):
+                work.wait() if timeout is None else work.wait(timeout)
+            assert time.monotonic() - t0 < 0.5
+    tdist.barrier()
+    if r != 0:
+        tdist.all_reduce(t, group=g)
+    tdist.barrier()
+
+
 @pytest.mark.mpi(min_size=2)
 def test_a_running_calls_error_names_the_torch_operation(tdist):
     # all_gather_into_tensor runs hpccomm's all_gather: its timeout names both (the number
