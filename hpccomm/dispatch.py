@@ -1554,6 +1554,10 @@ class Dispatcher:
             elif their < seq:
                 behind.append(g)
                 text = f"last call of this group #{their}"
+                if running:  # (it waits in an earlier call: a root's broadcast completed
+                    # alone, or the sizes straddle the "large" level's threshold, an outside
+                    # hunt)
+                    text += f", its worker runs {running}"
             elif in_call:
                 text = "waits in it too"
                 if behind_it:

@@ -1016,6 +1016,30 @@ def test_sizes_either_side_of_the_large_threshold_time_out_instead_of_matching(l
     assert not job.crashed()
 
 
+def test_a_root_past_a_straddling_broadcast_is_told_where_the_other_rank_waits(launch):
+    """The root's buffer just below the "large" level's threshold, rank 1's just above: the
+    root's broadcast completes alone (its message goes out eagerly) while rank 1 waits in
+    the check; at the root's next call's timeout it said only that rank 1's last call was
+    #1 (an outside hunt), now also what rank 1's worker runs."""
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=10)
+        x = np.full(3966 + (7 if c.rank else 0), c.rank + 1.0)
+        outcome(c, "broadcast", lambda: c.broadcast(x, 0))
+        if c.rank == 0:
+            c.timeout = 3
+            outcome(c, "next", lambda: c.all_reduce(np.ones(4)))
+        """,
+    )
+    got = job.of(0, "next")
+    assert got["cls"] == "CommTimeoutError", got
+    assert (
+        "rank(s) [1] have not reached it; rank 1: last call of this group #1, its worker runs "
+        "broadcast #1 on world (rank 1 of 2)"
+    ) in got["msg"], got
+
+
 @pytest.mark.parametrize("path", ["copy", "single_copy"])
 def test_a_rank_interrupted_inside_the_fast_path_ends_the_job(launch, path):
     # SIGINT reaches rank 0 only, while it waits in the fast path's first barrier: Python
