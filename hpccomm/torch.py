@@ -1426,6 +1426,9 @@ def register() -> None:
         _registered = True
 
 
+_STARTED = "started"  # rank 0's offer where its default group is up (see init_process_group)
+
+
 def init_process_group(
     *, timeout: datetime.timedelta | float | None = None, **kwargs: Any
 ) -> Communicator:
@@ -1455,28 +1458,27 @@ def init_process_group(
     saved = world.timeout
     world.timeout = delta.total_seconds() if saved is None else min(saved, delta.total_seconds())
     try:
-        # a second call (the default group is up): every rank says so before a new store
-        # is made (rank 0 made one, raised torch's ValueError and dropped it, while rank 1
-        # dialled it for torch's 30 min: an outside hunt)
-        started = world.all_gather_object(dist.is_initialized())
-        if any(started):
-            on = [r for r, up in enumerate(started) if up]
-            raise ValueError(
-                f"hpccomm.torch.init_process_group (rank {world.rank} of {world.size}): the "
-                f"default process group is initialized already on "
-                f"{'every rank' if all(started) else f'rank(s) {on}'} (torch: trying to "
-                f"initialize the default process group twice); call "
-                f"dist.destroy_process_group() first, on every rank"
-            )
+        # a second call (the default group is up): rank 0 makes no store then, and every
+        # rank raises torch's ValueError (rank 0 made one, raised and dropped it, while rank
+        # 1 dialled it for torch's 30 min: an outside hunt)
         store = None
-        if world.rank == 0:
+        if world.rank == 0 and not dist.is_initialized():
             store = dist.TCPStore(
                 "127.0.0.1", 0, world.size, is_master=True, timeout=delta, wait_for_workers=False
             )
-            offer = (_addresses(world), store.port)
+            offer: Any = (_addresses(world), store.port)
         else:
-            offer = None
-        hosts, port = world.broadcast_object(offer, src=0)
+            offer = _STARTED if world.rank == 0 else None
+        offer = world.broadcast_object(offer, src=0)
+        if offer == _STARTED or dist.is_initialized():
+            raise ValueError(
+                f"hpccomm.torch.init_process_group (rank {world.rank} of {world.size}): the "
+                f"default process group is initialized already on "
+                f"{'this rank' if dist.is_initialized() else 'rank 0'} (torch: trying to "
+                f"initialize the default process group twice); call "
+                f"dist.destroy_process_group() first, on every rank"
+            )
+        hosts, port = offer
     finally:
         world.timeout = saved
     host = hosts[0]

@@ -337,7 +337,7 @@ def test_a_second_init_process_group_is_refused_on_every_rank_at_once(tdist):
     with pytest.raises(
         ValueError,
         match=r"^hpccomm.torch.init_process_group \(rank \d+ of \d+\): the default process "
-        r"group is initialized already on every rank \(torch: trying to initialize the default "
+        r"group is initialized already on this rank \(torch: trying to initialize the default "
         r"process group twice\); call dist.destroy_process_group\(\) first",
     ):
         ht.init_process_group(timeout=20)
