@@ -347,6 +347,9 @@ def exit_difference(
     rank lists never made that call: its peers completed it alone (a broadcast's root, whose
     message went out eagerly, and the others' data never came)."""
     lasts = [last for last, _ in rows]
+    first = rows[0]
+    if all(row == first for row in rows):  # the common case, at C speed (a thousand groups
+        return None  # of 64 calls took 3 s at 4 ranks with a CRC of each: an outside review)
     listed = sorted(set().union(*(calls for _, calls in rows)))
     for seq in listed:
         if any(last >= seq and seq not in calls for last, calls in rows):

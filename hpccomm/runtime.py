@@ -1026,7 +1026,7 @@ def _exit_steps() -> None:
     bound = (None if world.freed else world.timeout) or _SURVIVOR_WAIT
     # (a freed world may hold a group freed with its call stuck inside MPI: see free)
     stuck = [] if known else _stuck_calls(world)
-    if known or (world.freed and not stuck):
+    if known or (world.freed and not stuck and (_uncaught is None or world.size == 1)):
         # also after free() (``with hpccomm.init() as c:``), and on a rank that only saw a
         # peer's revoke (MPI may not have told it which rank failed): MPI_Finalize would
         # wait, MPI_Abort may leave the launcher stuck. Under ULFM every rank that does not
@@ -1153,10 +1153,11 @@ def _on_finalize(comm: Any, keyval: int, value: Any) -> None:
     if world is None or _departed or os.getpid() != _init_pid or world.size == 1:
         return  # (at hpccomm's own exit it departed already; a fork child never does)
     try:
-        if not _stuck_calls(world) and _depart(world):
-            # (MPI_Finalize goes on: the status comes at the interpreter's exit)
-            gc.disable()
-            _ExitWhenCollected(1)
+        if not _stuck_calls(world):
+            # (a difference is said; the status stays the program's: it goes on after
+            # MPI_Finalize, and a rank ending with status 1 then got the others killed in
+            # their own work after it, an outside review)
+            _depart(world, finalizing=True)
     except BaseException:  # noqa: BLE001 - never raised into MPI_Finalize
         pass
 
@@ -1181,7 +1182,7 @@ def _depart_early() -> None:
         _depart(world, wait=False)  # (the wait for the others comes at hpccomm's exit)
 
 
-def _depart(world: Communicator, *, wait: bool = True) -> bool:
+def _depart(world: Communicator, *, wait: bool = True, finalizing: bool = False) -> bool:
     """A normal exit: tell the other ranks this one is gone (NoticeBoard.depart), with the
     last call number it reached on every group it has or had, so that a peer waiting for it
     in a later call (one rank ran fewer steps than the others) hears it at once, where
@@ -1193,7 +1194,9 @@ def _depart(world: Communicator, *, wait: bool = True) -> bool:
     the group's last calls before the end or free()); once every rank has said it leaves,
     each compares them (:func:`_uncompared_differences`, alike on every rank: each has
     every notice) and says what differed. True where something did: the job then ends
-    with status 1 (see :func:`_exit_with_status`), not 0 over results that differ."""
+    with status 1 (see :func:`_exit_with_status`), not 0 over results that differ;
+    ``finalizing``: sent from the program's own MPI_Finalize, where the program goes on (a
+    difference is said, the status left to the program)."""
     global _departed
     notices = world._notices
     if notices is None or world.size > DEPART_MAX_RANKS or _departed:
@@ -1243,7 +1246,13 @@ def _depart(world: Communicator, *, wait: bool = True) -> bool:
     if not wait:
         return False
     try:
-        said = _uncompared_differences(notices, seqs, unchecked, debug_mod.large_bytes())
+        said = _uncompared_differences(
+            notices,
+            seqs,
+            unchecked,
+            debug_mod.large_bytes(),
+            finalizing,
+        )
     except Exception as exc:  # noqa: BLE001 - a defect of this comparison: said, not raised
         say(f"at exit: the comparison of the groups' uncompared calls failed ({exc!r})")
         return False
@@ -1257,13 +1266,19 @@ def _uncompared_differences(
     seqs: dict[str, int],
     unchecked: dict[str, Unchecked],
     large: int,
+    finalizing: bool = False,
 ) -> list[str]:
     """What differed among the calls no comparison took, on every group whose members all
     said they leave (``seqs`` and ``unchecked``: this rank's own, as its notice told them):
     a message per group of which this rank is a member, naming the first call that differed
     (:func:`debug.exit_difference`); one line for the other groups that differed. A group
     some member did not list (it left without hpccomm's exit, or freed it long ago) is not
-    judged."""
+    judged. ``finalizing``: compared at the program's own MPI_Finalize (see _depart)."""
+    when, outcome = (
+        ("at MPI_Finalize", "the exit status is the program's")
+        if finalizing
+        else ("at exit", "the job ends with status 1")
+    )
     me = notices.world_rank
     every = {me: unchecked, **notices.unchecked_of}
     gids = [g for by in every.values() for g in by]
@@ -1284,15 +1299,15 @@ def _uncompared_differences(
                 continue
             if me in members:
                 said.append(
-                    f"at exit: on group {name} (world ranks {list(members)}; this rank is its "
-                    f"rank {members.index(me)}) {text}; the job ends with status 1"
+                    f"{when}: on group {name} (world ranks {list(members)}; this rank is its "
+                    f"rank {members.index(me)}) {text}; {outcome}"
                 )
             else:
                 elsewhere.append(f"{name} (world ranks {list(members)})")
     if elsewhere and not said:
         said.append(
-            f"at exit: calls on group(s) {', '.join(elsewhere[:4])} that were never compared "
-            f"differed across their ranks (said there); the job ends with status 1"
+            f"{when}: calls on group(s) {', '.join(elsewhere[:4])} that were never compared "
+            f"differed across their ranks (said there); {outcome}"
         )
     return said
 

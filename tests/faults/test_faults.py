@@ -898,6 +898,59 @@ def test_a_small_call_that_differs_among_a_groups_last_calls_ends_the_job_with_s
     assert "aborting" not in job.stderr and not job.crashed(), job.stderr[-3000:]
 
 
+def test_a_difference_found_at_the_programs_own_mpi_finalize_is_said_and_the_program_goes_on(
+    launch,
+):
+    """The program calls MPI.Finalize() itself, then goes on (writes its results): the
+    departure goes out from inside MPI_Finalize and the comparison is said there, but the
+    status is left to the program (ending a rank with status 1 got the others killed in
+    their work after MPI_Finalize, and garbage collection was turned off for the rest of
+    the program: an outside review)."""
+    job = launch(
+        2,
+        """
+        import gc
+        from mpi4py import MPI
+        c = hpccomm.init(timeout=20)
+        x = np.full(9, c.rank + 1.0)
+        c.broadcast(x, c.rank)  # different roots, never compared before the end
+        MPI.Finalize()
+        time.sleep(0.5 * (1 - c.rank))  # rank 0 ends later: not killed by rank 1's exit
+        report(c, "after", gc=gc.isenabled(), x=float(x[0]))
+        """,
+    )
+    assert job.rc == 0, job.stderr[-3000:]
+    for r in (0, 1):
+        assert job.of(r, "after") == {"gc": True, "x": r + 1.0}
+        assert (
+            f"hpccomm (rank {r} of 2): at MPI_Finalize: on group world (world ranks [0, 1]; "
+            f"this rank is its rank {r}) broadcast #1: src is 0 on rank 0 but 1 on rank 1."
+        ) in job.stderr, job.stderr[-3000:]
+    assert "the exit status is the program's" in job.stderr
+
+
+def test_an_uncaught_exception_inside_a_with_block_ends_the_job(launch):
+    """``with hpccomm.init() as c:`` frees the world as the exception leaves the block; the
+    exit then sent a normal departure and waited for the other rank, stuck in its
+    all_reduce for good (no timeout): the job hung (an outside review). It aborts now, as
+    without the block."""
+    job = launch(
+        2,
+        """
+        with hpccomm.init() as c:
+            if c.rank == 1:
+                raise ValueError("boom on rank 1")
+            c.all_reduce(np.ones(2))
+        """,
+        bound=60,
+    )
+    assert job.rc not in (0, None)
+    assert "hpccomm (rank 1 of 2): ValueError not caught; aborting the job" in job.stderr, (
+        job.stderr[-3000:]
+    )
+    assert job.seconds < 30
+
+
 def test_a_small_call_one_rank_never_made_before_the_end_is_named_at_exit(launch):
     """A small broadcast that only its root made (its message goes out eagerly, so the root
     completes it alone; the other rank's buffer never gets the data): said at exit, status
