@@ -1268,14 +1268,8 @@ class Communicator:
         shm = self._shm()
         strays = self._dispatcher.strays()  # (before forget_group: it reads the notices)
         if self._notices is not None:  # its last call, for this rank's departure notice
-            d = self._dispatcher
-            calls = d.unchecked()  # (compared at the program's end: see runtime._depart)
-            self._notices.forget_group(
-                d.gid,
-                self._group.seq,
-                d.members,
-                (self._group.name, tuple(d.members), calls) if calls else None,
-            )
+            d = self._dispatcher  # (and its uncompared calls, compared at the program's end)
+            self._notices.forget_group(d.gid, self._group.seq, d.members, d.unchecked())
         stuck = self._dispatcher.close()
         self._devices.close()
         self._freed = True

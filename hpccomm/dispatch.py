@@ -75,6 +75,7 @@ from .notices import (
     REFUSED,
     NoticeBoard,
     Place,
+    Unchecked,
 )
 from .ops import (
     BARRIER,
@@ -640,14 +641,16 @@ class Dispatcher:
         self._deferred.append((seq, call))
         return False
 
-    def unchecked(self) -> dict[int, dict[str, Any]]:
-        """The fingerprints, by call number, of this group's calls that the "large" level
-        has not compared yet (no compared call came after them), for the comparison at the
-        program's end (see runtime._depart); none for a group made unusable (its error was
-        raised)."""
-        if self.broken is not None:
-            return {}
-        return {seq: fingerprint(call, call.spec.name, seq) for seq, call in list(self._deferred)}
+    def unchecked(self) -> Unchecked | None:
+        """This group's name, members and the fingerprints, by call number, of its calls
+        that the "large" level has not compared yet (no compared call came after them), for
+        the comparison at the program's end (see runtime._depart; kept at free()); None
+        where there are none, or for a group made unusable (its error was raised)."""
+        pending = list(self._deferred)
+        if not pending or self.broken is not None:
+            return None
+        calls = {seq: fingerprint(call, call.spec.name, seq) for seq, call in pending}
+        return self.group.name, tuple(self.members), calls
 
     def run(
         self,

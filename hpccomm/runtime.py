@@ -1209,8 +1209,8 @@ def _depart(world: Communicator, *, wait: bool = True, finalizing: bool = False)
             d = c._dispatcher
             seqs[d.gid] = c._group.seq
             calls = d.unchecked()
-            if calls:
-                unchecked[d.gid] = (c._group.name, tuple(d.members), calls)
+            if calls is not None:
+                unchecked[d.gid] = calls
     node = world._node_backend  # the world's node group, made at init, if never adopted
     if node is not None:  # (no step of the world made it: listed with no call, as node()
         # would name it) so that a peer waiting in its first call hears of this departure
