@@ -1350,7 +1350,7 @@ class Dispatcher:
             if step is not None:
                 where_ = self.whereabouts(step[0], step[1], fut.wait, in_it=not queued)
             elif notices is not None:
-                where_ = self.some_whereabouts(what, some, fut.wait)
+                where_ = self.some_whereabouts(what, some, fut.wait, deadline - bound)
             if not fut.wait(0):  # (or it completed while the others were asked)
                 raise CommTimeoutError(f"{what}: {late.format(t=f'{bound:g}')}{behind}{where_}")
         fut.wait(None)
@@ -1624,12 +1624,17 @@ class Dispatcher:
         return f"no answer within {ASK_WAIT:g} s from rank(s) {silent}{also} {_SILENT_WHY}"
 
     def some_whereabouts(
-        self, what: str, ranks: Sequence[int], done: Callable[[float], bool]
+        self, what: str, ranks: Sequence[int], done: Callable[[float], bool], started: float
     ) -> str:
         """At the timeout of ``what``, an exchange among ``ranks`` of this group only (a
-        create_group): where the others of them are, as they answer (each answers while
-        it waits in such an exchange or in a bounded call); one waiting in an exchange of
-        the same kind on this group with another list is named so."""
+        create_group) that began at ``started`` (time.monotonic()): where the others of them
+        are, as they answer (each answers while it waits in such an exchange or in a bounded
+        call); one waiting in an exchange of the same kind on this group with another list
+        is named so. A rank that timed out in such an exchange since ``started`` and asked
+        first is described by its question where its answer no longer says it (it left for
+        its exit, or did not answer): with the same timeout everywhere, the first rank's
+        question often comes a moment before the second rank's, which then heard only
+        "waits in its exit" (an outside flake of a fault test)."""
         notices = self.notices
         g = self.group
         others = [r for r in ranks if r != g.rank]
@@ -1641,14 +1646,45 @@ class Dispatcher:
             )
         except Exception:  # noqa: BLE001 - the timeout is the error; this only explains it
             return ""
+        asked = notices.questions.get(self.gid, {})
         mine, _, _ = what.partition(" (rank ")
         kind, _, rest = mine.partition(" ")
         on = rest[rest.find(" on ") :]
+
+        def in_it(place: Any) -> str | None:
+            """What a Place waiting in an exchange of this kind on this group says, else
+            None."""
+            theirs, _, _ = place.waiting.partition(" (rank ")
+            if theirs == mine:
+                return "in it too"
+            if theirs.startswith(f"{kind} [") and theirs.endswith(on):
+                return (
+                    f"in {theirs}: the calls differ (every rank listed passes the same "
+                    f"ranks and tag)"
+                )
+            return None
+
         parts, silent = [], []
         for r in others:
             w = self.members[r]
             got = said.get(w)
-            if got is None or got[0] < since:
+            fresh = got is not None and got[0] >= since
+            now_ = None if not fresh else in_it(got[1])
+            question = asked.get(w)
+            if now_ is None and question is not None and question[0] >= started:
+                then = in_it(question[1])
+                if then is not None:  # it timed out in such an exchange and asked first
+                    text = (
+                        f"waited {then} (it timed out and asked "
+                        f"{max(0.0, since - question[0]):.1f} s before this rank)"
+                    )
+                    if fresh and got[1].waiting:
+                        text += f", and waits in {got[1].waiting} now"
+                    elif fresh:
+                        text += f", and its last call of this group is #{got[1].seq} now"
+                    parts.append(f"{g.peer(r)}: {text}")
+                    continue
+            if not fresh:
                 gone = notices.departed.get(w)
                 if gone is not None:
                     parts.append(f"{g.peer(r)} has left the job ({gone[1]})")
@@ -1656,14 +1692,8 @@ class Dispatcher:
                     silent.append(r)
                 continue
             place = got[1]
-            theirs, _, _ = place.waiting.partition(" (rank ")
-            if theirs == mine:
-                text = "waits in it too"
-            elif theirs.startswith(f"{kind} [") and theirs.endswith(on):
-                text = (
-                    f"waits in {theirs}: the calls differ (every rank listed passes the same "
-                    f"ranks and tag)"
-                )
+            if now_ is not None:
+                text = f"waits {now_}"
             elif place.waiting:
                 text = f"waits in {place.waiting}"
             else:

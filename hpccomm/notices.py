@@ -144,6 +144,10 @@ class NoticeBoard:
         # group id -> world rank -> what that rank said of itself on the group (ask):
         # (time.monotonic() when heard, its Place, whether it was asking: timed out itself)
         self.heard: dict[str, dict[int, tuple[float, Place, bool]]] = {}
+        # group id -> world rank -> its latest question there (time.monotonic() when heard,
+        # its Place): kept apart from ``heard``, where its answers to this rank's own
+        # question replace it (a member that timed out first and left for its exit)
+        self.questions: dict[str, dict[int, tuple[float, Place]]] = {}
         self.last_question = 0.0  # time.monotonic() of the latest question heard
         # group id -> the latest question this rank asked there: (when its wait ended,
         # when it was asked, the world ranks asked), time.monotonic()
@@ -287,6 +291,7 @@ class NoticeBoard:
         self.heard.setdefault(gid, {})[world_rank] = (now, Place(*place), asking)
         if asking:
             self.last_question = now
+            self.questions.setdefault(gid, {})[world_rank] = (now, Place(*place))
             msg = (HERE, gid, self.world_rank, *self._position(gid))
             self._send(msg, world_rank)
 
@@ -632,6 +637,7 @@ class NoticeBoard:
         self._asked.pop(gid, None)
         self.received.pop(gid, None)
         self.heard.pop(gid, None)
+        self.questions.pop(gid, None)
         self.p2p_refusals.pop(gid, None)
         with self._refused_lock:
             self._refused_here.pop(gid, None)
