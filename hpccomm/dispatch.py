@@ -1668,8 +1668,8 @@ class Dispatcher:
         for r in others:
             w = self.members[r]
             got = said.get(w)
-            fresh = got is not None and got[0] >= since
-            now_ = None if not fresh else in_it(got[1])
+            answer = got[1] if got is not None and got[0] >= since else None  # (its Place)
+            now_ = None if answer is None else in_it(answer)
             question = asked.get(w)
             if now_ is None and question is not None and question[0] >= started:
                 then = in_it(question[1])
@@ -1678,26 +1678,25 @@ class Dispatcher:
                         f"waited {then} (it timed out and asked "
                         f"{max(0.0, since - question[0]):.1f} s before this rank)"
                     )
-                    if fresh and got[1].waiting:
-                        text += f", and waits in {got[1].waiting} now"
-                    elif fresh:
-                        text += f", and its last call of this group is #{got[1].seq} now"
+                    if answer is not None and answer.waiting:
+                        text += f", and waits in {answer.waiting} now"
+                    elif answer is not None:
+                        text += f", and its last call of this group is #{answer.seq} now"
                     parts.append(f"{g.peer(r)}: {text}")
                     continue
-            if not fresh:
+            if answer is None:
                 gone = notices.departed.get(w)
                 if gone is not None:
                     parts.append(f"{g.peer(r)} has left the job ({gone[1]})")
                 else:
                     silent.append(r)
                 continue
-            place = got[1]
             if now_ is not None:
                 text = f"waits {now_}"
-            elif place.waiting:
-                text = f"waits in {place.waiting}"
+            elif answer.waiting:
+                text = f"waits in {answer.waiting}"
             else:
-                text = f"last call of this group #{place.seq}"
+                text = f"last call of this group #{answer.seq}"
             parts.append(f"{g.peer(r)}: {text}")
         if silent:
             parts.append(self._no_answer(silent))
