@@ -450,6 +450,15 @@ class Dispatcher:
             except HpccommError as exc:
                 self.refused(spec, exc, (data, peer, src, tag))
                 raise
+        if spec.objects and not spec.p2p:
+            # pickled now, not inside MPI: one that cannot be pickled is a refusal (this
+            # rank joins the others' comparison, saying why), where before its peers waited
+            # in MPI for good, or a scatter_object had sent the first ranks their objects
+            try:
+                data = self.backend.pickled(call, data, self.group.seq + 1)
+            except HpccommError as exc:
+                self.refused(spec, exc, (data, peer, src, tag))
+                raise
         # record: the group's next sequence number
         group = self.group
         plain = False  # a plain collective: this thread is inside it (see _concurrent)

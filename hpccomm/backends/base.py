@@ -66,5 +66,10 @@ class HostBackend(Backend, Protocol):
         """Start a point-to-point call with debug headers; returns a Pending."""
         ...
 
+    def pickled(self, call: Call, obj: Any, seq: int) -> Any:
+        """An object collective's object(s) this rank sends, pickled before the call (one
+        that cannot be pickled: InvalidArgumentError)."""
+        ...
+
 
 Body = Any  # Callable[[Call, Any, Any, Any], Any]: (call, data, out, stream) -> result | Pending

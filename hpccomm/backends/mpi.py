@@ -16,6 +16,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
+from pickle import PickleBuffer
 from typing import Any, cast
 
 import numpy as np
@@ -764,6 +765,29 @@ def _pickle_stage(exc: BaseException) -> str | None:
     return None
 
 
+def _unpickle(data: Any, *bufs: Any) -> Any:
+    """What a _Pickled stands for, on the receiving rank (its parts: pkl5's own form)."""
+    return pkl5.pickle.loads_oob(data, list(bufs))
+
+
+class _Pickled:
+    """An object of a collective pickled before the call (pkl5's form: the pickle and its
+    out-of-band buffers), so that one that cannot be pickled is refused before the ranks'
+    comparison and before anything is sent (Dispatcher: it refused the call on every rank,
+    where it hung the others in MPI, or a scatter_object had sent the first ranks their
+    objects). pkl5 then pickles only this wrapper: its parts go as out-of-band buffers
+    (PickleBuffer; small ones in-band, as pkl5 does), and the receiver gets the object."""
+
+    __slots__ = ("bufs", "data")
+
+    def __init__(self, obj: Any) -> None:
+        self.data, self.bufs = pkl5.pickle.dumps_oob(obj)
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, tuple[Any, ...]]:
+        bufs = (PickleBuffer(cast(Any, b)) for b in self.bufs)  # (mpi4py buffers)
+        return _unpickle, (PickleBuffer(self.data), *bufs)
+
+
 class _ObjectRecv:
     """A pending ``recv_object``: probes until a message matches, then receives it."""
 
@@ -1329,6 +1353,29 @@ class MPIBackend:
         if self._pkl5_p2p is None:
             self._pkl5_p2p = pkl5.Intracomm(self.checks)
         return self._pkl5_p2p
+
+    def pickled(self, call: Call, obj: Any, seq: int) -> Any:
+        """An object collective's object(s) that this rank sends, pickled now (_Pickled):
+        the root's of broadcast_object, each of scatter_object's list on its root, every
+        rank's of all_gather_object and gather_object; the argument as it is where this rank
+        sends nothing. One that cannot be pickled: InvalidArgumentError naming it (call
+        number ``seq``)."""
+        spec = call.spec
+        sends = spec is O.ALL_GATHER_OBJECT or spec is O.GATHER_OBJECT or self.rank == call.peer
+        if not sends:
+            return obj
+        items = list(obj) if spec is O.SCATTER_OBJECT else [obj]
+        out = []
+        for i, item in enumerate(items):
+            try:
+                out.append(_Pickled(item))
+            except Exception as exc:  # noqa: BLE001 - whatever pickling raises: refused
+                what = f"the object for rank {i}" if spec is O.SCATTER_OBJECT else "the object"
+                raise InvalidArgumentError(
+                    f"{call.where(seq)}: {what} cannot be pickled: {type(exc).__name__}: {exc}; "
+                    f"nothing was sent"
+                ) from exc
+        return out if spec is O.SCATTER_OBJECT else out[0]
 
     def _bcast_object(self, call: Call, obj: Any, out: Any, stream: Any) -> Any:
         return self.objects.bcast(obj, root=call.peer)
