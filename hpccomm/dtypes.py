@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 # The NumPy ufunc that folds two operands of an arithmetic reduce op (AVG and PREMUL_SUM sum;
-# their division or scaling is applied separately), used wherever hpccomm reduces itself.
+# their scaling, 1/size for AVG, is applied to each input first), used wherever hpccomm reduces itself.
 ARITHMETIC_UFUNCS: dict[str, np.ufunc] = {
     "SUM": np.add,
     "AVG": np.add,

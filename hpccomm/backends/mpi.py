@@ -4,8 +4,8 @@ and the group operations (split, dup, create) on the communicator it owns.
 Collectives have one body each, the blocking MPI call (the dispatch runs it inline or on the
 communicator's worker thread); point-to-point bodies start MPI's non-blocking calls and return
 :class:`Requests`. float16/bfloat16 travel as 2-byte words reduced by cached user-defined ops;
-AVG is SUM followed by a division by the group size; PREMUL_SUM sums a scaled copy of the
-input. Python objects go through ``mpi4py.util.pkl5`` (pickle protocol 5, large buffers out
+PREMUL_SUM sums a scaled copy of the input, and AVG is PREMUL_SUM(1/size), as NCCL makes it
+(a sum followed by a division overflowed: float16 values of 25,000 on 3 ranks gave inf). Python objects go through ``mpi4py.util.pkl5`` (pickle protocol 5, large buffers out
 of band).
 """
 
@@ -970,8 +970,13 @@ class MPIBackend:
             call.how = None
         elif spec.reducing:
             name = call.redop.name
+            # AVG: each rank scales its input by 1/size before the sum, as NCCL does (the sum
+            # of float16 values of 25,000 on 3 ranks overflowed to inf before the division,
+            # where NCCL's path gave 25,000: an outside hunt)
             scale = (
-                call.redop.factor if name == "PREMUL_SUM" else ("avg" if name == "AVG" else None)
+                call.redop.factor
+                if name == "PREMUL_SUM"
+                else (1.0 / self.size if name == "AVG" else None)
             )
             call.how = (_mpi_types[call.info.dtype], _mpi_op(call), scale)
         else:
@@ -1168,17 +1173,10 @@ class MPIBackend:
     # -- reductions ---------------------------------------------------------------------
 
     def _source(self, x: np.ndarray, scale: Any) -> Any:
-        """The send side of a scaled reduction: PREMUL_SUM's scaled copy (a temporary that
-        lives until the blocking call returns), or the array itself for AVG."""
-        if scale == "avg":
-            return x
+        """The send side of a scaled reduction (PREMUL_SUM, AVG): the scaled copy, a
+        temporary that lives until the blocking call returns."""
         with np.errstate(all="ignore"):  # inf * 0, overflow: as MPI's own ops, silent
             return (x * scale).astype(x.dtype, copy=False)
-
-    def _divide(self, target: np.ndarray, scale: Any) -> None:
-        if scale == "avg":
-            with np.errstate(all="ignore"):
-                np.divide(target, self.size, out=target)
 
     # -- collectives (blocking bodies) --------------------------------------------------
 
@@ -1187,9 +1185,7 @@ class MPIBackend:
         if scale is None:  # the hottest path of all: nothing else happens
             self.mpi.Allreduce(IN_PLACE, [x, mt], op)
             return x
-        send = self._source(x, scale)
-        self.mpi.Allreduce(IN_PLACE if send is x else [send, mt], [x, mt], op)
-        self._divide(x, scale)
+        self.mpi.Allreduce([self._source(x, scale), mt], [x, mt], op)
         return x
 
     def _reduce(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> np.ndarray:
@@ -1198,7 +1194,6 @@ class MPIBackend:
         root = call.peer
         if self.rank == root:
             self.mpi.Reduce(IN_PLACE if send is x else [send, mt], [x, mt], op, root)
-            self._divide(x, scale)
         else:
             self.mpi.Reduce([send, mt], None, op, root)
         return x
@@ -1254,7 +1249,6 @@ class MPIBackend:
             self.mpi.Reduce_scatter_block([send, mt], [into, mt], op)
         if into is not out:
             np.copyto(out, into)
-        self._divide(out, scale)
         return out
 
     def _all_to_all(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> np.ndarray:

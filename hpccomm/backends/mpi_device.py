@@ -4,8 +4,8 @@ On the MPI path device arrays are passed straight to a CUDA-aware MPI, or staged
 pooled pinned host buffers when MPI is not CUDA-aware (or unsure). Either way the producing
 stream (``stream=`` or the current CuPy stream at the call) is synchronized before MPI touches
 the data: MPI knows nothing of CUDA streams. hpccomm's own kernels run on that stream too
-(made current around the body, also on the worker thread): PREMUL_SUM's scaled copy is made
-and synchronized before MPI reads it, AVG's division is ordered on the call's stream.
+(made current around the body, also on the worker thread): PREMUL_SUM's scaled copy (AVG's:
+PREMUL_SUM(1/size), as NCCL makes it) is made and synchronized before MPI reads it.
 float16/bfloat16 reductions (and integer ops the MPI library gets wrong, see
 ``mpi.probe_integer_ops``) are always staged, since their MPI op is a host (NumPy) function.
 The staged body wraps the host backend's body for the same call: one implementation of every
@@ -133,14 +133,14 @@ class DeviceMPIBackend:
                     return self._staged(host_body, call, data, out, s)
 
             call.body = staged
-        elif call.spec.reducing and call.redop.name == "PREMUL_SUM":
+        elif call.spec.reducing and call.redop.name in ("PREMUL_SUM", "AVG"):
             call.body = self._prescaled(call, host_body)
         else:
 
             def direct(call: Call, data: Any, out: Any, stream: Any) -> Any:
                 s = stream or _current_stream()
                 s.synchronize()  # the producer's work is done before MPI reads the data
-                with _on(call.device, s):  # AVG's division (a CuPy kernel) on the call's stream
+                with _on(call.device, s):  # (the body's CuPy work, if any, on the call's stream)
                     return host_body(call, data, out, None)
 
             call.body = direct
@@ -153,7 +153,8 @@ class DeviceMPIBackend:
         mpi_type, mpi_op, _ = call.how
         inner = call.piece(call.count)
         inner.how = (mpi_type, mpi_op, None)  # a plain SUM of the scaled copy
-        factor = call.redop.factor
+        # AVG: PREMUL_SUM(1/size), as on the host path (hpccomm.backends.mpi)
+        factor = call.redop.factor if call.redop.name == "PREMUL_SUM" else 1.0 / self.host.size
         root = call.peer
         rank = self.host.rank
 

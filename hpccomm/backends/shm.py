@@ -924,8 +924,7 @@ class ShmBackend:
 
     def _cross_call(self, call: Call) -> Call:
         """The cross-node all_reduce of a slice: the same call, prepared on the cross
-        communicator, with AVG and PREMUL_SUM summing (scaling happened at copy-in, the
-        division comes after)."""
+        communicator, with AVG and PREMUL_SUM summing (scaling happened at copy-in)."""
         cross = call.piece(call.count)
         if call.redop.name in ("AVG", "PREMUL_SUM"):
             cross.redop = ReduceOp.SUM
@@ -1468,17 +1467,14 @@ def _fold_direct(plan: _Plan, lane: _Lane, pids: list[int], addrs: list[int], at
 
 
 def _finish(plan: _Plan, acc: np.ndarray) -> None:
-    """After the node's fold: the cross-node all_reduce of the slice (hierarchical path),
-    then AVG's division by the group's size."""
+    """After the node's fold: the cross-node all_reduce of the slice (hierarchical path)."""
     if plan.cross is not None:
         plan.cross.body(plan.cross, acc, None, None)
-    if plan.avg:
-        np.divide(acc, plan.divisor, out=acc)
 
 
 def _copy_in(plan: _Plan, dst: np.ndarray, src: np.ndarray) -> None:
-    """This rank's input into its area of the segment (PREMUL_SUM: the scaled input, rounded
-    to the dtype as MPI's path rounds it)."""
+    """This rank's input into its area of the segment (PREMUL_SUM, AVG: the scaled input,
+    rounded to the dtype as MPI's path rounds it)."""
     if plan.factor is None:
         np.copyto(dst, src)
     else:
@@ -1495,10 +1491,10 @@ def _copy_out(
 
 class _Plan:
     """What a call's body needs, computed once per call description (kept in ``call.how``):
-    the ufunc, PREMUL_SUM's factor, AVG, the header words, and per chunk the slices to copy
-    in, to reduce and to copy out."""
+    the ufunc, PREMUL_SUM's or AVG's factor, the header words, and per chunk the slices to
+    copy in, to reduce and to copy out."""
 
-    __slots__ = ("f", "factor", "avg", "words", "chunks", "copy_in", "mine", "copy_out",
+    __slots__ = ("f", "factor", "words", "chunks", "copy_in", "mine", "copy_out",
                  "receives", "copies", "divisor", "plain", "cross", "parts",
                  "direct", "factor_id")  # fmt: skip
 
@@ -1506,18 +1502,23 @@ class _Plan:
                  divisor: int, direct: bool = False) -> None:  # fmt: skip
         self.copies = copies  # False: in range only for symmetric buffers (others: MPI)
         self.direct = direct  # in the single-copy path's range (when the probe allows it)
-        self.divisor = divisor  # AVG: the group's size
+        self.divisor = divisor  # the group's size (AVG: its factor 1/size)
         self.plain: Call | None = None  # the MPI call of the fallback (made on first use)
         self.cross: Call | None = None  # the cross-node all_reduce (hierarchical path)
         self.parts: list[tuple[slice, slice]] | None = None  # symmetric buffers' pieces
         info = call.dtype_info()
         name = call.redop.name
         self.f = _UFUNCS[(info.category, name)]
-        self.factor = call.redop.factor if name == "PREMUL_SUM" else None
+        # AVG is PREMUL_SUM(1/size), as on MPI's path and in NCCL (a sum divided after
+        # overflowed float16 where the average itself fits)
+        self.factor = (
+            call.redop.factor
+            if name == "PREMUL_SUM"
+            else (1.0 / divisor if name == "AVG" else None)
+        )
         # ranks may scale by different factors (the sum of f_r * x_r): those who reduce
         # others' inputs compare them (the same in every process: type and value)
         self.factor_id = zlib.crc32(f"{type(self.factor).__name__}:{self.factor!r}".encode())
-        self.avg = name == "AVG"
         itemsize = info.dtype.itemsize
         align = max(1, _ALIGN // itemsize)
         n = call.count

@@ -216,7 +216,7 @@ def test_repeats_of_every_cached_op(plain):
         assert plain.all_to_all(big, out=out) is out
         assert list(out[::4]) == [100 * j + 4 * r + step for j in range(n)]
         x[:] = float(r + step)
-        plain.all_reduce(x, op=ReduceOp.AVG)  # divides after the MPI call
+        plain.all_reduce(x, op=ReduceOp.AVG)  # scales a copy before the MPI call
         assert np.allclose(x, (n - 1) / 2 + step)
         if n > 1:
             send = np.full(2, float(r * 10 + step))

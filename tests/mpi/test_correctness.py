@@ -206,7 +206,7 @@ def test_errors_name_hpccomm_types():
 
 def test_nan_inf_and_overflow_raise_no_numpy_warnings(comm):
     # MPI's own ops reduce NaN, inf - inf and overflow silently; hpccomm's NumPy ops (float16,
-    # NaN-propagating MIN/MAX, PREMUL_SUM's scaling, AVG's division) warned from inside the
+    # NaN-propagating MIN/MAX, PREMUL_SUM's and AVG's scaling, AVG's division before) warned from inside the
     # library ("invalid value encountered in add", backends/mpi.py)
     import warnings
 
@@ -225,6 +225,48 @@ def test_nan_inf_and_overflow_raise_no_numpy_warnings(comm):
                     comm.reduce_scatter(np.repeat(x, comm.size), op=op)
     mine = [w for w in caught if "hpccomm" in w.filename]
     assert not mine, [(w.filename, w.lineno, str(w.message)) for w in mine]
+
+
+@pytest.mark.parametrize(
+    "dtype, value",
+    [(np.float16, 6e4), (ml_dtypes.bfloat16, 3e38), (np.float32, 3e38), (np.float64, 1.7e308),
+     (np.complex64, 3e38 + 3e38j)],
+    ids=["float16", "bfloat16", "float32", "float64", "complex64"],
+)  # fmt: skip
+@pytest.mark.parametrize("count", [1, 1023, 262_147], ids=["1", "1023", "262147"])
+def test_avg_of_values_near_the_dtypes_limit_is_their_average(comm, dtype, value, count):
+    # AVG summed, then divided: every rank's 60,000 in float16 (its max is 65,504) gave inf
+    # on 2 ranks or more, where NCCL's AVG (a PreMulSum by 1/size) gives 60,000 (an outside
+    # hunt). It is PREMUL_SUM(1/size) now, on MPI and on the shared-memory path (the large
+    # size), for all_reduce, reduce and reduce_scatter, async and bounded too
+    dt = np.dtype(dtype)
+    each = np.array(value, dt)  # (the value as the dtype holds it)
+    with np.errstate(over="ignore"):  # (complex64's multiply by 1.0 at 1 rank warns)
+        scaled = (each * (1.0 / comm.size)).astype(dt)
+    want = scaled
+    for _ in range(comm.size - 1):
+        want = (want + scaled).astype(dt)  # (the sum of equal terms: any order alike)
+    assert np.isfinite(want.astype(np.complex128)).all() and want == want  # the test's own
+    tol = 4 * comm.size * float(np.finfo(np.float16 if dt == np.float16 else np.float32).eps)
+    assert abs(complex(want) - complex(each)) <= tol * abs(complex(each))
+    for async_op in (False, True):
+        x = np.full(count, each, dt)
+        w = comm.all_reduce(x, op=ReduceOp.AVG, async_op=async_op)
+        if async_op:
+            w.wait()
+        assert (x == want).all(), (x[:3], want)
+        y = np.full(count, each, dt)
+        w = comm.reduce(y, 0, op=ReduceOp.AVG, async_op=async_op)
+        if async_op:
+            w.wait()
+        if comm.rank == 0:
+            assert (y == want).all(), (y[:3], want)
+        z = np.full(count * comm.size, each, dt)
+        out = np.empty(count, dt)
+        w = comm.reduce_scatter(z, out=out, op=ReduceOp.AVG, async_op=async_op)
+        if async_op:
+            w.wait()
+        assert (out == want).all(), (out[:3], want)
 
 
 @pytest.mark.parametrize("opname", ["SUM", "MAX", "BOR", "PRODUCT", "MIN", "BAND", "BXOR"])

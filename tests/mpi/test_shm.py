@@ -88,14 +88,12 @@ def expected(size, count, dtype, opname, seed):
     dt = np.dtype(dtype)
     f = BOOL_UFUNC[opname] if dt == np.bool_ else UFUNC[opname]
     xs = [inputs(r, count, dtype, seed) for r in range(size)]
-    if opname == "PREMUL_SUM":
-        xs = [(x * 0.5).astype(dt) for x in xs]
+    if opname in ("PREMUL_SUM", "AVG"):  # AVG: PREMUL_SUM(1/size), as NCCL
+        xs = [(x * (0.5 if opname == "PREMUL_SUM" else 1.0 / size)).astype(dt) for x in xs]
     with np.errstate(all="ignore"):
         acc = xs[0].copy()
         for x in xs[1:]:
             acc = f(acc, x).astype(dt)
-        if opname == "AVG":
-            acc = np.divide(acc, size).astype(dt)
     return acc
 
 
@@ -1491,12 +1489,12 @@ def test_hierarchical_all_reduce_on_pretend_nodes(comm, dtype, node_form, monkey
 
 def hierarchical(size, half, count, dtype, opname, seed):
     """The hierarchical path's order: each node's ranks in order, then node 0's result with
-    node 1's; AVG divides by the group's size at the end."""
+    node 1's (AVG: every input scaled by 1/size first, as PREMUL_SUM)."""
     dt = np.dtype(dtype)
     f = BOOL_UFUNC[opname] if dt == np.bool_ else UFUNC[opname]
     xs = [inputs(r, count, dtype, seed) for r in range(size)]
-    if opname == "PREMUL_SUM":
-        xs = [(x * 0.5).astype(dt) for x in xs]
+    if opname in ("PREMUL_SUM", "AVG"):
+        xs = [(x * (0.5 if opname == "PREMUL_SUM" else 1.0 / size)).astype(dt) for x in xs]
     with np.errstate(all="ignore"):
         nodes = []
         for lo in range(0, size, half):
@@ -1507,8 +1505,6 @@ def hierarchical(size, half, count, dtype, opname, seed):
         if size % 2:  # uneven nodes: MPI's all_reduce, the copy path's order
             return expected(size, count, dtype, opname, seed)
         acc = f(nodes[0], nodes[1]).astype(dt)
-        if opname == "AVG":
-            acc = np.divide(acc, size).astype(dt)
     return acc
 
 

@@ -644,8 +644,8 @@ def test_async_error_aborts_and_raises(gpu):
 
 
 class HostBodies:
-    """The host backend's bodies as the MPI device path wraps them: PREMUL_SUM scales a copy
-    (a CuPy kernel, on whatever stream is current) and AVG divides after MPI."""
+    """The host backend's bodies as the MPI device path wraps them: PREMUL_SUM and AVG
+    (PREMUL_SUM(1/size)) scale a copy (a CuPy kernel, on whatever stream is current)."""
 
     name = "mpi"
 
@@ -655,19 +655,16 @@ class HostBodies:
     def prepare(self, call) -> None:
         scale = call.redop.factor if call.redop.name == "PREMUL_SUM" else None
         if call.redop.name == "AVG":
-            scale = "avg"
+            scale = 1.0 / self.size
         call.how = ("MPI_FLOAT", "MPI_SUM", scale)
         call.body = self.all_reduce
         call.mode = "blocking"
 
     def all_reduce(self, call, x, out, stream):
         _, _, scale = call.how
-        send = x if scale in (None, "avg") else (x * scale).astype(x.dtype, copy=False)
+        send = x if scale is None else (x * scale).astype(x.dtype, copy=False)
         self.gpu.log.append(("mpi", "Allreduce"))
         x.a[...] = send.a * self.size  # what the other rank's equal data sums to
-        if scale == "avg":
-            self.gpu.log.append(("kernel", "divide", self.gpu.current().ptr))
-            x.a /= self.size
         return x
 
 
@@ -693,13 +690,18 @@ def test_direct_premul_sum_scaled_copy_is_finished_before_mpi_reads_it(gpu):
     assert scale < mpi and ("sync", s.ptr) in log[scale:mpi], log
 
 
-def test_direct_avg_division_runs_on_the_call_stream(gpu):
+def test_direct_avg_scaled_copy_is_finished_before_mpi_reads_it(gpu):
+    # AVG is PREMUL_SUM(1/size) (as NCCL makes it; a sum divided after overflowed float16):
+    # its scaled copy is made on the call's stream and synchronized before MPI reads it
     call = direct_call(gpu, ReduceOp.AVG)
     s = Stream(gpu)
     x = dev(gpu, np.full(4, 3.0, np.float32))
     call.body(call, x, None, s)
     assert list(x.a) == [3.0] * 4
-    assert ("kernel", "divide", s.ptr) in gpu.log, gpu.log
+    log = [e for e in gpu.log if e[0] in ("kernel", "sync", "mpi")]
+    mpi = log.index(("mpi", "Allreduce"))
+    scale = log.index(("kernel", "multiply", s.ptr))
+    assert scale < mpi and ("sync", s.ptr) in log[scale:mpi], log
 
 
 def test_outputs_are_allocated_on_the_call_stream(gpu):
