@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from functools import partial
 from pickle import PickleBuffer
@@ -1421,6 +1422,23 @@ class MPIBackend:
         finally:
             sub.Free()
             group.Free()
+        # The members' lists in one 16-byte allreduce on the new communicator, before
+        # mpi4py's context setup (MPIBackend: a collective that holds the GIL). Open MPI
+        # makes the communicator from lists of the same ranks in different orders, each
+        # rank numbering it by its own list; mpi4py's setup on it then waited for good
+        # holding the GIL, so no timeout could fire (rank 0 passing [1, 0] and rank 1
+        # [0, 1], an outside review). This allreduce releases the GIL: on such a
+        # communicator it waits (the timeout fires and names each rank's list; so it did
+        # for every permutation tried at 2 and 3 ranks), and should it complete with
+        # lists that differ, they are refused here on every rank.
+        mark = zlib.crc32(np.asarray(ranks, np.int64).tobytes())
+        seen = np.array([mark, -mark], np.int64)
+        new.Allreduce(IN_PLACE, [seen, MPI.INT64_T], MPI.MAX)
+        if seen[0] != mark or -seen[1] != mark:
+            raise MismatchError(
+                f"create_group {list(ranks)}: the ranks listed passed other lists (another "
+                f"order or other ranks); every rank listed passes the same list"
+            )
         return MPIBackend(new)
 
     def node(self) -> MPIBackend:

@@ -500,6 +500,29 @@ def test_create_group_with_lists_that_differ_names_them(launch):
     assert job.rc != 0 and not job.crashed()
 
 
+def test_create_group_with_lists_in_the_other_order_times_out_too(launch):
+    # Rank 0 passing [1, 0] and rank 1 [0, 1] (the orientation the test above does not
+    # take): Open MPI made the communicator, each rank numbering it by its own list, and
+    # mpi4py's setup on it waited for good holding the GIL: no timeout fired, nothing was
+    # said (an outside review). A GIL-free allreduce of the lists comes first now
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=2)
+        outcome(c, "call", lambda: c.create_group([1, 0] if c.rank == 0 else [0, 1]))
+        """,
+    )
+    for rank in (0, 1):
+        got = job.of(rank, "call")
+        assert got["cls"] == "CommTimeoutError" and got["s"] < 10, got
+        theirs = "[0, 1]" if rank == 0 else "[1, 0]"
+        assert got["msg"].endswith(
+            f"rank {1 - rank}: waits in create_group {theirs} on world: the calls differ "
+            f"(every rank listed passes the same ranks and tag)"
+        ), got
+    assert job.rc != 0 and not job.crashed()
+
+
 def test_create_group_names_a_member_that_timed_out_first_by_its_question(launch):
     # Rank 0 times out first, asks and goes on; rank 1, timing out later, heard only "no
     # answer" of it, or "waits in its exit" where rank 0 had reached it (the flake of the
