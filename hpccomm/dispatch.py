@@ -1673,6 +1673,19 @@ class Dispatcher:
                 )
             return None
 
+        def behind(place: Any) -> str:
+            """Where the exchange it waits in is queued behind another call that its
+            worker runs: which (its earlier create_group with another list, say, which
+            timed out there: "waits in it too" alone misled, an outside review)."""
+            run = place.running
+            if not run or run == place.waiting:
+                return ""
+            theirs, _, _ = run.partition(" (rank ")
+            text = f", queued behind {theirs}, which its worker runs"
+            if theirs != mine and theirs.startswith(f"{kind} [") and theirs.endswith(on):
+                text += ": the calls differ (every rank listed passes the same ranks and tag)"
+            return text
+
         parts, silent = [], []
         for r in others:
             w = self.members[r]
@@ -1684,7 +1697,7 @@ class Dispatcher:
                 then = in_it(question[1])
                 if then is not None:  # it timed out in such an exchange and asked first
                     text = (
-                        f"waited {then} (it timed out and asked "
+                        f"waited {then}{behind(question[1])} (it timed out and asked "
                         f"{max(0.0, since - question[0]):.1f} s before this rank)"
                     )
                     if answer is not None and answer.waiting:
@@ -1701,9 +1714,9 @@ class Dispatcher:
                     silent.append(r)
                 continue
             if now_ is not None:
-                text = f"waits {now_}"
+                text = f"waits {now_}{behind(answer)}"
             elif answer.waiting:
-                text = f"waits in {answer.waiting}"
+                text = f"waits in {answer.waiting}{behind(answer)}"
             else:
                 text = f"last call of this group #{answer.seq}"
             parts.append(f"{g.peer(r)}: {text}")

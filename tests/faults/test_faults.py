@@ -523,6 +523,32 @@ def test_create_group_with_lists_in_the_other_order_times_out_too(launch):
     assert job.rc != 0 and not job.crashed()
 
 
+def test_create_group_names_the_call_a_members_right_list_is_queued_behind(launch):
+    # Rank 1's create_group with the wrong list timed out and stays inside MPI; its next one,
+    # with the right list, is queued behind it. Rank 0 heard only "rank 1: waits in it too"
+    # (a review): it hears what rank 1's worker runs now
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=30)
+        if c.rank == 1:
+            outcome(c, "first", lambda: c.create_group([1, 0], timeout=1))
+            outcome(c, "second", lambda: c.create_group([0, 1], timeout=8))
+        else:
+            outcome(c, "call", lambda: c.create_group([0, 1], timeout=5))
+            time.sleep(5)
+        """,
+    )
+    got = job.of(0, "call")
+    assert got["cls"] == "CommTimeoutError", got
+    assert got["msg"].endswith(
+        "rank 1: waits in it too, queued behind create_group [1, 0] on world, which its worker "
+        "runs: the calls differ (every rank listed passes the same ranks and tag)"
+    ), got
+    assert job.of(1, "second")["cls"] == "CommTimeoutError"
+    assert job.rc != 0 and not job.crashed()
+
+
 def test_create_group_names_a_member_that_timed_out_first_by_its_question(launch):
     # Rank 0 times out first, asks and goes on; rank 1, timing out later, heard only "no
     # answer" of it, or "waits in its exit" where rank 0 had reached it (the flake of the
