@@ -1660,18 +1660,20 @@ class Dispatcher:
         kind, _, rest = mine.partition(" ")
         on = rest[rest.find(" on ") :]
 
+        differ = ": the calls differ (every rank listed passes the same ranks and tag)"
+
+        def another(theirs: str) -> bool:
+            """Whether ``theirs`` names an exchange of this kind on this group with
+            another list (or tag)."""
+            return theirs != mine and theirs.startswith(f"{kind} [") and theirs.endswith(on)
+
         def in_it(place: Any) -> str | None:
             """What a Place waiting in an exchange of this kind on this group says, else
             None."""
             theirs, _, _ = place.waiting.partition(" (rank ")
             if theirs == mine:
                 return "in it too"
-            if theirs.startswith(f"{kind} [") and theirs.endswith(on):
-                return (
-                    f"in {theirs}: the calls differ (every rank listed passes the same "
-                    f"ranks and tag)"
-                )
-            return None
+            return f"in {theirs}{differ}" if another(theirs) else None
 
         def behind(place: Any) -> str:
             """Where the exchange it waits in is queued behind another call that its
@@ -1681,10 +1683,7 @@ class Dispatcher:
             if not run or run == place.waiting:
                 return ""
             theirs, _, _ = run.partition(" (rank ")
-            text = f", queued behind {theirs}, which its worker runs"
-            if theirs != mine and theirs.startswith(f"{kind} [") and theirs.endswith(on):
-                text += ": the calls differ (every rank listed passes the same ranks and tag)"
-            return text
+            return f", queued behind {theirs}, which its worker runs{differ if another(theirs) else ''}"
 
         parts, silent = [], []
         for r in others:

@@ -4,9 +4,9 @@ and the group operations (split, dup, create) on the communicator it owns.
 Collectives have one body each, the blocking MPI call (the dispatch runs it inline or on the
 communicator's worker thread); point-to-point bodies start MPI's non-blocking calls and return
 :class:`Requests`. float16/bfloat16 travel as 2-byte words reduced by cached user-defined ops;
-PREMUL_SUM sums a scaled copy of the input, and AVG is PREMUL_SUM(1/size), as NCCL makes it
-(a sum followed by a division overflowed: float16 values of 25,000 on 3 ranks gave inf). Python objects go through ``mpi4py.util.pkl5`` (pickle protocol 5, large buffers out
-of band).
+PREMUL_SUM and AVG sum a scaled copy of the input (``ReduceOp.prescale``: AVG's is 1/size).
+Python objects go through ``mpi4py.util.pkl5`` (pickle protocol 5, large buffers out of
+band).
 """
 
 from __future__ import annotations
@@ -970,15 +970,7 @@ class MPIBackend:
         if call.info is None:
             call.how = None
         elif spec.reducing:
-            name = call.redop.name
-            # AVG: each rank scales its input by 1/size before the sum, as NCCL does (the sum
-            # of float16 values of 25,000 on 3 ranks overflowed to inf before the division,
-            # where NCCL's path gave 25,000: an outside hunt)
-            scale = (
-                call.redop.factor
-                if name == "PREMUL_SUM"
-                else (1.0 / self.size if name == "AVG" else None)
-            )
+            scale = call.redop.prescale(self.size)
             call.how = (_mpi_types[call.info.dtype], _mpi_op(call), scale)
         else:
             call.how = _mpi_types[call.info.dtype]

@@ -153,8 +153,7 @@ class DeviceMPIBackend:
         mpi_type, mpi_op, _ = call.how
         inner = call.piece(call.count)
         inner.how = (mpi_type, mpi_op, None)  # a plain SUM of the scaled copy
-        # AVG: PREMUL_SUM(1/size), as on the host path (hpccomm.backends.mpi)
-        factor = call.redop.factor if call.redop.name == "PREMUL_SUM" else 1.0 / self.host.size
+        factor = call.redop.prescale(self.host.size)
         root = call.peer
         rank = self.host.rank
 

@@ -1509,13 +1509,7 @@ class _Plan:
         info = call.dtype_info()
         name = call.redop.name
         self.f = _UFUNCS[(info.category, name)]
-        # AVG is PREMUL_SUM(1/size), as on MPI's path and in NCCL (a sum divided after
-        # overflowed float16 where the average itself fits)
-        self.factor = (
-            call.redop.factor
-            if name == "PREMUL_SUM"
-            else (1.0 / divisor if name == "AVG" else None)
-        )
+        self.factor = call.redop.prescale(divisor)  # (AVG's too: 1/size, as on MPI's path)
         # ranks may scale by different factors (the sum of f_r * x_r): those who reduce
         # others' inputs compare them (the same in every process: type and value)
         self.factor_id = zlib.crc32(f"{type(self.factor).__name__}:{self.factor!r}".encode())
