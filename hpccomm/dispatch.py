@@ -83,6 +83,7 @@ from .ops import (
     BROADCAST,
     OVERLAP_CHECKED,
     REDUCE,
+    SCATTER_OBJECT,
     Call,
     Counterpart,
     Group,
@@ -435,12 +436,26 @@ class Dispatcher:
                     self.refused(spec, exc, (data, peer, src, tag))
                     raise
                 if key:
-                    if len(self.cache) >= CACHE_LIMIT:  # one out, at random: clearing them
-                        # all (or dropping the least recently used) made a program cycling
-                        # over 513 descriptions validate every call, 10x slower (an
-                        # outside hunt); at random, most of such a cycle stays
-                        self.cache.pop(_EVICT.choice(list(self.cache)), None)
-                    self.cache[key] = call
+                    self._keep(key, call)
+        elif spec.objects and not spec.p2p:
+            # an object collective: validation depends on the root alone (and on the list
+            # on scatter_object's root, never cached), so the call, its checks' choice and
+            # its fingerprint's CRC are kept by root (and the root's type, as for arrays)
+            key = (spec, peer, type(peer))
+            try:
+                call = self.cache.get(key)
+            except TypeError:  # a root that is no hashable value: validation names it
+                key, call = (), None
+            if call is None:
+                try:
+                    call, data, out = self.prepare(
+                        spec, data, out, peer, src, tag, redop, sizes, in_splits, out_splits
+                    )
+                except HpccommError as exc:
+                    self.refused(spec, exc, (data, peer, src, tag))
+                    raise
+                if key and not (spec is SCATTER_OBJECT and call.peer == self.group.rank):
+                    self._keep(key, call)
         else:
             key = ()  # not cached
             try:
@@ -532,6 +547,15 @@ class Dispatcher:
         finally:
             if plain:
                 self._inside = None
+
+    def _keep(self, key: tuple, call: Call) -> None:
+        """Cache a validated call under ``key``."""
+        if len(self.cache) >= CACHE_LIMIT:  # one out, at random: clearing them all (or
+            # dropping the least recently used) made a program cycling over 513
+            # descriptions validate every call, 10x slower (an outside hunt); at random,
+            # most of such a cycle stays
+            self.cache.pop(_EVICT.choice(list(self.cache)), None)
+        self.cache[key] = call
 
     def _concurrent(self, call: Call, inside: tuple[int, Call, int], data: Any) -> None:
         """A collective of this group while another thread is inside a plain one: the ranks'

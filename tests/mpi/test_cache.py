@@ -418,3 +418,52 @@ def test_a_cached_receive_into_a_read_only_array_keeps_the_message(world, bound)
         c.barrier()
     finally:
         c.free()
+
+
+def test_object_collectives_are_validated_once_per_root(plain, monkeypatch):
+    # broadcast_object, all_gather_object, gather_object and scatter_object (off its root)
+    # were validated, and their fingerprint's CRC made, on every call: 28 us against 21 us
+    # for a broadcast_object of a 3-entry dict at 1 rank. Now once per root (and root
+    # type); scatter_object's list on its root, and any root that is refused, every call
+    n, r = plain.size, plain.rank
+    last = n - 1
+    d = plain._dispatcher
+    seen = []
+    real = type(d).prepare
+
+    def counting(self, spec, *a, **k):
+        if self is d:
+            seen.append(spec.name)
+        return real(self, spec, *a, **k)
+
+    monkeypatch.setattr(type(d), "prepare", counting)
+    roots = (0, last, np.int64(last))
+    for step in range(3):
+        for root in roots:
+            assert plain.broadcast_object({"s": step, "r": r}, src=root) == {"s": step, "r": root}
+            got = plain.gather_object((r, step), dst=root)
+            assert got == ([(i, step) for i in range(n)] if r == root else None)
+            objs = [(i, step) for i in range(n)] if r == root else None
+            assert plain.scatter_object(objs, src=root) == (r, step)
+        assert plain.all_gather_object([r] * step) == [[i] * step for i in range(n)]
+    keys = {(root, type(root)) for root in roots}  # (0 and last are one at 1 rank)
+    assert seen.count("broadcast_object") == len(keys), seen
+    assert seen.count("gather_object") == len(keys), seen
+    assert seen.count("all_gather_object") == 1, seen
+    # scatter_object: every call on its root (the list), once per root elsewhere
+    mine = sum(r == root for root in roots) * 3
+    others = {(root, type(root)) for root in roots if root != r}
+    assert seen.count("scatter_object") == mine + len(others), seen
+    # what a cached call does not see is still refused, on every call
+    for _ in range(2):
+        if r == 0:
+            with pytest.raises(hpccomm.InvalidArgumentError, match=r"objects has \d+ entries"):
+                plain.scatter_object(list(range(n + 1)), src=0)
+        else:
+            with pytest.raises(hpccomm.MismatchError, match="rank 0 refused it"):
+                plain.scatter_object(None, src=0)
+        with pytest.raises(hpccomm.InvalidArgumentError, match="src is 1.0, expected"):
+            plain.broadcast_object(r, src=1.0)
+        with pytest.raises(hpccomm.InvalidArgumentError, match=rf"dst is {n}, expected"):
+            plain.gather_object(r, dst=n)
+    assert plain.all_gather_object(r) == list(range(n))  # the group goes on
