@@ -1636,11 +1636,14 @@ class Dispatcher:
         # every rank in this call (the same op: another op is said above): do they agree?
         if len(listed) == len(self.members) and len({fp["op"] for fp in listed}) == 1:
             if any(crc(fp) != crc(listed[0]) for fp in listed):
-                tail = (
-                    f"; every rank is in it, but the calls differ: {disagreement(listed)} "
-                    f"(a call of {self.large:,} bytes or less is compared only after MPI ran "
-                    f"it; debug='check' compares every call before)"
-                )
+                why = {  # why MPI ran calls that differ (at "check" it does not)
+                    "large": f"a call of {self.large:,} bytes or less is compared only after "
+                    f"MPI ran it",
+                    "off": "debug is 'off': calls are not compared",
+                }.get(self.debug)
+                tail = f"; every rank is in it, but the calls differ: {disagreement(listed)}"
+                if why is not None:
+                    tail += f" ({why}; debug='check' compares every call before MPI runs it)"
             else:
                 tail = (
                     "; every rank is in it with the same arguments: an earlier call may have "

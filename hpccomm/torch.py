@@ -1485,15 +1485,9 @@ def init_process_group(
     if world.rank != 0:
         host = _reachable(world, hosts, port)
         store = dist.TCPStore(host, port, world.size, is_master=False, timeout=delta)
-    for key, value in (
-        ("RANK", world.rank),
-        ("WORLD_SIZE", world.size),
-        ("LOCAL_RANK", world.local_rank),
-        ("LOCAL_WORLD_SIZE", world.local_size),
-        ("MASTER_ADDR", host),
-        ("MASTER_PORT", port),
-    ):
-        os.environ[key] = str(value)
+    _set_launch_env(world)
+    os.environ["MASTER_ADDR"] = host
+    os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group(
         backend=NAME, store=store, rank=world.rank, world_size=world.size, timeout=delta, **kwargs
     )
@@ -1559,14 +1553,27 @@ def _reachable(world: Communicator, hosts: Sequence[str], port: int, within: flo
     )
 
 
+def _set_launch_env(world: Communicator) -> None:
+    """torchrun's variables from hpccomm's verified launch: ``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` (a script picks its GPU by ``LOCAL_RANK``)."""
+    for key, value in (
+        ("RANK", world.rank),
+        ("WORLD_SIZE", world.size),
+        ("LOCAL_RANK", world.local_rank),
+        ("LOCAL_WORLD_SIZE", world.local_size),
+    ):
+        os.environ[key] = str(value)
+
+
 def _main(argv: Sequence[str] | None = None) -> int:
     """``python -m hpccomm.torch script.py [args]``: run an unchanged torch.distributed script
-    whose backend is "mpi" (or "hpccomm") on hpccomm, under mpiexec or srun."""
+    whose backend is "mpi" (or "hpccomm") on hpccomm, under mpiexec or srun, with RANK,
+    WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE set as torchrun sets them."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(_main.__doc__)
         return 0 if args else 2
-    hpccomm_init()
+    _set_launch_env(hpccomm_init())  # (mpiexec and srun set none of them)
     register()
     serve_mpi()
     sys.argv = args

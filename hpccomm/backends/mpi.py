@@ -849,6 +849,13 @@ _TRUNCATED = (
     "the sender's message was longer than this rank's buffer: a size that differs across "
     "ranks (debug='check' names it before MPI is called)"
 )
+# a collective's: its message may be another call's (an outside hunt: a rank that skipped an
+# all_reduce of 4 met its peer's with its next one, of 3, and was told only of sizes)
+_TRUNCATED_COLLECTIVE = (
+    "the sender's message was longer than this rank's buffer: a size that differs across "
+    "ranks, or ranks out of step (one skipped a call or made the calls in another order, and "
+    "this call met another) (debug='check' names either before MPI is called)"
+)
 _TRUNCATED_P2P = (
     "; a message above Open MPI's eager limit may have been copied past the buffer by its "
     "single-copy transport: end the job (debug='check' compares the sizes before the data "
@@ -1030,9 +1037,11 @@ class MPIBackend:
             self.revoke()
             return PeerError(f"{where}: {self.failed_ranks()}; MPI reports {exc}")
         if isinstance(exc, MPI.Exception) and exc.Get_error_class() == MPI.ERR_TRUNCATE:
-            more = _TRUNCATED_P2P if call.spec.p2p else _TRUNCATED_UNCHECKED
+            p2p = call.spec.p2p
+            more = _TRUNCATED_P2P if p2p else _TRUNCATED_UNCHECKED
+            why = _TRUNCATED if p2p else _TRUNCATED_COLLECTIVE
             part = _buffer_of(call) or getattr(exc, "part", "")  # (a batch's receive)
-            return BackendError(f"{where}: {self.name} failed: {exc}; {_TRUNCATED}{part}{more}")
+            return BackendError(f"{where}: {self.name} failed: {exc}; {why}{part}{more}")
         return BackendError(f"{where}: {self.name} failed: {exc}")
 
     # -- point-to-point under the debug check (a header before every message) -----------

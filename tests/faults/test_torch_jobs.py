@@ -34,7 +34,7 @@ def test_unchanged_mpi_backend_script_is_served(launch):
     job = launch(
         3,
         """
-        import torch, torch.distributed as dist
+        import os, torch, torch.distributed as dist
         dist.init_process_group("mpi")  # an unchanged script: torch's own MPI backend name
         r, n = dist.get_rank(), dist.get_world_size()
         t = torch.full((5,), float(r + 1), dtype=torch.float64)
@@ -50,6 +50,8 @@ def test_unchanged_mpi_backend_script_is_served(launch):
         print(f"R{r} done " + json.dumps(dict(
             backend=dist.get_backend(), available=dist.is_mpi_available(), n=n,
             sum=t.tolist(), sub=x.tolist(), grads_equal=bool(torch.equal(g, model.module.weight.grad)),
+            env=[os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")],
+            local=[hpccomm.init().local_rank, os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK")],
         )), flush=True)
         dist.destroy_process_group()
         """,
@@ -62,6 +64,11 @@ def test_unchanged_mpi_backend_script_is_served(launch):
         assert d["backend"] == "mpi" and d["available"] and d["n"] == 3
         assert d["sum"] == [6.0] * 5 and d["grads_equal"]
         assert d["sub"] == ([2.0, 2.0] if r in (0, 2) else [1.0, 1.0])
+        # torchrun's variables, which a script reads to pick its GPU (LOCAL_RANK was unset:
+        # an outside hunt); the local rank is the launcher's (Open MPI's, oversubscribed,
+        # numbers ranks 1 and 2 the other way round)
+        local, launcher = d["local"]
+        assert d["env"] == [str(r), "3", str(local), "3"] and str(local) == launcher, d
 
 
 def test_ddp_example_runs(launch):
