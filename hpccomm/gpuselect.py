@@ -21,32 +21,63 @@ __all__ = [
     "format_uuid",
     "sharing_allowed",
     "ALLOW_SHARING_ENV",
+    "PREDICTED",
 ]
 
 ALLOW_SHARING_ENV = "HPCCOMM_ALLOW_GPU_SHARING"
-_NO_DEVICE = {"", "-1", "NoDevFiles", "none"}
+# how choose_gpu's warnings start: a prediction from this rank's environment alone, which
+# init's binding replaces with its own verdict
+PREDICTED = "GPU choice predicted"
 
 
 def parse_visible_devices(value: str | None) -> tuple[str, ...] | None:
     """Parse ``CUDA_VISIBLE_DEVICES``: None when unset (unknown), () when it hides every GPU.
 
-    As CUDA reads it (CUDA C++ Programming Guide, "CUDA Environment Variables"): only the
-    entries before the first invalid one are visible (``0,2,-1,1``: devices 0 and 2): an
-    entry is an index (ASCII digits) or a UUID (``GPU-...``, ``MIG-...``). Counting those
-    after it predicted GPUs the process would never see (an outside hunt: ``0,-1,1``)."""
+    As CUDA reads it (CUDA C++ Programming Guide, "CUDA Environment Variables"; the rules
+    below are those PyTorch's ``torch.cuda._parse_visible_devices`` mirrors): a list of
+    UUIDs when it starts with ``GPU-`` or ``MIG-`` (up to the first entry without that
+    prefix), else of indices, each read as C's ``strtoul`` reads it (``1gpu`` is 1, ``0 1``
+    is 0), up to the first entry that is empty, negative or not a number (``0,2,-1,1``:
+    devices 0 and 2); an index or UUID repeated hides every device (``0,0``). Indices are
+    returned in their plain form (``01`` -> ``"1"``).
+
+    (Entries after an invalid one predicted GPUs the process would never see, ``0,-1,1``;
+    ``1e`` or ``0 1`` read as no device at all; ``0,0`` as two: outside hunts.)"""
     if value is None:
         return None
     value = value.strip()
-    if value in _NO_DEVICE:
-        return ()
-    seen: list[str] = []
-    for item in (part.strip() for part in value.split(",")):
-        if not item:
-            continue
-        if not ((item.isascii() and item.isdigit()) or item.startswith(("GPU-", "MIG-"))):
+    if value.startswith(("GPU-", "MIG-")):
+        prefix = value[:4]
+        uuids: list[str] = []
+        for item in value.split(","):
+            if not item.startswith(prefix):
+                break
+            if item in uuids:
+                return ()
+            uuids.append(item)
+        return tuple(uuids)
+    indices: list[str] = []
+    for item in value.split(","):
+        index = _strtoul(item.strip())
+        if index is None:
             break
-        seen.append(item)
-    return tuple(seen)
+        if str(index) in indices:
+            return ()
+        indices.append(str(index))
+    return tuple(indices)
+
+
+def _strtoul(text: str) -> int | None:
+    """The number a CUDA_VISIBLE_DEVICES entry starts with (an optional sign, then ASCII
+    digits; what follows is ignored); None where there is none or it is negative."""
+    start = 1 if text[:1] in ("+", "-") else 0
+    end = start
+    while end < len(text) and text[end] in "0123456789":
+        end += 1
+    if end == start:
+        return None
+    number = int(text[start:end])
+    return None if text[:1] == "-" and number else number
 
 
 def format_uuid(raw: object) -> str:
@@ -101,11 +132,13 @@ def choose_gpu(
         mine = 0
         shared = [r for r in range(local_size) if r % visible == 0]
     raise GpuBindingError(
-        f"GPU choice (local rank {local_rank} of {local_size}): {visible} GPUs are visible for "
-        f"{local_size} ranks on this node, so local ranks {shared} would share GPU "
-        f"{mine}; give each task its own GPU (srun --gpus-per-task=1, or "
-        f"--ntasks-per-node={visible}), or allow sharing explicitly with "
-        f"{ALLOW_SHARING_ENV}=1 (NCCL also needs NCCL_MULTI_RANK_GPU_ENABLE=1)"
+        f"{PREDICTED} (local rank {local_rank} of {local_size}): this rank sees {visible} GPUs "
+        f"and the node has {local_size} ranks: if they all see these GPUs, local ranks "
+        f"{shared} would share GPU {mine}; give each task its own GPU (srun "
+        f"--gpus-per-task=1, or --ntasks-per-node={visible}), or allow sharing explicitly "
+        f"with {ALLOW_SHARING_ENV}=1 (NCCL also needs NCCL_MULTI_RANK_GPU_ENABLE=1). "
+        f"init binds by the GPUs' UUIDs across the node's ranks instead (tasks that each see "
+        f"their own GPUs share none)"
     )
 
 

@@ -33,7 +33,7 @@ from .errors import (
     InvalidArgumentError,
     LaunchMismatchError,
 )
-from .gpuselect import choose_on_node, format_uuid, sharing_allowed
+from .gpuselect import PREDICTED, choose_on_node, format_uuid, sharing_allowed
 from .notices import ASK_MAX_RANKS, ASK_WAIT, NoticeBoard, Unchecked
 from .ops import check_timeout
 from .switches import switch
@@ -54,6 +54,32 @@ def _mismatch(
 ) -> str:
     return f"{what} is {env_value} from {source} but {mpi_value} from {mpi_source}"
 
+
+def _not_one_each(
+    keys: list[tuple[int, int]], size: int, source: str | None, host: str | None
+) -> str:  # (every rank of the node gave one)
+    """The node's local ranks (``keys``: (local rank, world rank) of every rank on it) that
+    are not 0..size-1 once each: the values given twice or out of range (and by which
+    ranks), those missing."""
+    given: dict[int, list[int]] = {}
+    for value, who in sorted(keys, key=lambda k: k[1]):
+        given.setdefault(value, []).append(who)
+    twice = [f"{v} on ranks {who}" for v, who in sorted(given.items()) if len(who) > 1]
+    beyond = [f"{v} on rank(s) {who}" for v, who in sorted(given.items()) if not 0 <= v < size]
+    missing = [v for v in range(size) if v not in given]
+    parts = [f"given more than once: {'; '.join(twice)}"] if twice else []
+    if beyond:
+        parts.append(f"out of range: {'; '.join(beyond)}")
+    if missing:
+        parts.append(f"missing: {missing}")
+    return (
+        f"local ranks from {source} on this node ({host}: world ranks "
+        f"{sorted(who for _, who in keys)}, by {_SPLIT}) are not 0..{size - 1} once each: "
+        f"{', '.join(parts)}"
+    )
+
+
+_SPLIT = "the MPI COMM_TYPE_SHARED split"
 
 # Filled in by verify_launch: {found} what the launcher variables claim, {cause} how a real
 # launch ends up with every rank alone.
@@ -103,19 +129,27 @@ def verify_launch(info: LaunchInfo, comm: MPI.Intracomm) -> tuple[LaunchInfo, MP
     # node communicator, and node() of the world followed the launcher's order: 0, 2, 1, 3
     # for ranks 0..3 under Open MPI 5 oversubscribed).
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-    key = (info.local_rank if info.local_rank is not None else rank, rank)
-    local_rank, local_size = sorted(node.allgather(key)).index(key), node.Get_size()
-    split = "the MPI COMM_TYPE_SHARED split"
+    mine = info.local_rank
+    keys = node.allgather((mine, rank))  # (None: that rank's launcher said none, or failed)
+    order = sorted((r if lr is None else lr, r) for lr, r in keys)
+    local_rank, local_size = order.index((rank if mine is None else mine, rank)), node.Get_size()
+    split = _SPLIT
     if info.local_size is not None and info.local_size != local_size:
         errors.append(
             _mismatch("local size", info.local_size, src.get("local_size"), local_size, split)
         )
-    if info.local_rank is not None and info.local_rank != local_rank:
-        errors.append(
-            _mismatch("local rank", info.local_rank, src.get("local_rank"), local_rank, split)
-        )
-    # Every rank learns whether any rank failed, so no rank walks on into a hang.
-    failed = comm.allreduce(1 if errors else 0, op=MPI.SUM)
+    given = [lr for lr, _ in keys]
+    if mine is not None and None not in given and sorted(given) != list(range(local_size)):
+        # the node's local ranks are no permutation: said alike on every rank of the node
+        # (each rank whose place differed said only its own two numbers, and the ranks
+        # holding valid values after a duplicate were blamed: an outside hunt)
+        errors.append(_not_one_each(keys, local_size, src.get("local_rank"), info.hostname))
+    elif mine is not None and mine != local_rank:  # (some rank of the node has none)
+        errors.append(_mismatch("local rank", mine, src.get("local_rank"), local_rank, split))
+    # Every rank learns which ranks failed and why, so no rank walks on into a hang and
+    # each names them.
+    said = comm.allgather(errors[0] if errors else None)
+    failed = [(r, e) for r, e in enumerate(said) if e is not None]
     if errors:
         hint = _STALE_HINT
         if size == 1 and (info.size or 1) > 1:
@@ -138,8 +172,8 @@ def verify_launch(info: LaunchInfo, comm: MPI.Intracomm) -> tuple[LaunchInfo, MP
         )
     if failed:
         raise LaunchMismatchError(
-            f"init (rank {rank} of {size}): broken launch: {failed} other rank(s) found the "
-            f"environment disagreeing with MPI (see their errors)"
+            f"init (rank {rank} of {size}): broken launch: rank(s) {[r for r, _ in failed]} "
+            f"found the environment disagreeing with MPI; rank {failed[0][0]}: {failed[0][1]}"
         )
 
     first = node.allreduce(rank, op=MPI.MIN)
@@ -319,10 +353,13 @@ def tune_open_mpi(environ: Any = os.environ) -> None:
         environ["OMPI_MCA_btl_sm_eager_limit"] = str(limit)
 
 
-def _no_cupy(info: LaunchInfo) -> HpccommError:
+_NO_CUPY = "CuPy is not installed"
+
+
+def _no_cupy(info: LaunchInfo, note: str = "") -> HpccommError:
     return HpccommError(
-        f"init (rank {info.rank} of {info.size}): gpu=True but CuPy is not installed "
-        f"(pip install 'hpccomm[gpu-cuda13]' or 'hpccomm[gpu-cuda12]', as the driver allows)"
+        f"init (rank {info.rank} of {info.size}): gpu=True but {_NO_CUPY} (pip install "
+        f"'hpccomm[gpu-cuda13]' or 'hpccomm[gpu-cuda12]', as the driver allows){note}"
     )
 
 
@@ -374,8 +411,8 @@ def _local_gpus(info: LaunchInfo) -> tuple[Any, tuple[str, ...], str | None, boo
         return None, (), "CUDA_VISIBLE_DEVICES hides every GPU", False
     try:
         import cupy
-    except ImportError:  # the launcher's list still tells whether ranks would share one
-        return None, env_visible or (), "CuPy is not installed", expected
+    except ImportError:  # the launcher's list may tell whether ranks would share one
+        return None, env_visible or (), _NO_CUPY, expected
     except Exception as exc:  # a CUDA library that fails to load
         return None, (), f"CuPy failed to import: {type(exc).__name__}: {exc}", True
     rt = cupy.cuda.runtime
@@ -428,13 +465,24 @@ def _bind_gpu(
     me = sum(1 for h, _ in views[:rank] if h == info.hostname)
     gpu: int | None = None
     failure: HpccommError | None = None
+    note = ""
     if ids:
         try:
             gpu = choose_on_node(node, me, allow_sharing=sharing_allowed(os.environ))
         except GpuBindingError as exc:
-            why, expected = str(exc), True
-            if want_gpu:
-                failure = exc
+            if cupy is None:  # CuPy missing: ids are CUDA_VISIBLE_DEVICES's entries, not
+                # identities. Under cgroups (srun --gpus-per-task=1) every task numbers its
+                # own GPU 0, so equal lists prove no sharing: the missing CuPy is the cause
+                # (it was named only as ranks sharing GPU 0, an outside hunt)
+                note = (
+                    f"; and where CUDA_VISIBLE_DEVICES names the same devices on these ranks "
+                    f"(no per-task isolation): {exc}"
+                )
+                why = f"{why}{note}"
+            else:
+                why, expected = str(exc), True
+                if want_gpu:
+                    failure = exc
     if why is None and gpu is not None:
         try:
             cupy.cuda.Device(gpu).use()
@@ -446,8 +494,8 @@ def _bind_gpu(
             )
     if why is not None and want_gpu and failure is None:
         failure = (
-            _no_cupy(info)
-            if why == "CuPy is not installed"
+            _no_cupy(info, note)
+            if why.startswith(_NO_CUPY)
             else HpccommError(
                 f"init (rank {info.rank} of {info.size}): gpu=True but no GPU is "
                 f"{'visible' if why.startswith(_NOT_VISIBLE) else 'usable'}: {why}"
@@ -464,6 +512,8 @@ def _bind_gpu(
             f"required a GPU (gpu=True) and could not bind one: {others[0][1]}"
         )
     sources = dict(info.sources)
+    # the environment's prediction goes: this binding's verdict replaces it
+    info = info.replace(warnings=tuple(w for w in info.warnings if not w.startswith(PREDICTED)))
     visible = info.visible_gpus
     if visible is None and ids and cupy is not None:
         visible = tuple(str(i) for i in range(len(ids)))
@@ -648,6 +698,9 @@ def init(
         )
         info = discover({})  # nothing known from the environment: MPI fills every field
     for note in info.warnings:
+        if note.startswith(PREDICTED):  # the binding below decides by UUID, and says so
+            # (tasks that each see their own GPUs were warned that they would share one)
+            continue
         warnings.warn(f"hpccomm: {note}", RuntimeWarning, stacklevel=3)  # (the user's line:
         # init is wrapped by _one_at_a_time)
     tune_open_mpi()

@@ -382,6 +382,22 @@ def test_frozen():
         ("0,-1,1", ("0",)),
         ("0,2,-1,1", ("0", "2")),
         ("1,x,0", ("1",)),
+        # each entry as C's strtoul reads it (these read as no device, or two: an outside
+        # hunt, against PyTorch's model of CUDA, torch.cuda._parse_visible_devices)
+        ("0 1", ("0",)),
+        ("1e", ("1",)),
+        ("01,+2", ("1", "2")),
+        ("-0", ("0",)),
+        ("0,,1", ("0",)),
+        (",0", ()),
+        # a repeated device hides every device
+        ("0,0", ()),
+        ("1,0,1", ()),
+        ("MIG-a,MIG-a", ()),
+        # a UUID list ends at the first entry without its prefix
+        ("GPU-abc,1", ("GPU-abc",)),
+        ("MIG-a,GPU-b", ("MIG-a",)),
+        ("none", ()),
     ],
 )
 def test_parse_visible_devices(value, parsed):

@@ -311,6 +311,51 @@ def test_too_few_gpus_for_the_ranks_under_mpiexec(mpiexec, mpi_env):
     assert "local ranks [0, 2] would share GPU 0" in strict.stderr
 
 
+def test_one_gpu_per_task_without_cupy_names_the_missing_cupy(mpiexec, mpi_env):
+    # srun --gpus-per-task=1 under cgroups: every task sees its own GPU as "0". Without
+    # CuPy the equal lists were taken for one shared GPU: gpu=True said "local ranks [0, 1]
+    # would share GPU 0; give each task its own GPU (srun --gpus-per-task=1 ...)", the option
+    # the job had passed, and never that CuPy was missing (an outside hunt)
+    import importlib.util
+
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed: this checks the machine without it")
+    env = mpi_env
+    env["CUDA_VISIBLE_DEVICES"] = "0"
+    code = "import hpccomm; c = hpccomm.init(gpu={}); print('cpu-only' if c.device.gpu is None else c.device.gpu)"
+    auto = subprocess.run([mpiexec, "--oversubscribe", "-n", "2", sys.executable, "-c", code.format("None")],
+                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert auto.returncode == 0 and auto.stdout.split() == ["cpu-only"] * 2, auto.stderr
+    assert auto.stderr.count("staying CPU-only: CuPy is not installed; and where") == 2, auto.stderr
+    strict = subprocess.run([mpiexec, "--oversubscribe", "-n", "2", sys.executable, "-c", code.format("True")],
+                            capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert strict.returncode != 0
+    for r in (0, 1):
+        assert f"init (rank {r} of 2): gpu=True but CuPy is not installed (pip install" in (
+            strict.stderr
+        ), strict.stderr
+    assert "GpuBindingError" not in strict.stderr, strict.stderr
+
+
+def test_tasks_with_their_own_gpus_are_not_warned_that_they_share(mpiexec, mpi_env):
+    # srun --gpus-per-task=2 without cgroups: rank r sees GPUs 2r and 2r+1. The prediction
+    # from one rank's environment (2 GPUs for 3 ranks) was warned on every rank at init and
+    # printed by hpccomm info ("local ranks [0, 2] would share GPU 0"), beside a binding
+    # that shares none (an outside hunt)
+    env = mpi_env
+    wrap = 'r=$OMPI_COMM_WORLD_RANK; CUDA_VISIBLE_DEVICES=$((2*r)),$((2*r+1)) exec "$@"'
+    code = (
+        "import hpccomm; c = hpccomm.init(); print(c.launch.visible_gpus, list(c.launch.warnings))"
+    )
+    out = subprocess.run([mpiexec, "--oversubscribe", "-n", "3", "sh", "-c", wrap, "sh", sys.executable, "-c", code],
+                         capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert sorted(out.stdout.splitlines()) == [
+        f"('{2 * r}', '{2 * r + 1}') []" for r in range(3)
+    ], out.stdout
+    assert "would share" not in out.stderr and "GPU choice" not in out.stderr, out.stderr
+
+
 def test_a_debug_level_that_differs_across_ranks_is_refused_at_init(mpiexec, venv_bin, mpi_env):
     # With headers on one rank only, a receive took the sender's header for data and the
     # next receive silently got the previous payload; a checking rank's collective waited

@@ -75,3 +75,34 @@ def test_a_node_index_only_mpi_contradicts_is_said(mpi_env):
     assert out.stdout.split() == ["0", "1", "torchrun"]
     said = "node_index is 1 from GROUP_RANK but 0 from MPI node leaders"
     assert f"<string>:1: RuntimeWarning: hpccomm: {said}" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("values", ["0 0 1", "2 2 2"])
+def test_local_ranks_that_are_no_permutation_are_named_on_every_rank(mpiexec, mpi_env, values):
+    # Open MPI's local ranks overridden per rank (as a wrong SLURM_LOCALID would be): one
+    # value twice made the ranks holding valid values after it fail ("local rank is 1 from
+    # ... but 2 from the MPI COMM_TYPE_SHARED split"), and rank 0 said only "3 other rank(s)
+    # found the environment disagreeing with MPI (see their errors)" (an outside hunt)
+    wrap = (
+        f'set -- {values} "$@"; shift $OMPI_COMM_WORLD_RANK; v=$1; shift $((3 - '
+        f'$OMPI_COMM_WORLD_RANK)); OMPI_COMM_WORLD_LOCAL_RANK=$v exec "$@"'
+    )
+    out = subprocess.run([mpiexec, "--oversubscribe", "-n", "3", "sh", "-c", wrap, "sh", sys.executable, "-c", CODE],
+                         capture_output=True, text=True, timeout=120, env=mpi_env)  # fmt: skip
+    assert out.returncode != 0
+    said = (
+        "given more than once: 0 on ranks [0, 1], missing: [2]"
+        if values == "0 0 1"
+        else "given more than once: 2 on ranks [0, 1, 2], missing: [0, 1]"
+    )
+    for r in range(3):
+        assert (
+            f"init (rank {r} of 3): broken launch: local ranks from OMPI_COMM_WORLD_LOCAL_RANK "
+            f"on this node ("
+        ) in out.stderr, out.stderr
+    assert (
+        out.stderr.count(
+            f"world ranks [0, 1, 2], by the MPI COMM_TYPE_SHARED split) are not 0..2 once each: {said}"
+        )
+        == 3
+    ), out.stderr
