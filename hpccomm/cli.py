@@ -152,8 +152,18 @@ def _cmd_trace_analyze(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.dir):
         raise InvalidArgumentError(f"trace analyze: {args.dir} is not a directory")
     trace = flight.load_trace(args.dir)
-    if args.json:
+    try:
+        said = flight.verdicts(trace.docs, trace.size, left_out=trace.left_out)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        # each dump was checked alone; what only the dumps together show (a field of
+        # another type in one of them) is one line too, not a traceback
+        raise InvalidArgumentError(
+            f"trace analyze: {args.dir}: the dumps cannot be analyzed together (one is not as "
+            f"the flight recorder writes them): {type(exc).__name__}: {exc}"
+        ) from None
+    if args.json:  # the verdicts, and the dumps they rest on
         doc = {
+            "verdicts": said,
             "size": trace.size,
             "job": trace.job,
             "ranks": trace.docs,
@@ -161,7 +171,7 @@ def _cmd_trace_analyze(args: argparse.Namespace) -> int:
         }
         print(json.dumps(doc, indent=1, sort_keys=True))
     else:
-        print(flight.analyze(trace.docs, trace.size, left_out=trace.left_out))
+        print(". ".join(said))
     return 0
 
 
@@ -330,7 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
     tsub = p.add_subparsers(dest="trace_cmd", required=True)
     t = tsub.add_parser("analyze", help="say from every rank's file who waits where")
     t.add_argument("dir", help="the trace directory (one rank<N>.json per rank)")
-    t.add_argument("--json", action="store_true", help="print the merged entries as JSON")
+    t.add_argument(
+        "--json", action="store_true", help="print the verdicts and every rank's dump as JSON"
+    )
     t.set_defaults(func=_cmd_trace_analyze)
 
     p = sub.add_parser(

@@ -52,6 +52,7 @@ ENV = "HPCCOMM_TRACE_DIR"
 # Seconds after an error's dump during which further errors write none (see note_error)
 ERROR_DUMP_GAP = 1.0
 SIGTERM_GRACE = 0.5  # seconds a rank waits after its SIGTERM dump before it exits
+SIGTERM_DUMP_BOUND = 30.0  # seconds the main thread waits for the watcher to end the process
 recorder: FlightRecorder | None = None  # the process's recorder, when enabled
 
 # What names one job, the same in every rank of it and different in the next job: the first
@@ -99,6 +100,7 @@ class FlightRecorder:
         self.rank = rank
         self.size = size
         self.entries: collections.deque[Record] = collections.deque(maxlen=capacity)
+        self.recorded = 0  # calls ever recorded (the ring keeps the last ``capacity``)
         self.dumps = 0
         # world rank -> why it left the job (its departure notice), for the dump: a rank
         # whose program ended writes no trace file (set by init: the job's notices)
@@ -112,6 +114,7 @@ class FlightRecorder:
     def __call__(self, event: str, rec: Record) -> None:
         if event == "start":
             self.entries.append(rec)  # completed in place by the record step
+            self.recorded += 1
 
     def groups(self) -> dict[str, dict[str, Any]]:
         """The groups of the recorded calls: id -> name and members (world ranks)."""
@@ -150,6 +153,7 @@ class FlightRecorder:
                 "errors_not_dumped": self.errors_skipped,
                 "time": time.time(),
                 "groups": self.groups(),
+                "recorded": self.recorded,
                 "entries": self.snapshot(),
                 "departed": _departures(self.departed),
             }
@@ -231,7 +235,8 @@ def _watch_signals(rec: FlightRecorder) -> None:
     """SIGTERM and SIGUSR1 reach a thread that writes the trace even when the main thread is
     inside MPI: Python's signal handler writes the signal number to a pipe, the thread reads
     it. SIGTERM then ends the process at once (status 143, as SIGTERM's own default would:
-    MPI is not finalized, the launcher ends the job), unless the program had a handler of
+    MPI is not finalized, the launcher ends the job; the main thread stops at its next
+    Python step meanwhile), unless the program had a handler of
     its own for it (a checkpoint on SIGTERM, a requeue on SIGUSR1): that one is kept, run
     after the dump on the main thread, and decides (it was replaced, or cut short 0.5 s
     after the dump)."""
@@ -292,6 +297,13 @@ def _ignore(signum: int, frame: Any) -> None:
     kept = _previous.get(signum)
     if callable(kept):
         kept(signum, frame)
+    elif signum == signal.SIGTERM and kept != signal.SIG_IGN and _wakeup_fd >= 0:
+        # the watcher writes the trace, waits SIGTERM_GRACE and ends the process: the
+        # program must not run on meanwhile (it called collectives for 0.5 s, and a program
+        # that ended in that time exited with status 0: an outside hunt). Bounded, should
+        # the watcher fail to end it.
+        time.sleep(SIGTERM_GRACE + SIGTERM_DUMP_BOUND)
+        os._exit(128 + signal.SIGTERM)
 
 
 def undo_signals() -> None:
@@ -381,6 +393,21 @@ def _read_dump(path: Path, named: int) -> dict[str, Any]:
         )
     if not isinstance(doc.get("groups", {}), dict):
         raise InvalidArgumentError(f"{where}: groups is not an object")
+    # the fields the analysis compares across dumps, by type (a seq "5" in one dump against
+    # 5 in another was a traceback from sorting them together: an outside hunt)
+    for i, e in enumerate(entries):
+        wrong = [
+            k
+            for k, kinds in _ENTRY_TYPES.items()
+            if k in e and not any(type(e[k]) is kind for kind in kinds)
+        ]
+        if wrong or e["state"] not in ("started", "completed", "failed"):
+            what = f"{wrong[0]} is {e[wrong[0]]!r}" if wrong else f"state is {e['state']!r}"
+            raise InvalidArgumentError(
+                f"{where}: entry {i}: {what}, not as the flight recorder writes it"
+            )
+    if doc.get("job") is not None and type(doc["job"]) is not str:
+        raise InvalidArgumentError(f"{where}: job is {doc['job']!r}, expected a string")
     if size > MAX_WORLD:  # (the analysis lists the ranks without a dump: 10**11 ran for ever)
         raise InvalidArgumentError(
             f"{where}: size {size:,}, expected a world of at most {MAX_WORLD:,} ranks"
@@ -394,6 +421,22 @@ def _read_dump(path: Path, named: int) -> dict[str, Any]:
             f"{where}: not a flight recorder dump as it writes them: {type(exc).__name__}: {exc}"
         ) from None
     return doc
+
+
+# an entry's fields the analysis reads, and the types the recorder writes them in
+_ENTRY_TYPES: dict[str, tuple[type, ...]] = {
+    "op": (str,),
+    "group": (str,),
+    "gid": (str, type(None)),
+    "seq": (int,),
+    "state": (str,),
+    "dtype": (str, type(None)),
+    "shape": (list, type(None)),
+    "redop": (str, type(None)),
+    "async": (bool,),
+    "error": (str, type(None)),
+    "site": (str, type(None)),
+}
 
 
 def _job_text(job: str | None, size: int) -> str:
@@ -448,6 +491,11 @@ def load(directory: str | os.PathLike[str]) -> tuple[dict[int, dict[str, Any]], 
     return trace.docs, trace.size
 
 
+def _count(value: Any) -> int:
+    """A dump's count field as an int (0 where missing, from an older hpccomm, or not one)."""
+    return value if type(value) is int else 0
+
+
 def _ranks(ranks: Iterable[int]) -> str:
     rs = sorted(ranks)
     if not rs:
@@ -484,6 +532,61 @@ UNCAUGHT = "not caught:"
 _CALL_ERROR = re.compile(r"\w+Error: \w+ #\d+ on ")
 
 _P2P = ("send", "recv", "sendrecv", "batch_isend_irecv", "send_object", "recv_object")
+
+# what every rank of a collective must pass alike, by op (shapes may differ by rank in the
+# others: uneven all_gather / all_to_all, a gather's or scatter's other ranks)
+_SAME_SHAPE = ("all_reduce", "broadcast", "reduce")
+_ROOTED = ("broadcast", "reduce", "gather", "scatter", "broadcast_object", "gather_object",
+           "scatter_object")  # fmt: skip
+
+
+def _calls_differ(docs: dict[int, dict[str, Any]]) -> list[str]:
+    """The collective calls whose records differ across ranks in what every rank must pass
+    alike (dtype, root, reduce op; shape where the op needs it): ``world #1: the ranks'
+    calls differ: dtype float64 on rank 0 but float32 on ranks 1-2``. Such a call is
+    compared before MPI only above the debug level's size; below it MPI ran it, and the
+    rank whose receive was cut short (MPI_ERR_TRUNCATE) was the one the analysis blamed,
+    not the rank whose call differed (an outside hunt)."""
+    calls: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
+    names: dict[tuple[str, int], str] = {}
+    for r, doc in docs.items():
+        for e in doc["entries"]:
+            if e["op"] in _P2P:
+                continue
+            key = (e.get("gid") or e["group"], e["seq"])
+            calls.setdefault(key, {})[r] = e
+            names[key] = e["group"]
+    lines = []
+    for key, by_rank in sorted(calls.items(), key=lambda kv: kv[0][1]):
+        if len(by_rank) < 2 or len({e["op"] for e in by_rank.values()}) > 1:
+            continue  # (ops that differ are said where the ranks wait)
+        op = next(iter(by_rank.values()))["op"]
+        fields = ["dtype", "redop"]
+        if op in _SAME_SHAPE:
+            fields.append("shape")
+        if op in _ROOTED:
+            fields.append("peer")
+        said = []
+        for field in fields:
+            values: dict[str, list[int]] = {}
+            for r, e in sorted(by_rank.items()):
+                value = e.get(field)
+                if value is None and field in ("dtype", "shape"):
+                    continue  # (no data on that rank: a rooted call's other ranks)
+                shown = str(tuple(value)) if field == "shape" else str(value)
+                values.setdefault(shown, []).append(r)
+            if len(values) > 1:
+                label = "root" if field == "peer" else "op" if field == "redop" else field
+                first, *rest = sorted(values.items(), key=lambda kv: len(kv[1]))
+                said.append(
+                    f"{label} {first[0]} on {_ranks(first[1])} but "
+                    + ", ".join(f"{v} on {_ranks(rs)}" for v, rs in rest)
+                )
+        if said:
+            lines.append(
+                f"{names[key]} #{key[1]} ({op}): the ranks' calls differ: {'; '.join(said)}"
+            )
+    return lines
 
 
 def _p2p_waits(
@@ -772,15 +875,23 @@ def _wait_cycle(blocked: dict[int, _Call], needs: dict[_Call, list[int]]) -> lis
 def analyze(
     docs: dict[int, dict[str, Any]], size: int | None, *, left_out: Sequence[str] = ()
 ) -> str:
-    """One paragraph from every rank's dump (ranks are world ranks): for every collective
+    """:func:`verdicts` as one paragraph (what ``hpccomm trace analyze`` prints)."""
+    return ". ".join(verdicts(docs, size, left_out=left_out))
+
+
+def verdicts(
+    docs: dict[int, dict[str, Any]], size: int | None, *, left_out: Sequence[str] = ()
+) -> list[str]:
+    """The verdicts from every rank's dump (ranks are world ranks): calls whose records
+    differ across ranks (dtype, root, op, shape), for every collective
     call some ranks wait in, which ranks entered it and which never did (with their last
     completed call on that group and where they wait instead; for a rank without a file,
     what another rank's timeout heard of it), a ring of ranks waiting for one another across
     calls, the ranks that left no file, and the failed calls when nobody waits; then the
     files ``left_out`` (:attr:`Trace.left_out`)."""
-    tail = f". left out: {'; '.join(left_out)}" if left_out else ""
+    tail = [f"left out: {'; '.join(left_out)}"] if left_out else []
     if not docs:
-        return "no trace files: nothing to analyze" + tail
+        return ["no trace files: nothing to analyze", *tail]
     world = size or (max(docs) + 1)
     lines = []
     missing = [r for r in range(world) if r not in docs]
@@ -819,6 +930,7 @@ def analyze(
         for h in hs:
             if h.text == _IN_IT and h.call in waits and h.by in waits[h.call]:
                 waits[h.call].setdefault(w, waits[h.call][h.by])
+    lines.extend(_calls_differ(docs))  # the cause first, where the records show one
     stuck = sorted(waits.items(), key=lambda kv: (-len(kv[1]), kv[0][1]))
     told: set[int] = set()  # ranks without a file named already
     for (gid, seq), by_rank in stuck:  # (every one: a cap hid calls, and a ring's links)
@@ -853,14 +965,29 @@ def analyze(
                 told.add(r)
                 continue
             mine = last.get(r, {}).get(gid)
-            text = f"rank {r} never did" + (
-                f": its last completed call there was {_desc(mine)}"
-                if mine is not None
-                else ": it completed no call on that group"
-            )
-            elsewhere = [e for e in pending.get(r, []) if (e.get("gid") or e["group"]) != gid]
+            if mine is not None:
+                text = f"rank {r} never did: its last completed call there was {_desc(mine)}"
+            else:  # none in its trace: its ring may have dropped them (it said "it
+                # completed no call on that group" after 2,500 calls: an outside hunt)
+                kept = len(docs[r]["entries"])
+                dropped = _count(docs[r].get("recorded")) - kept
+                text = f"rank {r} never did: " + (
+                    f"its trace holds no call of that group (it keeps a rank's last {kept:,} "
+                    f"calls and dropped {dropped:,} older ones)"
+                    if dropped > 0
+                    else "it completed no recorded call on that group (group creations, "
+                    "split, dup, new_group, are not recorded)"
+                )
+            # where it waits instead: another group's call, or another call of this group
+            # (rank 1 in barrier #2 while #3 waits for it was "in no hpccomm call")
+            elsewhere = [
+                e
+                for e in pending.get(r, [])
+                if ((e.get("gid") or e["group"]), e["seq"]) != (gid, seq)
+            ]
+            blocking = [e for e in elsewhere if not e.get("async")]
             if elsewhere:
-                text += f", and it waits in {_desc(elsewhere[-1])}"
+                text += f", and it waits in {_desc((blocking or elsewhere)[-1])}"
             elif r in failed:
                 text += f", and its call {_desc(failed[r][-1])} failed: {_short(failed[r][-1]['error'])}"
             elif docs[r].get("reason", "").startswith(UNCAUGHT):
@@ -934,4 +1061,4 @@ def analyze(
     reasons = sorted({_short(doc["reason"]) for doc in docs.values()})
     more = f" and {len(reasons) - 3} more" if len(reasons) > 3 else ""
     lines.append("(dumps written on: " + "; ".join(reasons[:3]) + more + ")")
-    return ". ".join(lines) + tail
+    return lines + tail

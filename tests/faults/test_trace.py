@@ -2,6 +2,7 @@
 SIGUSR1 and SIGTERM (also while stuck inside MPI), and `hpccomm trace analyze` names the
 diverging rank and call, and the ranks that left no file."""
 
+import json
 import signal
 import subprocess
 import time
@@ -44,7 +45,10 @@ def test_a_rank_skips_a_collective(launch, tmp_path, capsys):
         "rank 3 never did: its last completed call there was broadcast #5 on world (2,) "
         "float64, and it waits in barrier #1 on world/split(1)"
     ), verdict
-    assert "rank 2 never did: it completed no call on that group" in verdict
+    assert (
+        "rank 2 never did: it completed no recorded call on that group (group creations, "
+        "split, dup, new_group, are not recorded)"
+    ) in verdict
 
 
 def test_sibling_groups_of_one_split_are_told_apart(launch, tmp_path, capsys):
@@ -264,3 +268,26 @@ def test_the_programs_own_signal_handlers_are_kept(launch, tmp_path):
     for rank in (0, 1):
         assert job.of(rank, "handlers") == {"got": ["TERM", "USR1"], "dumped": True}
         assert job.of(rank, "after")["value"] == "[2.0]"
+
+
+def test_sigterm_stops_the_program_while_its_trace_is_written(launch, tmp_path):
+    # With a trace directory, the rank ran on for the 0.5 s the watcher waits after its
+    # dump: it called collectives meanwhile, and a program that ended in that time exited
+    # with status 0 (an outside hunt: 5 of 5 runs)
+    trace = tmp_path / "trace"
+    job = launch(
+        2,
+        f"""
+        import signal
+        c = hpccomm.init(timeout=20, trace_dir={str(trace)!r})
+        c.all_reduce(np.ones(4))
+        if c.rank == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+            report(c, "alive")
+        """,
+    )
+    assert job.rc != 0, job.stdout
+    assert (1, "alive") not in job.reports, job.stdout
+    doc = json.loads((trace / "rank00001.json").read_text())
+    assert doc["reason"] == "SIGTERM"

@@ -8,6 +8,12 @@ import pytest
 from hpccomm.cli import main
 from hpccomm.flight import FlightRecorder, analyze, job_identity, load, load_trace
 
+# what the analysis says of a rank with no call of a group in its trace (its ring not full)
+NONE = (
+    "it completed no recorded call on that group (group creations, split, dup, new_group, are "
+    "not recorded)"
+)
+
 
 def entry(op, group, seq, state, shape=(4,), dtype="float32", gid=None, error=None):
     return {
@@ -53,9 +59,7 @@ def test_the_rank_that_never_arrived():
         "rank 3 never did: its last completed call there was broadcast #11 on world (4,) "
         "float32, and it waits in barrier #4 on world/tp"
     ), verdict
-    assert "rank 2 never did: it completed no call on that group, and it waits in all_reduce" in (
-        verdict
-    )
+    assert f"rank 2 never did: {NONE}, and it waits in all_reduce" in verdict
 
 
 def test_missing_files_and_failures():
@@ -181,14 +185,19 @@ started = {"op": "all_reduce", "group": "world", "seq": 1, "state": "started"}
             (
                 "rank00000.json",
                 json.dumps({**doc(0, 2, [{**started, **change}]), **top}),
-                f"not a flight recorder dump as it writes them: {said}",
+                said,
             )
             for change, top, said in [
-                ({"shape": 5}, {}, "TypeError: 'int' object is not iterable"),
-                ({}, {"reason": 5}, "TypeError: object of type 'int' has no len()"),
-                ({"state": "failed"}, {}, "KeyError: 'error'"),
-                ({}, {"time": "abc"}, "ValueError: could not convert string to float: 'abc'"),
-                ({"group": ["w"]}, {}, "TypeError: unhashable type: 'list'"),
+                ({"shape": 5}, {}, "entry 0: shape is 5, not as the flight recorder writes it"),
+                ({}, {"reason": 5}, "as it writes them: TypeError: object of type 'int' has no"),
+                ({"state": "failed"}, {}, "as it writes them: KeyError: 'error'"),
+                ({}, {"time": "abc"}, "as it writes them: ValueError: could not convert string"),
+                ({"group": ["w"]}, {}, "entry 0: group is ['w'], not as the flight recorder"),
+                # (fields compared across dumps: a traceback only with another dump beside)
+                ({"seq": "5"}, {}, "entry 0: seq is '5', not as the flight recorder writes it"),
+                ({"gid": 3}, {}, "entry 0: gid is 3, not as the flight recorder writes it"),
+                ({"state": "done"}, {}, "entry 0: state is 'done', not as the flight recorder"),
+                ({}, {"job": 7}, "job is 7, expected a string"),
             ]
         ],
         (
@@ -221,6 +230,9 @@ def test_a_file_not_named_like_a_dump_is_skipped_with_a_note(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["left_out"] == ["rank_notes.json (not named rank<N>.json: not a dump)"]
     assert sorted(data["ranks"]) == ["0", "1"]
+    # the verdicts too, as README says (it printed the dumps alone: an outside hunt)
+    assert ". ".join(data["verdicts"]) + "\n" == out, data["verdicts"]
+    assert data["verdicts"][-1] == "left out: rank_notes.json (not named rank<N>.json: not a dump)"
 
 
 def test_a_dump_records_its_job(tmp_path, monkeypatch):
@@ -374,15 +386,15 @@ def test_every_stuck_call_is_in_the_verdict():
     verdict = analyze(docs, 4)
     for said in [
         "world/tp #1: rank 0 entered all_reduce #1 on world/tp (8,) float64 and waits. rank 1 "
-        "never did: it completed no call on that group, and it waits in all_reduce #1 on "
+        f"never did: {NONE}, and it waits in all_reduce #1 on "
         "world/dp",
         "world/dp #1: rank 1 entered all_reduce #1 on world/dp (8,) float64 and waits. rank 3 "
         "never did",
         "world/tp #1: rank 2 entered all_reduce #1 on world/tp (8,) float64 and waits. rank 3 "
         "never did",
-        "world #3: rank 3 entered barrier #3 on world and waits. rank 0 never did: it completed "
-        "no call on that group, and it waits in all_reduce #1 on world/tp (8,) float64. rank 1 "
-        "never did: it completed no call on that group, and it waits in all_reduce #1 on "
+        "world #3: rank 3 entered barrier #3 on world and waits. rank 0 never did: "
+        f"{NONE}, and it waits in all_reduce #1 on world/tp (8,) float64. rank 1 "
+        f"never did: {NONE}, and it waits in all_reduce #1 on "
         "world/dp (8,) float64. rank 2 never did",
     ]:
         assert said in verdict, verdict
@@ -397,7 +409,7 @@ def test_a_wait_cycle_across_groups_is_called_a_deadlock():
     verdict = analyze(docs, 4)
     assert (
         "world/tp #1: rank 3 entered all_reduce #1 on world/tp (8,) float64 and waits. rank 2 "
-        "never did: it completed no call on that group, and it waits in all_reduce #1 on "
+        f"never did: {NONE}, and it waits in all_reduce #1 on "
         "world/dp (8,) float64"
     ) in verdict, verdict
     assert (
@@ -555,3 +567,90 @@ def test_a_blocking_receive_is_named_before_other_ranks_unwaited_sends():
         "rank 1's receive from rank 0 (tag 1) has no matching send: rank 0's sends to rank 1 not "
         "seen complete have tag(s) [0, 2, 3, 4] (a send skipped, or the tags differ)"
     ) in verdict, verdict
+
+
+def test_a_rank_waiting_in_another_call_of_the_same_group_is_said_to_wait_there():
+    # rank 0 started an async all_reduce #2 that rank 1 never called, then both a barrier
+    # (#3 on rank 0, #2 on rank 1). Rank 1's dump shows it in barrier #2, yet the analysis
+    # of #3 said it "is in no hpccomm call (computing, or stuck elsewhere)" (an outside hunt)
+    async_call = entry("all_reduce", "world", 2, "started")
+    async_call["async"] = True
+    docs = {
+        0: doc(0, 2, [entry("all_reduce", "world", 1, "completed"), async_call,
+                      entry("barrier", "world", 3, "started", None, None)]),
+        1: doc(1, 2, [entry("all_reduce", "world", 1, "completed"),
+                      entry("barrier", "world", 2, "started", None, None)]),
+    }  # fmt: skip
+    verdict = analyze(docs, 2)
+    assert (
+        "world #3: rank 0 entered barrier #3 on world and waits. rank 1 never did: its last "
+        "completed call there was all_reduce #1 on world (4,) float32, and it waits in barrier "
+        "#2 on world"
+    ) in verdict, verdict
+    assert "in no hpccomm call" not in verdict, verdict
+
+
+def test_a_group_whose_calls_the_ring_dropped_is_not_said_to_have_none():
+    # 2,500 world calls after 5 on a split group: the ring (2,000) had dropped the split
+    # group's, and the analysis said "it completed no call on that group"
+    waiting = entry("all_reduce", "world/tp", 6, "started", gid="world/3")
+    other = [entry("barrier", "world", 2502, "started", None, None)]
+    docs = {2: doc(2, 4, [waiting]), 3: doc(3, 4, other)}
+    docs[3]["recorded"] = 2503
+    verdict = analyze(docs, 4)
+    assert (
+        "rank 3 never did: its trace holds no call of that group (it keeps a rank's last 1 "
+        "calls and dropped 2,502 older ones), and it waits in barrier #2502 on world"
+    ) in verdict, verdict
+    docs[3]["recorded"] = 1  # nothing dropped: none recorded
+    assert f"rank 3 never did: {NONE}, and it waits in barrier" in analyze(docs, 4)
+
+
+def test_calls_that_differ_across_ranks_name_the_odd_rank_first():
+    # a float64 all_reduce on rank 0 against float32 on ranks 1-2 (16 elements: below the
+    # size compared before MPI): rank 1's receive was cut short (MPI_ERR_TRUNCATE) and the
+    # analysis led with rank 1's failure, never naming rank 0's dtype (an outside hunt)
+    failed = entry("all_reduce", "world", 1, "failed", (16,), error="MPI_ERR_TRUNCATE: ...")
+    docs = {
+        0: doc(0, 3, [entry("all_reduce", "world", 1, "started", (16,), "float64")]),
+        1: doc(1, 3, [failed]),
+        2: doc(2, 3, [entry("all_reduce", "world", 1, "started", (16,))]),
+    }
+    verdict = analyze(docs, 3)
+    assert verdict.startswith(
+        "world #1 (all_reduce): the ranks' calls differ: dtype float64 on rank 0 but float32 "
+        "on ranks 1-2. world #1: ranks 0,2 entered"
+    ), verdict
+
+    # roots, reduce ops and shapes; not what may differ by rank (an uneven all_gather's
+    # shapes, a gather's other ranks without data)
+    def call(op, seq, shape=(4,), dtype="float32", peer=None, redop=None):
+        e = entry(op, "world", seq, "completed", shape, dtype)
+        e.update(peer=peer, redop=redop)
+        return e
+
+    docs = {
+        r: doc(r, 3, [
+            call("broadcast", 1, peer=r % 2),
+            call("all_reduce", 2, redop="SUM" if r else "MAX"),
+            call("all_reduce", 3, shape=(4 + (r == 2),)),
+            call("all_gather", 4, shape=(r + 1,)),
+            call("gather", 5, shape=(4,) if r == 0 else None, dtype="float32" if r == 0 else None,
+                 peer=0),
+            entry("barrier", "world", 6, "started", None, None),
+        ])
+        for r in range(3)
+    }  # fmt: skip
+    verdict = analyze(docs, 3)
+    assert "world #1 (broadcast): the ranks' calls differ: root 1 on rank 1 but 0 on ranks 0,2" in (
+        verdict
+    ), verdict
+    assert (
+        "world #2 (all_reduce): the ranks' calls differ: op MAX on rank 0 but SUM on ranks 1-2"
+        in (verdict)
+    ), verdict
+    assert (
+        "world #3 (all_reduce): the ranks' calls differ: shape (5,) on rank 2 but (4,) on ranks 0-1"
+        in (verdict)
+    ), verdict
+    assert "#4" not in verdict and "#5" not in verdict, verdict
