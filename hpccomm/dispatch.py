@@ -717,7 +717,9 @@ class Dispatcher:
         on_failure = None
         started = None
         if notices is not None and not call.spec.p2p:
-            watch = notices.watch(self.gid, seq, partial(call.where, seq), self.members)
+            watch = notices.watch(
+                self.gid, seq, partial(call.where, seq), self.members, partial(_summary, call)
+            )
             on_failure = partial(self.report, call)
             self.current = (seq, call)  # (told to a peer that times out and asks)
         elif notices is not None:  # a bounded wait answers a peer's question (Work.wait)
@@ -1192,14 +1194,21 @@ class Dispatcher:
         if getattr(exc, "local", False):
             return
         if not isinstance(exc, _CONSEQUENCES):
-            self._post(call.spec.name, seq, exc)
+            self._post(call.spec.name, seq, exc, mine=_summary(call))
         elif isinstance(exc, PeerError) and exc.told:  # a peer refused it: it learns that
             self._post(call.spec.name, seq, exc, ENTERED)  # this rank took part (settle)
 
-    def _post(self, op: str, seq: int, exc: BaseException, kind: str = FAILED) -> None:
+    def _post(
+        self, op: str, seq: int, exc: BaseException, kind: str = FAILED, mine: str = ""
+    ) -> None:
+        """``mine``: this rank's call (shape, dtype, root, op), said to the peers with the
+        failure, which say theirs beside it: a call MPI ran with another dtype on one rank
+        failed on a peer (MPI_ERR_TRUNCATE), and the others heard only that it failed."""
         if self.notices is None:  # pragma: no cover - callers check
             return
         reason = f"{type(exc).__name__}: {exc}"
+        if mine:
+            reason += f" [{_ITS_CALL}{mine}]"
         try:
             self.notices.post(self.gid, seq, op, self.group.rank, self.members, reason, kind)
         except Exception:  # never hide the real error behind a failed notice
@@ -1960,6 +1969,22 @@ class Dispatcher:
 
 # seconds free() waits for the peers' word on a refusal of the group (see strays)
 STRAYS_WAIT = 1.0
+
+
+_ITS_CALL = "its call: "  # (notices.py appends this rank's call beside a peer's)
+
+
+def _summary(call: Call) -> str:
+    """A collective call's arguments every rank must pass alike, for a failure notice:
+    ``(16,) float32, op SUM`` (shape and dtype where it has data; root; reduce op)."""
+    parts = []
+    if call.shape is not None and call.info is not None:
+        parts.append(f"{call.shape} {call.info.name}")
+    if call.spec.root is not None and call.peer is not None:
+        parts.append(f"{call.spec.root} {call.peer}")
+    if call.redop is not None:
+        parts.append(f"op {call.redop}")
+    return ", ".join(parts)
 
 
 def _receives(spec: OpSpec) -> bool:

@@ -461,7 +461,14 @@ class NoticeBoard:
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
 
-    def check(self, gid: str, seq: int, where: str, members: Sequence[int] = ()) -> None:
+    def check(
+        self,
+        gid: str,
+        seq: int,
+        where: str,
+        members: Sequence[int] = (),
+        mine: Callable[[], str] | None = None,
+    ) -> None:
         """Raise PeerError if a member reported failing call ``seq`` of group ``gid``, or a
         member (world ranks ``members``) left the job or freed the group before reaching
         it."""
@@ -491,9 +498,18 @@ class NoticeBoard:
         for nseq, op, group_rank, world_rank, reason, kind in self.received.get(gid, ()):
             if nseq == seq and kind != ENTERED:
                 verb = "refused" if kind == REFUSED else "failed"  # as the timeout's answer
+                here = ""
+                if mine is not None and reason.endswith("]") and "[its call: " in reason:
+                    # the failing rank said its call: this rank's beside it
+                    own, theirs = mine(), reason.rpartition("[its call: ")[2][:-1]
+                    here = (
+                        f"; this rank's call: the same ({own})"
+                        if own == theirs
+                        else f"; this rank's call differs: {own}"
+                    )
                 err = PeerError(
                     f"{where}: rank {group_rank} (world rank {world_rank}) {verb} {op} #{nseq} "
-                    f"and will not join it: {reason}"
+                    f"and will not join it: {reason}{here}"
                 )
                 err.told = True  # by a notice, while this rank waited inside the call
                 raise err
@@ -524,13 +540,19 @@ class NoticeBoard:
             kept[:] = [n for n in kept if n[0] != seq]
 
     def watch(
-        self, gid: str, seq: int, where: Callable[[], str], members: Sequence[int] = ()
+        self,
+        gid: str,
+        seq: int,
+        where: Callable[[], str],
+        members: Sequence[int] = (),
+        mine: Callable[[], str] | None = None,
     ) -> Callable[[], None]:
         """A callable for bounded waits: raises PeerError once a notice for this call came
-        (or a departure of one of ``members`` before it)."""
+        (or a departure of one of ``members`` before it). ``mine``: this rank's call, said
+        beside the failing peer's where its notice gives it."""
 
         def check() -> None:
-            self.check(gid, seq, where(), members)
+            self.check(gid, seq, where(), members, mine)
 
         return check
 

@@ -2297,3 +2297,31 @@ def test_a_peer_that_finalizes_mpi_itself_departs_too(launch):
     assert (1, "finalized") in job.reports
     assert job.seconds < 20, job.seconds
     assert "did not say they leave" not in job.stderr
+
+
+def test_a_peers_failure_says_its_call_beside_this_ranks(launch):
+    # float64 on rank 0, float32 on ranks 1-2, 16 elements (below the size compared before
+    # MPI): rank 1's receive is cut short (MPI_ERR_TRUNCATE) and ranks 0 and 2 heard only
+    # that rank 1 failed; rank 0, whose call differs, was never told (an outside hunt)
+    job = launch(
+        3,
+        """
+        c = hpccomm.init(timeout=5)
+        x = np.ones(16, np.float64 if c.rank == 0 else np.float32)
+        outcome(c, "call", lambda: c.all_reduce(x))
+        os._exit(0)  # (the group is unusable: no normal teardown)
+        """,
+    )
+    peers = {r: job.of(r, "call") for r in range(3)}
+    failed = [r for r, got in peers.items() if got["cls"] == "BackendError"]
+    assert failed, peers
+    theirs = "(16,) float32, op ReduceOp.SUM"
+    for r, got in peers.items():
+        if r in failed:
+            continue
+        assert got["cls"] == "PeerError", peers
+        assert f"[its call: {theirs}]" in got["msg"], got
+        if r == 0:
+            assert got["msg"].endswith("; this rank's call differs: (16,) float64, op ReduceOp.SUM")
+        else:
+            assert got["msg"].endswith(f"; this rank's call: the same ({theirs})"), got
