@@ -573,7 +573,7 @@ def _calls_differ(docs: dict[int, dict[str, Any]]) -> list[str]:
                 value = e.get(field)
                 if value is None and field in ("dtype", "shape"):
                     continue  # (no data on that rank: a rooted call's other ranks)
-                shown = str(tuple(value)) if field == "shape" else str(value)
+                shown = str(tuple(value or ())) if field == "shape" else str(value)
                 values.setdefault(shown, []).append(r)
             if len(values) > 1:
                 label = "root" if field == "peer" else "op" if field == "redop" else field

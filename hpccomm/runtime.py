@@ -148,8 +148,8 @@ def verify_launch(info: LaunchInfo, comm: MPI.Intracomm) -> tuple[LaunchInfo, MP
         errors.append(_mismatch("local rank", mine, src.get("local_rank"), local_rank, split))
     # Every rank learns which ranks failed and why, so no rank walks on into a hang and
     # each names them.
-    said = comm.allgather(errors[0] if errors else None)
-    failed = [(r, e) for r, e in enumerate(said) if e is not None]
+    heard = comm.allgather(errors[0] if errors else None)
+    failed = [(r, e) for r, e in enumerate(heard) if e is not None]
     if errors:
         hint = _STALE_HINT
         if size == 1 and (info.size or 1) > 1:
