@@ -425,8 +425,12 @@ class Dispatcher:
                     key = (*key[:8], sizes, in_splits, out_splits, *key[11:])
                     try:
                         call = self.cache.get(key)
-                    except TypeError:  # a root, tag or op that is no hashable value
+                    except Exception:  # noqa: BLE001 - a root, tag or op that is no
+                        # hashable value (or whose hash raises): validation names it
                         key = ()
+            except Exception:  # noqa: BLE001 - a hash that raises otherwise (a root's
+                # __hash__ raising ValueError escaped raw, the ranks out of step)
+                key, call = (), None
             if call is None:
                 try:
                     call, data, out = self.prepare(
@@ -442,10 +446,10 @@ class Dispatcher:
             # on scatter_object's root, never cached), so the call, its checks' choice and
             # its fingerprint's CRC are kept by root (and the root's type, as for arrays)
             key = (spec, peer, type(peer))
-            try:
-                call = self.cache.get(key)
-            except TypeError:  # a root that is no hashable value: validation names it
-                key, call = (), None
+            if type(peer) not in _PLAIN_ROOTS:  # keyed by its value only where that cannot
+                # change: an int-like object hashed by identity kept its first value's call
+                key = ()
+            call = self.cache.get(key) if key else None
             if call is None:
                 try:
                     call, data, out = self.prepare(
@@ -1970,6 +1974,14 @@ class Dispatcher:
 # seconds free() waits for the peers' word on a refusal of the group (see strays)
 STRAYS_WAIT = 1.0
 
+
+# roots an object collective's cached call is keyed by (immutable, hashed by value); any
+# other object is validated on every call (one whose __hash__ raised ValueError escaped
+# raw, and the ranks went out of step: a review)
+_PLAIN_ROOTS = frozenset(
+    {int, bool, type(None)}
+    | {np.dtype(c).type for c in "bBhHiIlLqQ"}  # NumPy's integer scalar types
+)
 
 _ITS_CALL = "its call: "  # (notices.py appends this rank's call beside a peer's)
 

@@ -45,8 +45,7 @@ def parse_visible_devices(value: str | None) -> tuple[str, ...] | None:
     ``1e`` or ``0 1`` read as no device at all; ``0,0`` as two: outside hunts.)"""
     if value is None:
         return None
-    value = value.strip()
-    if value.startswith(("GPU-", "MIG-")):
+    if value.startswith(("GPU-", "MIG-")):  # (as given: " GPU-a" is read as an index list)
         prefix = value[:4]
         uuids: list[str] = []
         for item in value.split(","):

@@ -398,6 +398,9 @@ def test_frozen():
         ("GPU-abc,1", ("GPU-abc",)),
         ("MIG-a,GPU-b", ("MIG-a",)),
         ("none", ()),
+        # a UUID list as given (PyTorch's model: " GPU-a" is an index list, so no device)
+        (" GPU-aaaa", ()),
+        ("GPU-aaaa,GPU-aaaa ", ("GPU-aaaa", "GPU-aaaa ")),
     ],
 )
 def test_parse_visible_devices(value, parsed):

@@ -106,3 +106,19 @@ def test_local_ranks_that_are_no_permutation_are_named_on_every_rank(mpiexec, mp
         )
         == 3
     ), out.stderr
+
+
+def test_a_node_where_some_ranks_have_no_local_rank_names_them(mpiexec, mpi_env):
+    # local ranks 0, none, 0: the message quoted a place "1 from the MPI COMM_TYPE_SHARED
+    # split" made by filling rank 1's gap with its world rank (a review)
+    wrap = (
+        'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then unset OMPI_COMM_WORLD_LOCAL_RANK; else '
+        'OMPI_COMM_WORLD_LOCAL_RANK=0; export OMPI_COMM_WORLD_LOCAL_RANK; fi; exec "$@"'
+    )
+    out = subprocess.run([mpiexec, "--oversubscribe", "-n", "3", "sh", "-c", wrap, "sh", sys.executable, "-c", CODE],
+                         capture_output=True, text=True, timeout=120, env=mpi_env)  # fmt: skip
+    assert out.returncode != 0
+    said = "is given on world ranks [0, 2] of this node"
+    assert out.stderr.count(said) == 3, out.stderr
+    assert "but not on [1]; a launcher gives every rank one" in out.stderr, out.stderr
+    assert "from the MPI COMM_TYPE_SHARED split" not in out.stderr, out.stderr
