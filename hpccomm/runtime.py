@@ -144,14 +144,17 @@ def verify_launch(info: LaunchInfo, comm: MPI.Intracomm) -> tuple[LaunchInfo, MP
         # (each rank whose place differed said only its own two numbers, and the ranks
         # holding valid values after a duplicate were blamed: an outside hunt)
         errors.append(_not_one_each(keys, local_size, src.get("local_rank"), info.hostname))
-    elif mine is not None and None in given:  # some ranks of the node have none: their
-        # places were filled in by world rank, and a number MPI never gave was quoted
-        have = sorted(r for lr, r in keys if lr is not None)
-        lack = sorted(r for lr, r in keys if lr is None)
-        errors.append(
-            f"the local rank ({src.get('local_rank')}) is given on world ranks {have} of this "
-            f"node ({info.hostname}) but not on {lack}; a launcher gives every rank one"
-        )
+    elif mine is not None and None in given:  # some ranks of the node have none (their
+        # discovery failed: said later, alike): only a value given twice contradicts MPI.
+        # (Their places were filled in by world rank, and a number MPI never gave was
+        # quoted: a review)
+        have = [(lr, r) for lr, r in keys if lr is not None]
+        if len({lr for lr, _ in have}) < len(have):
+            lack = sorted(r for lr, r in keys if lr is None)
+            twice = _not_one_each(have, local_size, src.get("local_rank"), info.hostname)
+            errors.append(
+                f"{twice.partition(', missing')[0]}; world rank(s) {lack} of this node have none"
+            )
     # Every rank learns which ranks failed and why, so no rank walks on into a hang and
     # each names them.
     heard = comm.allgather(errors[0] if errors else None)
