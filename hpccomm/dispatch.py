@@ -1994,8 +1994,8 @@ def _summary(call: Call) -> str:
         parts.append(f"{call.shape} {call.info.name}")
     if call.spec.root is not None and call.peer is not None:
         parts.append(f"{call.spec.root} {call.peer}")
-    if call.redop is not None:
-        parts.append(f"op {call.redop}")
+    if call.redop is not None:  # (the op: PREMUL_SUM's factor is each rank's own)
+        parts.append(f"op {str(call.redop).partition('(')[0]}")
     return ", ".join(parts)
 
 

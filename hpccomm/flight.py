@@ -101,6 +101,8 @@ class FlightRecorder:
         self.size = size
         self.entries: collections.deque[Record] = collections.deque(maxlen=capacity)
         self.recorded = 0  # calls ever recorded (the ring keeps the last ``capacity``)
+        self.writer: int | None = None  # the thread writing a dump now
+        self.stop_after = False  # SIGTERM came while that thread wrote it (see _ignore)
         self.dumps = 0
         # world rank -> why it left the job (its departure notice), for the dump: a rank
         # whose program ended writes no trace file (set by init: the job's notices)
@@ -141,28 +143,39 @@ class FlightRecorder:
 
     def dump(self, reason: str) -> Path:
         """Write ``DIR/rank<N>.json`` (replacing an earlier dump of this rank)."""
-        with self._lock:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            doc = {
-                "rank": self.rank,
-                "size": self.size,
-                "job": self.job,
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "reason": reason,
-                "errors_not_dumped": self.errors_skipped,
-                "time": time.time(),
-                "groups": self.groups(),
-                "recorded": self.recorded,
-                "entries": self.snapshot(),
-                "departed": _departures(self.departed),
-            }
-            path = self.directory / f"rank{self.rank:05d}.json"
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(doc, indent=1, default=str))
-            os.replace(tmp, path)
-            self.dumps += 1
-            return path
+        try:
+            with self._lock:
+                self.writer = threading.get_ident()
+                try:
+                    return self._write(reason)
+                finally:
+                    self.writer = None
+        finally:  # SIGTERM came while this (main) thread wrote it: stop now (see _ignore)
+            if self.stop_after and threading.current_thread() is threading.main_thread():
+                _stop_for_sigterm()
+
+    def _write(self, reason: str) -> Path:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "rank": self.rank,
+            "size": self.size,
+            "job": self.job,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "reason": reason,
+            "errors_not_dumped": self.errors_skipped,
+            "time": time.time(),
+            "groups": self.groups(),
+            "recorded": self.recorded,
+            "entries": self.snapshot(),
+            "departed": _departures(self.departed),
+        }
+        path = self.directory / f"rank{self.rank:05d}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, indent=1, default=str))
+        os.replace(tmp, path)
+        self.dumps += 1
+        return path
 
     def note_error(self, exc: BaseException) -> None:
         """An hpccomm error reached the caller: write the trace, unless an error wrote it
@@ -300,10 +313,23 @@ def _ignore(signum: int, frame: Any) -> None:
     elif signum == signal.SIGTERM and kept != signal.SIG_IGN and _wakeup_fd >= 0:
         # the watcher writes the trace, waits SIGTERM_GRACE and ends the process: the
         # program must not run on meanwhile (it called collectives for 0.5 s, and a program
-        # that ended in that time exited with status 0: an outside hunt). Bounded, should
-        # the watcher fail to end it.
-        time.sleep(SIGTERM_GRACE + SIGTERM_DUMP_BOUND)
-        os._exit(128 + signal.SIGTERM)
+        # that ended in that time exited with status 0: an outside hunt). Inside a dump of
+        # its own (hpccomm.dump(), an error's), this thread holds the recorder's lock,
+        # which the watcher's dump waits for: it stops once that dump is written (it
+        # waited here holding the lock, and the rank ended 31 s later with no SIGTERM
+        # dump: a review)
+        rec = recorder
+        if rec is not None and rec.writer == threading.get_ident():
+            rec.stop_after = True
+            return
+        _stop_for_sigterm()
+
+
+def _stop_for_sigterm() -> None:
+    """The main thread after SIGTERM: wait for the watcher to end the process (bounded,
+    should the watcher fail to)."""
+    time.sleep(SIGTERM_GRACE + SIGTERM_DUMP_BOUND)
+    os._exit(128 + signal.SIGTERM)
 
 
 def undo_signals() -> None:
@@ -573,6 +599,8 @@ def _calls_differ(docs: dict[int, dict[str, Any]]) -> list[str]:
                 value = e.get(field)
                 if value is None and field in ("dtype", "shape"):
                     continue  # (no data on that rank: a rooted call's other ranks)
+                if field == "redop" and value is not None:  # the op, not PREMUL_SUM's
+                    value = str(value).partition("(")[0]  # factor (each rank its own)
                 shown = str(tuple(value or ())) if field == "shape" else str(value)
                 values.setdefault(shown, []).append(r)
             if len(values) > 1:
@@ -967,6 +995,9 @@ def verdicts(
             mine = last.get(r, {}).get(gid)
             if mine is not None:
                 text = f"rank {r} never did: its last completed call there was {_desc(mine)}"
+            elif any((e.get("gid") or e["group"]) == gid for e in docs[r]["entries"]):
+                # calls of the group, none completed (failed, or waiting: said below)
+                text = f"rank {r} never did: none of its calls on that group completed"
             else:  # none in its trace: its ring may have dropped them (it said "it
                 # completed no call on that group" after 2,500 calls: an outside hunt)
                 kept = len(docs[r]["entries"])

@@ -99,10 +99,10 @@ _STALE_HINT = (
 def verify_launch(info: LaunchInfo, comm: MPI.Intracomm) -> tuple[LaunchInfo, MPI.Comm, NodeInfo]:
     """Check ``info`` against ``comm`` (COMM_WORLD) and fill the fields only MPI knows.
 
-    Rank/size are compared with ``comm``; local rank/size with the COMM_TYPE_SHARED split
-    (the local rank with this rank's place among the node's ranks ordered by the
-    discovered local rank, which equals it exactly when the launcher's local ranks number
-    this node's ranks 0..n-1). Node index, node count and the node list come from the node
+    Rank/size are compared with ``comm``; the local size with the COMM_TYPE_SHARED split,
+    and the node's local ranks must be 0..n-1 once each (else every rank of the node names
+    the values given more than once and those missing; where some ranks have none, only a
+    value given twice). Node index, node count and the node list come from the node
     leaders.
 
     Returns:
@@ -111,8 +111,9 @@ def verify_launch(info: LaunchInfo, comm: MPI.Intracomm) -> tuple[LaunchInfo, MP
         the launcher's numbering).
 
     Raises:
-        LaunchMismatchError: naming both values and the variables they came from; raised on
-            every rank whose view disagrees.
+        LaunchMismatchError: naming both values and the variables they came from (the
+            node's local ranks: alike on every rank of the node), on every rank whose view
+            disagrees; the other ranks name those ranks and quote the first's error.
     """
     from mpi4py import MPI
 

@@ -2,6 +2,10 @@
 never arrived and why, and the ranks without a file."""
 
 import json
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -654,3 +658,53 @@ def test_calls_that_differ_across_ranks_name_the_odd_rank_first():
         in (verdict)
     ), verdict
     assert "#4" not in verdict and "#5" not in verdict, verdict
+
+
+def test_sigterm_while_the_main_thread_writes_a_dump_ends_the_rank_at_once(tmp_path):
+    # the main thread, inside a dump of its own (hpccomm.dump(), an error's), held the
+    # recorder's lock while it waited for the watcher to end the process; the watcher's
+    # SIGTERM dump waited for that lock: the rank ended 31 s later with no SIGTERM dump
+    # (a review)
+    code = f"""
+import os, signal, sys, threading, time
+from hpccomm import flight
+rec = flight.start({str(tmp_path)!r}, 0, 1)
+def kill():
+    time.sleep(0.3)
+    os.kill(os.getpid(), signal.SIGTERM)
+threading.Thread(target=kill, daemon=True).start()
+while True:
+    rec.dump("requested")
+"""
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 128 + signal.SIGTERM, out.stderr
+    assert time.monotonic() - t0 < 15, time.monotonic() - t0
+    assert json.loads((tmp_path / "rank00000.json").read_text())["reason"] == "SIGTERM"
+
+
+def test_premul_sum_factors_that_differ_by_rank_are_no_difference():
+    # each rank scales its own input by its own factor (a weighted average): the analysis
+    # compared the recorded op with its factor and led with "the ranks' calls differ"
+    # (a review)
+    docs = {
+        r: doc(r, 2, [
+            {**entry("all_reduce", "world", 1, "completed"), "redop": f"ReduceOp.PREMUL_SUM({f})"},
+            entry("barrier", "world", 2, "started", None, None),
+        ])
+        for r, f in ((0, 0.25), (1, 0.75))
+    }  # fmt: skip
+    assert "differ" not in analyze(docs, 2)
+    docs[1]["entries"][0]["redop"] = "ReduceOp.SUM"
+    assert "op ReduceOp.PREMUL_SUM on rank 0 but ReduceOp.SUM on rank 1" in analyze(docs, 2)
+
+
+def test_a_rank_whose_calls_on_the_group_failed_is_not_said_to_have_none():
+    failed = entry("all_reduce", "world", 1, "failed", error="MPI_ERR_TRUNCATE: ...")
+    docs = {0: doc(0, 2, [entry("all_reduce", "world", 1, "started")]), 1: doc(1, 2, [failed])}
+    docs[1]["recorded"] = 3000
+    verdict = analyze(docs, 2)
+    assert (
+        "rank 1 never did: none of its calls on that group completed, and its call all_reduce #1 "
+        "on world (4,) float32 failed"
+    ) in verdict, verdict
