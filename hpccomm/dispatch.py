@@ -69,6 +69,7 @@ from .notices import (
     ASK_WAIT,
     ENTERED,
     FAILED,
+    ITS_CALL,
     LEAVING,
     P2P_REFUSALS_KEPT,
     POLL_INTERVAL,
@@ -431,16 +432,6 @@ class Dispatcher:
             except Exception:  # noqa: BLE001 - a hash that raises otherwise (a root's
                 # __hash__ raising ValueError escaped raw, the ranks out of step)
                 key, call = (), None
-            if call is None:
-                try:
-                    call, data, out = self.prepare(
-                        spec, data, out, peer, src, tag, redop, sizes, in_splits, out_splits
-                    )
-                except HpccommError as exc:
-                    self.refused(spec, exc, (data, peer, src, tag))
-                    raise
-                if key:
-                    self._keep(key, call)
         elif spec.objects and not spec.p2p:
             # an object collective: validation depends on the root alone (and on the list
             # on scatter_object's root, never cached), so the call, its checks' choice and
@@ -450,18 +441,9 @@ class Dispatcher:
                 # change: an int-like object hashed by identity kept its first value's call
                 key = ()
             call = self.cache.get(key) if key else None
-            if call is None:
-                try:
-                    call, data, out = self.prepare(
-                        spec, data, out, peer, src, tag, redop, sizes, in_splits, out_splits
-                    )
-                except HpccommError as exc:
-                    self.refused(spec, exc, (data, peer, src, tag))
-                    raise
-                if key and not (spec is SCATTER_OBJECT and call.peer == self.group.rank):
-                    self._keep(key, call)
         else:
-            key = ()  # not cached
+            key, call = (), None  # not cached
+        if call is None:
             try:
                 call, data, out = self.prepare(
                     spec, data, out, peer, src, tag, redop, sizes, in_splits, out_splits
@@ -469,6 +451,9 @@ class Dispatcher:
             except HpccommError as exc:
                 self.refused(spec, exc, (data, peer, src, tag))
                 raise
+            # (scatter_object's root: validated every call, its list being data)
+            if key and not (spec is SCATTER_OBJECT and call.peer == self.group.rank):
+                self._keep(key, call)
         if spec.objects and not spec.p2p:
             # pickled now, not inside MPI: one that cannot be pickled is a refusal (this
             # rank joins the others' comparison, saying why), where before its peers waited
@@ -1212,7 +1197,7 @@ class Dispatcher:
             return
         reason = f"{type(exc).__name__}: {exc}"
         if mine:
-            reason += f" [{_ITS_CALL}{mine}]"
+            reason += f" [{ITS_CALL}{mine}]"
         try:
             self.notices.post(self.gid, seq, op, self.group.rank, self.members, reason, kind)
         except Exception:  # never hide the real error behind a failed notice
@@ -1982,8 +1967,6 @@ _PLAIN_ROOTS = frozenset(
     {int, bool, type(None)}
     | {np.dtype(c).type for c in "bBhHiIlLqQ"}  # NumPy's integer scalar types
 )
-
-_ITS_CALL = "its call: "  # (notices.py appends this rank's call beside a peer's)
 
 
 def _summary(call: Call) -> str:

@@ -34,6 +34,7 @@ from typing import Any
 
 from . import record
 from .errors import InvalidArgumentError
+from .ops import SPECS
 from .record import Record
 
 __all__ = [
@@ -562,8 +563,7 @@ _P2P = ("send", "recv", "sendrecv", "batch_isend_irecv", "send_object", "recv_ob
 # what every rank of a collective must pass alike, by op (shapes may differ by rank in the
 # others: uneven all_gather / all_to_all, a gather's or scatter's other ranks)
 _SAME_SHAPE = ("all_reduce", "broadcast", "reduce")
-_ROOTED = ("broadcast", "reduce", "gather", "scatter", "broadcast_object", "gather_object",
-           "scatter_object")  # fmt: skip
+_ROOTED = frozenset(spec.name for spec in SPECS if spec.root is not None and not spec.p2p)
 
 
 def _calls_differ(docs: dict[int, dict[str, Any]]) -> list[str]:

@@ -67,6 +67,9 @@ P2P_REFUSALS_KEPT = 16
 # number of its last call there, so that a member waiting (bounded) in a later call of the
 # group hears at once that this rank will not join it (the latest FREED_KEPT groups kept)
 FREED = "<freed>"
+# a failure notice's reason ends with "[its call: ...]", the failing rank's call
+# (Dispatcher._post), which the peers' PeerError puts this rank's call beside (check)
+ITS_CALL = "its call: "
 
 
 class Place(NamedTuple):
@@ -499,9 +502,9 @@ class NoticeBoard:
             if nseq == seq and kind != ENTERED:
                 verb = "refused" if kind == REFUSED else "failed"  # as the timeout's answer
                 here = ""
-                if mine is not None and reason.endswith("]") and "[its call: " in reason:
+                if mine is not None and reason.endswith("]") and f"[{ITS_CALL}" in reason:
                     # the failing rank said its call: this rank's beside it
-                    own, theirs = mine(), reason.rpartition("[its call: ")[2][:-1]
+                    own, theirs = mine(), reason.rpartition(f"[{ITS_CALL}")[2][:-1]
                     here = (
                         f"; this rank's call: the same ({own})"
                         if own == theirs

@@ -56,22 +56,26 @@ def _mismatch(
 
 
 def _not_one_each(
-    keys: list[tuple[int, int]], size: int, source: str | None, host: str | None
-) -> str:  # (every rank of the node gave one)
-    """The node's local ranks (``keys``: (local rank, world rank) of every rank on it) that
-    are not 0..size-1 once each: the values given twice or out of range (and by which
-    ranks), those missing."""
+    keys: list[tuple[int, int]],
+    size: int,
+    source: str | None,
+    host: str | None,
+    missing: bool = True,
+) -> str:
+    """The node's local ranks (``keys``: (local rank, world rank) of its ranks) that are not
+    0..size-1 once each: the values given twice or out of range (and by which ranks), and
+    (``missing``: ``keys`` holds every rank of the node) those missing."""
     given: dict[int, list[int]] = {}
     for value, who in sorted(keys, key=lambda k: k[1]):
         given.setdefault(value, []).append(who)
     twice = [f"{v} on ranks {who}" for v, who in sorted(given.items()) if len(who) > 1]
     beyond = [f"{v} on rank(s) {who}" for v, who in sorted(given.items()) if not 0 <= v < size]
-    missing = [v for v in range(size) if v not in given]
+    absent = [v for v in range(size) if v not in given] if missing else []
     parts = [f"given more than once: {'; '.join(twice)}"] if twice else []
     if beyond:
         parts.append(f"out of range: {'; '.join(beyond)}")
-    if missing:
-        parts.append(f"missing: {missing}")
+    if absent:
+        parts.append(f"missing: {absent}")
     return (
         f"local ranks from {source} on this node ({host}: world ranks "
         f"{sorted(who for _, who in keys)}, by {_SPLIT}) are not 0..{size - 1} once each: "
@@ -152,10 +156,10 @@ def verify_launch(info: LaunchInfo, comm: MPI.Intracomm) -> tuple[LaunchInfo, MP
         have = [(lr, r) for lr, r in keys if lr is not None]
         if len({lr for lr, _ in have}) < len(have):
             lack = sorted(r for lr, r in keys if lr is None)
-            twice = _not_one_each(have, local_size, src.get("local_rank"), info.hostname)
-            errors.append(
-                f"{twice.partition(', missing')[0]}; world rank(s) {lack} of this node have none"
+            twice = _not_one_each(
+                have, local_size, src.get("local_rank"), info.hostname, missing=False
             )
+            errors.append(f"{twice}; world rank(s) {lack} of this node have none")
     # Every rank learns which ranks failed and why, so no rank walks on into a hang and
     # each names them.
     heard = comm.allgather(errors[0] if errors else None)

@@ -22,6 +22,21 @@ def plain(world):
     c.free()
 
 
+def validations(comm, monkeypatch):
+    """The list the names of the calls ``comm`` validates from now on are appended to."""
+    d = comm._dispatcher
+    seen = []
+    real = type(d).prepare
+
+    def counting(self, spec, *a, **k):
+        if self is d:
+            seen.append(spec.name)
+        return real(self, spec, *a, **k)
+
+    monkeypatch.setattr(type(d), "prepare", counting)
+    return seen
+
+
 def test_repeat_with_new_contents(plain):
     n, r = plain.size, plain.rank
     x = np.empty(5)
@@ -123,16 +138,7 @@ def test_calls_without_data_are_validated_once(plain, monkeypatch):
     # a barrier, and a scatter on its receiving ranks (data None), were validated on every
     # call (10-26 us against 0.6 us raw at 8 B: an outside hunt)
     n, r = plain.size, plain.rank
-    d = plain._dispatcher
-    seen = []
-    real = type(d).prepare
-
-    def counting(self, spec, *a, **k):
-        if self is d:
-            seen.append(spec.name)
-        return real(self, spec, *a, **k)
-
-    monkeypatch.setattr(type(d), "prepare", counting)
+    seen = validations(plain, monkeypatch)
     out = np.empty(3)
     for step in range(5):
         plain.barrier()
@@ -156,14 +162,7 @@ def test_a_cycle_over_more_descriptions_than_the_cache_holds_stays_mostly_cached
 
     d = plain._dispatcher
     monkeypatch.setattr("hpccomm.dispatch.CACHE_LIMIT", 16)
-    count = [0]
-    real = type(d).prepare
-
-    def counting(self, *a, **k):
-        count[0] += self is d
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(type(d), "prepare", counting)
+    seen = validations(plain, monkeypatch)
     arrays = [np.ones(k + 1) for k in range(17)]
     for _ in range(20):
         for x in arrays:
@@ -171,7 +170,7 @@ def test_a_cycle_over_more_descriptions_than_the_cache_holds_stays_mostly_cached
             plain.all_reduce(x)
             assert x[0] == plain.size
     assert len(d.cache) == 16
-    assert count[0] < 0.5 * 20 * 17, count  # (cleared when full: every one of 340 calls)
+    assert len(seen) < 0.5 * 20 * 17, len(seen)  # (cleared when full: every one of 340 calls)
     assert CACHE_LIMIT == 512
 
 
@@ -427,16 +426,7 @@ def test_object_collectives_are_validated_once_per_root(plain, monkeypatch):
     # type); scatter_object's list on its root, and any root that is refused, every call
     n, r = plain.size, plain.rank
     last = n - 1
-    d = plain._dispatcher
-    seen = []
-    real = type(d).prepare
-
-    def counting(self, spec, *a, **k):
-        if self is d:
-            seen.append(spec.name)
-        return real(self, spec, *a, **k)
-
-    monkeypatch.setattr(type(d), "prepare", counting)
+    seen = validations(plain, monkeypatch)
     roots = (0, last, np.int64(last))
     for step in range(3):
         for root in roots:

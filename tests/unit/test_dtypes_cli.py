@@ -297,16 +297,24 @@ def test_gpu_binding_without_cupy(mpi_env, visible, gpu_arg, expect):
         assert "staying CPU-only: CuPy is not installed" in out.stderr, out.stderr
 
 
+def init_with_gpu(mpiexec, env, ranks, gpu):
+    """``hpccomm.init(gpu=gpu)`` on ``ranks`` ranks under mpiexec; each prints its GPU or
+    "cpu-only"."""
+    code = (
+        f"import hpccomm; c = hpccomm.init(gpu={gpu}); "
+        f"print('cpu-only' if c.device.gpu is None else c.device.gpu)"
+    )
+    return subprocess.run([mpiexec, "--oversubscribe", "-n", str(ranks), sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+
+
 def test_too_few_gpus_for_the_ranks_under_mpiexec(mpiexec, mpi_env):
     env = mpi_env
     env["CUDA_VISIBLE_DEVICES"] = "0,1"
-    code = "import hpccomm; c = hpccomm.init(gpu={}); print('cpu-only' if c.device.gpu is None else c.device.gpu)"
-    auto = subprocess.run([mpiexec, "--oversubscribe", "-n", "3", sys.executable, "-c", code.format("None")],
-                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    auto = init_with_gpu(mpiexec, env, 3, None)
     assert auto.returncode == 0 and auto.stdout.split() == ["cpu-only"] * 3, auto.stderr
     assert "staying CPU-only" in auto.stderr and "would share GPU" in auto.stderr
-    strict = subprocess.run([mpiexec, "--oversubscribe", "-n", "3", sys.executable, "-c", code.format("True")],
-                            capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    strict = init_with_gpu(mpiexec, env, 3, True)
     assert strict.returncode != 0
     assert "local ranks [0, 2] would share GPU 0" in strict.stderr
 
@@ -322,13 +330,10 @@ def test_one_gpu_per_task_without_cupy_names_the_missing_cupy(mpiexec, mpi_env):
         pytest.skip("CuPy is installed: this checks the machine without it")
     env = mpi_env
     env["CUDA_VISIBLE_DEVICES"] = "0"
-    code = "import hpccomm; c = hpccomm.init(gpu={}); print('cpu-only' if c.device.gpu is None else c.device.gpu)"
-    auto = subprocess.run([mpiexec, "--oversubscribe", "-n", "2", sys.executable, "-c", code.format("None")],
-                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    auto = init_with_gpu(mpiexec, env, 2, None)
     assert auto.returncode == 0 and auto.stdout.split() == ["cpu-only"] * 2, auto.stderr
     assert auto.stderr.count("staying CPU-only: CuPy is not installed; and where") == 2, auto.stderr
-    strict = subprocess.run([mpiexec, "--oversubscribe", "-n", "2", sys.executable, "-c", code.format("True")],
-                            capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    strict = init_with_gpu(mpiexec, env, 2, True)
     assert strict.returncode != 0
     for r in (0, 1):
         assert f"init (rank {r} of 2): gpu=True but CuPy is not installed (pip install" in (
