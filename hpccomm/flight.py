@@ -543,13 +543,30 @@ def _short(text: str, limit: int = 100) -> str:
 
 
 def _desc(e: dict[str, Any]) -> str:
-    shape = tuple(e["shape"]) if e.get("shape") is not None else None
-    what = f"{e['op']} #{e['seq']} on {e['group']}"
-    if shape is not None:
-        what += f" {shape} {e['dtype']}"
+    return f"{e['op']} #{e['seq']} on {e['group']}{_args(e)}"
+
+
+def _args(e: dict[str, Any]) -> str:
+    """A record's shape, dtype and call site, as _desc writes them after the call."""
+    what = ""
+    if e.get("shape") is not None:
+        what += f" {tuple(e['shape'])} {e['dtype']}"
     if e.get("site"):
         what += f" at {e['site']}"
     return what
+
+
+def _entered(by_rank: dict[int, dict[str, Any]]) -> str:
+    """One call as the ranks waiting in it entered it: each rank's arguments where they
+    differ (the first rank's alone named them all before)."""
+    sample = next(iter(by_rank.values()))
+    args: dict[str, list[int]] = {}
+    for r in sorted(by_rank):
+        args.setdefault(_args(by_rank[r]), []).append(r)
+    if len(args) == 1:
+        return _desc(sample)
+    each = "; ".join(f"{a.strip() or 'no array'} on {_ranks(rs)}" for a, rs in args.items())
+    return f"{sample['op']} #{sample['seq']} on {sample['group']} ({each})"
 
 
 # the start of a dump's reason when an exception nobody caught ends the rank (runtime)
@@ -972,7 +989,7 @@ def verdicts(
             )
             head += f"different calls ({kinds}) and wait" + ("s" if len(by_rank) == 1 else "")
         else:
-            head += f"{_desc(sample)} and wait" + ("s" if len(by_rank) == 1 else "")
+            head += f"{_entered(by_rank)} and wait" + ("s" if len(by_rank) == 1 else "")
         lines.append(head)
         for r in [m for m in members if m not in by_rank]:
             if r not in docs:

@@ -625,6 +625,13 @@ def test_calls_that_differ_across_ranks_name_the_odd_rank_first():
         "world #1 (all_reduce): the ranks' calls differ: dtype float64 on rank 0 but float32 "
         "on ranks 1-2. world #1: ranks 0,2 entered"
     ), verdict
+    # the stuck call names each rank's arguments (rank 0's alone named both before)
+    assert (
+        "ranks 0,2 entered all_reduce #1 on world ((16,) float64 on rank 0; (16,) float32 on "
+        "rank 2) and wait"
+    ) in verdict, verdict
+    docs[0]["entries"][0]["dtype"] = "float32"  # alike: said once, as before
+    assert "ranks 0,2 entered all_reduce #1 on world (16,) float32 and wait" in analyze(docs, 3)
 
     # roots, reduce ops and shapes; not what may differ by rank (an uneven all_gather's
     # shapes, a gather's other ranks without data)
