@@ -83,6 +83,8 @@ from .ops import (
     BATCH_P2P,
     BROADCAST,
     OVERLAP_CHECKED,
+    RECV,
+    RECV_OBJECT,
     REDUCE,
     SCATTER_OBJECT,
     Call,
@@ -454,6 +456,13 @@ class Dispatcher:
             # (scatter_object's root: validated every call, its list being data)
             if key and not (spec is SCATTER_OBJECT and call.peer == self.group.rank):
                 self._keep(key, call)
+        if spec.p2p and spec is not RECV and spec is not RECV_OBJECT and self.notices is not None:
+            try:
+                self._to_freed(spec, data, call.peer)
+            except HpccommError as exc:
+                if record.error_hooks:
+                    record.report_error(exc)
+                raise
         if spec.objects and not spec.p2p:
             # pickled now, not inside MPI: one that cannot be pickled is a refusal (this
             # rank joins the others' comparison, saying why), where before its peers waited
@@ -536,6 +545,28 @@ class Dispatcher:
         finally:
             if plain:
                 self._inside = None
+
+    def _to_freed(self, spec: OpSpec, data: Any, peer: Any) -> None:
+        """Refuse a send to a member that has freed this group (its notice came): Open MPI
+        gives a freed communicator's id to the next group made, and a message that arrives
+        for the old one is received there: an outside hunt's send of 111s on a group its
+        receiver had freed was the next group's first recv, which was sent 222s (silently,
+        the 222s never received)."""
+        notices = self.notices
+        notices.poll()
+        freed = notices.freed_by.get(self.gid)
+        if not freed:
+            return
+        g = self.group
+        for c in p2p_counterparts(g, spec.name, data, peer, None, 0):
+            w = self.members[c.rank]
+            if c.way == "send" and w in freed:
+                raise PeerError(
+                    f"{where(spec.name, g.rank, g.size, group=g.name)}: {g.peer(c.rank)} freed "
+                    f"this group after its call #{freed[w]}, expected a member that has not: "
+                    f"a message to it would be received by a group made later (MPI gives a "
+                    f"freed communicator's id to the next one); nothing was sent"
+                )
 
     def _keep(self, key: tuple, call: Call) -> None:
         """Cache a validated call under ``key``."""

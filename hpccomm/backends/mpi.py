@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -361,43 +362,6 @@ class _Received:
         return st.Get_source()
 
 
-class _SelfReceived(_Received):
-    """A posted receive from this rank itself: Open MPI's self transport cuts a longer
-    message to the buffer without reporting MPI_ERR_TRUNCATE when the receive was posted
-    before the send (measured, Open MPI 5.0.11: Irecv of 2 doubles from itself, then an Isend
-    of 6: status count 2, no error, the first 2 elements in the buffer; the other order, and
-    every other transport, report it). So it receives into one element more, then copies: a
-    longer message is a MismatchError and the buffer stays unchanged."""
-
-    __slots__ = ("target", "what")
-
-    def __init__(
-        self, call: Call, comm: MPI.Intracomm, x: Any, mt: MPI.Datatype, src: int, tag: int,
-        what: str = "the receive",
-    ) -> None:  # fmt: skip
-        scratch = np.empty(x.size + 1, x.dtype)
-        super().__init__(call, comm.Irecv([scratch, mt], src, tag), scratch, mt)
-        self.count = x.size
-        self.target = x
-        self.what = what
-
-    def outcome(self) -> int:
-        scratch, target = self.keep, self.target
-        self.target = None
-        got = self.status.Get_count(self.mt)
-        if got != MPI.UNDEFINED and got > self.count:
-            self.keep = None
-            raise MismatchError(
-                f"{self.call.where(self.seq)}: {self.what} matched a message from this rank "
-                f"itself (tag {self.status.Get_tag()}) longer than the buffer's {self.count} "
-                f"elements; it was received into scratch memory and dropped, the buffer is "
-                f"unchanged"
-            )
-        if got != MPI.UNDEFINED and got > 0:
-            flat(target)[:got] = scratch[:got]
-        return super().outcome()
-
-
 def _received(st: Any, mt: Any, got: int) -> str:
     """What a receive got, in words: ``got`` elements of ``mt``, or where the message is not
     a whole number of them (MPI_Get_count is MPI_UNDEFINED: it was printed as -32766
@@ -502,6 +466,137 @@ class _ProbedRecv(_Received):
                 f"{self.call.group.peer(st.Get_source())} (tag {st.Get_tag()}), longer than the buffer's {n:,} "
                 f"elements ({n * item:,} bytes); the message was received into scratch memory "
                 f"and dropped, the buffer is unchanged"
+            )
+        return super().outcome()
+
+
+class _SelfQueue:
+    """This rank's receives from itself on one communicator, in the order they were posted,
+    matched only when one of them is tested or waited for (only this process's own sends
+    can match them). A posted receive cannot be used: Open MPI 5.0.11's self transport cut
+    a longer message to a receive posted before the send without an error up to its eager
+    limit (btl_self_eager_limit, 1,024 bytes: an Irecv of 2 doubles from itself, then a
+    send of 6, gave the first 2), and above it copied the whole message past the end of the
+    buffer (an outside hunt: an irecv of 2 doubles, then a send of 70,000, segfaulted or
+    hung; 130-8,000 raised MPI_ERR_TRUNCATE and the heap was corrupt, a segfault at exit).
+    Matched here, a message's size is known before any data moves, as a blocking receive's
+    is (_ProbedRecv). The order is MPI's: a receive takes a message only when no receive
+    posted before it that could take that message (the same tag, or any tag) is waiting, so
+    two receives with one tag get the messages in the order they were sent. Matched when a
+    receive is posted and when this rank has posted a send to itself, as MPI matches: a
+    blocking send to itself above the eager limit, after an irecv from itself, waits for
+    its receive to be matched."""
+
+    __slots__ = ("comm", "lock", "waiting")
+
+    def __init__(self, comm: MPI.Comm) -> None:
+        self.comm = comm
+        self.lock = threading.Lock()
+        self.waiting: list[_SelfReceived] = []
+
+    def add(self, receive: _SelfReceived) -> None:
+        """Queue a receive just posted, and match it at once if its message is there."""
+        with self.lock:
+            self.waiting.append(receive)
+        self.match()
+
+    def withdraw(self, receive: _SelfReceived) -> bool:
+        """Take ``receive`` off the queue if no message has matched it yet (returns whether
+        it was taken off: then no message is or will be received into its buffer)."""
+        with self.lock:
+            if receive.matched:
+                return False
+            self.waiting = [r for r in self.waiting if r is not receive]
+            return True
+
+    def match(self) -> None:
+        """Match what messages this rank has sent itself to the waiting receives, in order."""
+        with self.lock:
+            left: list[_SelfReceived] = []
+            blocked: set[int] = set()  # tags a receive still waiting before holds
+            waiting = self.waiting
+            i = 0
+            try:
+                for i, r in enumerate(waiting):  # noqa: B007 - (i: see finally)
+                    if blocked and (_ANY_TAG in blocked or r.tag in blocked or r.tag == _ANY_TAG):
+                        left.append(r)
+                        blocked.add(r.tag)
+                        continue
+                    msg = self.comm.Improbe(r.src, r.tag, r.status)
+                    if msg is None:
+                        left.append(r)
+                        blocked.add(r.tag)
+                    else:
+                        r.take(msg)
+                i = len(waiting)
+            finally:  # (an error in one: the rest stay, the matched ones go)
+                self.waiting = left + [r for r in waiting[i:] if not r.matched]
+
+
+class _SelfReceived(_ProbedRecv):
+    """A receive from this rank itself (see _SelfQueue): matched in order when tested or
+    waited for; a longer message is received into scratch memory and dropped (a
+    MismatchError, the buffer unchanged), a shorter one is a MismatchError as from any
+    rank. ``blocking``: a blocking recv or sendrecv, which a timeout withdraws (nothing
+    stays posted, as for a blocking receive from another rank); an async one stays in the
+    queue, as a posted receive stays posted."""
+
+    __slots__ = ("queue", "what", "blocking")
+
+    def __init__(
+        self, call: Call, queue: _SelfQueue, x: Any, mt: MPI.Datatype, src: int, tag: int,
+        what: str = "the receive", *, blocking: bool = False,
+    ) -> None:  # fmt: skip
+        super().__init__(call, queue.comm, x, mt, src, tag)
+        self.queue = queue
+        self.what = what
+        self.blocking = blocking
+        queue.add(self)
+
+    @property
+    def posted(self) -> bool:
+        """Whether a message sent to itself later may still be received into the buffer."""
+        return not self.done
+
+    def take(self, msg: MPI.Message) -> None:
+        """The message the queue matched to this receive."""
+        if self._fits(msg):
+            self.req = msg.Irecv([self.keep, self.mt])
+        else:
+            self.done = True
+
+    def test(self) -> bool:
+        if self.done:
+            return True
+        if not self.matched:
+            self.queue.match()
+            if not self.matched or self.done:
+                return self.done
+        self.done = self.req == _NULL or self.req.Test(self.status)
+        return self.done
+
+    def wait(self, timeout: float | None) -> bool:
+        done = wait_bounded(self.test, math.inf if timeout is None else timeout)
+        if not done and self.blocking and self.queue.withdraw(self):
+            self.done = True  # (withdrawn: nothing posted; its Work is over)
+            self.matched = False
+        return done
+
+    def withdraw(self) -> None:
+        """Off the queue (a batch that failed to post); one matched already completes."""
+        if not self.queue.withdraw(self) and not self.done:
+            self.req.Wait(self.status)
+            self.done = True
+
+    def outcome(self) -> int:
+        if self.longer:
+            self.keep = None
+            n = self.count
+            raise MismatchError(
+                f"{self.call.where(self.seq)}: {self.what} matched a message from this rank "
+                f"itself (tag {self.status.Get_tag()}) of {self.longer:,} bytes, longer than the "
+                f"buffer's {n:,} elements ({n * self.mt.Get_size():,} bytes); it was received "
+                f"into scratch memory and dropped, the buffer is unchanged"
             )
         return super().outcome()
 
@@ -921,6 +1016,7 @@ class MPIBackend:
         self._objects_comm = MPI._commctx_intra(self.mpi)[0] if objects else None
         self.checks = self.mpi.Dup()
         self.data = self.mpi.Dup()
+        self._selves = _SelfQueue(self.mpi)  # receives from this rank itself, in order
         # (next() on a count is one step under the GIL: two threads sending at once never
         # draw the same tag, as a read-add-write of an int could)
         self._data_tag = itertools.count(1)
@@ -1269,36 +1365,52 @@ class MPIBackend:
     # -- point-to-point (started; the dispatch waits or hands out a Work) ---------------
 
     def _send(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> _Sent:
-        return _Sent(self.mpi.Isend([x, call.how], call.peer, call.tag), x)
+        sent = _Sent(self.mpi.Isend([x, call.how], call.peer, call.tag), x)
+        if call.peer == self.rank:  # (see _SelfQueue)
+            self._selves.match()
+        return sent
 
     def _recv(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> _Received:
         mt = call.how
         src, tag = _source_tag(call)
         if src == self.rank:  # (see _SelfReceived)
-            return _SelfReceived(call, self.mpi, x, mt, src, tag)
+            return _SelfReceived(call, self._selves, x, mt, src, tag)
         return _Received(call, self.mpi.Irecv([x, mt], src, tag), x, mt)
 
     def _recv_blocking(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> _ProbedRecv:
-        return _ProbedRecv(call, self.mpi, x, call.how, *_source_tag(call))
+        src, tag = _source_tag(call)
+        if src == self.rank:  # (see _SelfQueue: in order with the posted ones)
+            return _SelfReceived(call, self._selves, x, call.how, src, tag, blocking=True)
+        return _ProbedRecv(call, self.mpi, x, call.how, src, tag)
 
     def _sendrecv_blocking(self, call: Call, x: np.ndarray, out: np.ndarray, stream: Any) -> _All:
         """A sendrecv waited for at once: the send is posted, the receive probed (as a
         blocking recv is) while it is in flight."""
         sent = _Sent(self.mpi.Isend([x, call.how], call.peer, call.tag), x)
+        if call.peer == self.rank:  # (see _SelfQueue)
+            self._selves.match()
         src = _ANY_SOURCE if call.src is None else call.src
+        if src == self.rank:  # (see _SelfQueue)
+            own = _SelfReceived(call, self._selves, out, call.how, src, call.tag, blocking=True)
+            return _All([own, sent], out)
         return _All([_ProbedRecv(call, self.mpi, out, call.how, src, call.tag), sent], out)
 
     def _sendrecv(self, call: Call, x: np.ndarray, out: np.ndarray, stream: Any) -> Requests | _All:
         mt = call.how
         src = _ANY_SOURCE if call.src is None else call.src
         tag = call.tag
-        if src == self.rank:  # (see _SelfReceived)
-            recv = _SelfReceived(call, self.mpi, out, mt, src, tag)
-            return _All([recv, _Sent(self.mpi.Isend([x, mt], call.peer, tag), x)], out)
+        if src == self.rank:  # (see _SelfQueue)
+            recv = _SelfReceived(call, self._selves, out, mt, src, tag)
+            sent = _Sent(self.mpi.Isend([x, mt], call.peer, tag), x)
+            if call.peer == self.rank:
+                self._selves.match()
+            return _All([recv, sent], out)
         reqs = [
             self.mpi.Irecv([out, mt], src, tag),
             self.mpi.Isend([x, mt], call.peer, tag),
         ]
+        if call.peer == self.rank:  # (see _SelfQueue)
+            self._selves.match()
         return Requests(call, reqs, out, checks=((0, out.size, mt, "the receive"),), keep=(x, out))
 
     def _batch(self, call: Call, items: list[P2POp], out: Any, stream: Any) -> Requests | _All:
@@ -1315,7 +1427,7 @@ class MPIBackend:
                 tag = _ANY_TAG if p.tag is None else p.tag  # (None: any tag)
                 if p.peer == self.rank:
                     own = _SelfReceived(
-                        call, self.mpi, b.array, mt, p.peer, tag, f"ops[{i}] (recv)"
+                        call, self._selves, b.array, mt, p.peer, tag, f"ops[{i}] (recv)"
                     )
                     selves.append(own)
                     continue
@@ -1329,8 +1441,10 @@ class MPIBackend:
                 else:
                     ORPHANS.append((_Sent(req, items), f"{call}: a send of a batch that failed"))
             for own in selves:
-                _withdraw(own.req)
+                own.withdraw()
             raise
+        if any(p.op == "send" and p.peer == self.rank for p in items):  # (see _SelfQueue)
+            self._selves.match()
         requests = Requests(call, reqs, None, checks=checks, keep=items)
         return _All([requests, *selves], None) if selves else requests
 

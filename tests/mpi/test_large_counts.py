@@ -90,8 +90,9 @@ def test_other_operations_name_the_limit(small_limit):
 
 
 def test_a_receive_from_itself_in_pieces(small_limit):
-    # each piece of a receive from this rank itself goes to scratch (see _SelfReceived): the
-    # pieces' requests were gathered without copying back (the buffer stayed unchanged)
+    # each piece of a receive from this rank itself is a receive of its own (see _SelfQueue),
+    # matched in order: the pieces' requests were once gathered without copying back (the
+    # buffer stayed unchanged)
     comm = small_limit
     me = comm.rank
     count = 2 * LIMIT + 345

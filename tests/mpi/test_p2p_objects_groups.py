@@ -1111,22 +1111,39 @@ def test_a_longer_message_to_a_receive_posted_from_this_rank_itself_is_refused(c
 
     c, me = comm.dup(), comm.rank
     try:
-        longer = r"matched a message from this rank itself \(tag 3\) longer than the buffer's 2 "
-        x = np.full(2, -1.0)
-        w = c.irecv(x, me, tag=3)
-        c.send(np.arange(6.0), me, tag=3)
-        with pytest.raises(MismatchError, match=r"recv #\d+ on .*: the receive " + longer):
+        # above Open MPI's self transport's eager limit (1,024 bytes) the posted receive
+        # was written past its end (a segfault, a hang, or a corrupt heap: an outside hunt)
+        for n in (6, 130, 70_000):
+            longer = (
+                rf"matched a message from this rank itself \(tag 3\) of {n * 8:,} bytes, longer "
+                r"than the buffer's 2 elements \(16 bytes\); it was received into scratch memory "
+                r"and dropped, the buffer is unchanged"
+            )
+            x = np.full(2, -1.0)
+            w = c.irecv(x, me, tag=3)
+            c.send(np.arange(float(n)), me, tag=3)
+            with pytest.raises(MismatchError, match=r"recv #\d+ on .*: the receive " + longer):
+                w.wait()
+            assert (x == -1).all()  # unchanged
+            w = c.sendrecv(np.arange(float(n)), dst=me, src=me, out=x, tag=3, async_op=True)
+            with pytest.raises(MismatchError, match=r"sendrecv #\d+ on .*: the receive " + longer):
+                w.wait()
+            with pytest.raises(MismatchError, match=r"sendrecv #\d+ on .*: the receive " + longer):
+                c.sendrecv(np.arange(float(n)), dst=me, src=me, out=x, tag=3)
+            w = c.batch_isend_irecv(
+                [P2POp("recv", x, me, tag=3), P2POp("send", np.arange(float(n)), me, tag=3)]
+            )
+            with pytest.raises(MismatchError, match=r"ops\[0\] \(recv\) " + longer):
+                w.wait()
+            w = c.isend(np.arange(float(n)), me, tag=3)  # the send first, then the receives
+            with pytest.raises(MismatchError, match=r"recv #\d+ on .*: the receive " + longer):
+                c.irecv(x, me, tag=3).wait()
             w.wait()
-        assert (x == -1).all()  # unchanged
-        w = c.sendrecv(np.arange(6.0), dst=me, src=me, out=x, tag=3, async_op=True)
-        with pytest.raises(MismatchError, match=r"sendrecv #\d+ on .*: the receive " + longer):
+            w = c.isend(np.arange(float(n)), me, tag=3)
+            with pytest.raises(MismatchError, match=r"recv #\d+ on .*: the receive " + longer):
+                c.recv(x, me, tag=3)
             w.wait()
-        w = c.batch_isend_irecv(
-            [P2POp("recv", x, me, tag=3), P2POp("send", np.arange(6.0), me, tag=3)]
-        )
-        with pytest.raises(MismatchError, match=r"ops\[0\] \(recv\) " + longer):
-            w.wait()
-        assert (x == -1).all()
+            assert (x == -1).all()
         # the right sizes, odd and large, and a shorter message (named, as from a peer)
         for n in (1, 3, 100_003, 1 << 20):
             y = np.zeros(n, np.int32)
@@ -1148,6 +1165,49 @@ def test_a_longer_message_to_a_receive_posted_from_this_rank_itself_is_refused(c
         with pytest.raises(MismatchError, match=r"got 2 elements .*expected 4"):
             w.wait()
         assert list(y) == [1, 1, -1, -1]
+    finally:
+        c.free()
+
+
+def test_receives_from_this_rank_itself_take_its_messages_in_order(comm):
+    # matched when tested (see _SelfQueue), in the order posted, as MPI matches: the first
+    # receive posted takes the first message, whichever is waited for first; a blocking
+    # recv after a pending irecv takes the second; a blocking send above the eager limit
+    # after an irecv completes (its receive is matched at the send)
+    from hpccomm import CommTimeoutError
+
+    c, me = comm.dup(), comm.rank
+    try:
+        for n in (3, 70_001):
+            a, b, d = (np.zeros(n, np.int32) for _ in range(3))
+            wa = c.irecv(a, me, tag=8)
+            wb = c.irecv(b, me, tag=None)  # (any tag: after wa, it takes what wa does not)
+            c.send(np.full(n, 1, np.int32), me, tag=8)
+            c.send(np.full(n, 2, np.int32), me, tag=9)
+            assert wb.wait(timeout=30) == me and wa.wait(timeout=30) == me
+            assert (a == 1).all() and (b == 2).all()
+            wa = c.irecv(a, me, tag=7)
+            s1 = c.isend(np.full(n, 3, np.int32), me, tag=7)
+            s2 = c.isend(np.full(n, 4, np.int32), me, tag=7)
+            assert c.recv(d, me, tag=7) == me and (d == 4).all()
+            assert wa.wait(timeout=30) == me and (a == 3).all()
+            s1.wait(timeout=30)
+            s2.wait(timeout=30)
+            # a batch's receives in their order, a timed-out blocking recv withdrawn
+            w = c.batch_isend_irecv([
+                P2POp("recv", a, me, tag=5), P2POp("recv", b, me, tag=5),
+                P2POp("send", np.full(n, 5, np.int32), me, tag=5),
+                P2POp("send", np.full(n, 6, np.int32), me, tag=5),
+            ])  # fmt: skip
+            w.wait(timeout=30)
+            assert (a == 5).all() and (b == 6).all()
+            c.timeout = 0.2
+            with pytest.raises(CommTimeoutError, match="Nothing stays posted"):
+                c.recv(d, me, tag=4)
+            c.timeout = None
+            w = c.irecv(a, me, tag=4)
+            c.send(np.full(n, 7, np.int32), me, tag=4)
+            assert w.wait(timeout=30) == me and (a == 7).all() and (d == 4).all()
     finally:
         c.free()
 
@@ -1229,3 +1289,46 @@ def test_live_groups_made_alike_have_names_of_their_own(comm):
         c.broadcast(np.ones(2), c.size + 5)  # (refused on every rank alike)
     for g in (a, c, d):
         g.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_send_to_a_rank_that_freed_the_group_is_refused(world):
+    # rank 1 freed g, rank 0 then sent on it: Open MPI gave the next group g's id, and its
+    # first recv on rank 1 took g's message (111s, where 222s were sent; an outside hunt)
+    from hpccomm import PeerError
+
+    me = world.rank
+    for way in ("send", "isend", "sendrecv", "batch", "send_object"):
+        g = world.dup()
+        if me == 1:
+            g.free()
+        world.barrier()
+        if me == 0:
+            time.sleep(0.05)  # (notices are looked for at most every 20 ms)
+            x, y = np.full(4, 111.0), np.zeros(4)
+            send = {
+                "send": lambda: g.send(x, 1),
+                "isend": lambda: g.isend(x, 1),
+                "sendrecv": lambda: g.sendrecv(x, dst=1, src=1, out=y),
+                "batch": lambda: g.batch_isend_irecv([P2POp("send", x, 1)]),
+                "send_object": lambda: g.send_object({"a": 1}, 1),
+            }[way]
+            with pytest.raises(
+                PeerError,
+                match=rf"^{way.removeprefix('i').replace('batch', 'batch_isend_irecv')} on "
+                r"world/dup \(rank 0 of \d+\): rank 1 freed this group after its call #0, "
+                r".*nothing was sent",
+            ):
+                send()
+            g.free()
+        h = world.dup()
+        if me == 0:
+            h.send(np.full(4, 222.0), 1)
+        elif me == 1:
+            y = np.zeros(4)
+            h.recv(y, 0)
+            assert (y == 222).all(), (way, y)
+        h.free()
+        if me > 1:
+            g.free()
+        world.barrier()
