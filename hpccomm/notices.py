@@ -104,12 +104,16 @@ def _ranks(ranks: Sequence[int], members: Sequence[int]) -> str:
 
 class NoticeBoard:
     """The job's failure notices, on one communicator (mpi4py's object API: isend, iprobe,
-    recv). ``any_source`` is MPI.ANY_SOURCE (passed in: this module does not import MPI)."""
+    recv). ``any_source`` is MPI.ANY_SOURCE, ``failures`` the error classes of a process
+    failure (MPI_ERR_PROC_FAILED, _PENDING; passed in: this module does not import MPI)."""
 
-    def __init__(self, comm: Any, any_source: int) -> None:
+    def __init__(self, comm: Any, any_source: int, failures: tuple[int, ...] = ()) -> None:
         self.comm = comm
         self.world_rank = comm.Get_rank()
         self.any_source = any_source
+        self.failures = failures
+        # the first process failure a poll acknowledged (ULFM): it ends a departure's wait
+        self.failure: BaseException | None = None
         # per group id: (seq, op, group rank, world rank, reason, kind: see post)
         self.received: dict[str, list[tuple[int, str, int, int, str, str]]] = {}
         self._sent: list[Any] = []
@@ -198,7 +202,22 @@ class NoticeBoard:
     def _drop_sent(self) -> None:
         """Let go of the notices MPI has sent (the rest are cancelled at close)."""
         with self._sent_lock:
-            self._sent = [r for r in self._sent if not r.Test()]
+            self._sent = [r for r in self._sent if not self._sent_yet(r)]
+
+    def _sent_yet(self, req: Any) -> bool:
+        """Whether MPI is done with a notice's send (one to a failed rank is, under ULFM:
+        its error is no error of the call this rank is making)."""
+        try:
+            return bool(req.Test())
+        except Exception as exc:
+            if self._failure(exc):
+                return True
+            raise
+
+    def _failure(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is MPI's word of a failed process (ULFM)."""
+        get = getattr(exc, "Get_error_class", None)
+        return get is not None and get() in self.failures
 
     def poll(self, force: bool = False) -> None:
         """Receive the notices that arrived (at most every POLL_INTERVAL unless ``force``)."""
@@ -206,8 +225,27 @@ class NoticeBoard:
         if not force and now - self._last < POLL_INTERVAL:
             return
         self._last = now
+        acks = 0
         while True:  # matched probes: another thread polling cannot take the message
-            msg = self.comm.improbe(source=self.any_source, tag=NOTICE_TAG)
+            try:
+                msg = self.comm.improbe(source=self.any_source, tag=NOTICE_TAG)
+            except Exception as exc:
+                # under ULFM a receive from any rank fails once a rank of the job has
+                # failed, until the failure is acknowledged; it escaped into the call this
+                # rank was waiting in, whose group (without the failed rank) was revoked:
+                # survivors could not go on on their own groups (an outside hunt)
+                if not self._failure(exc):
+                    raise
+                if self.failure is None:
+                    self.failure = exc
+                if acks == 3:  # (failures keep coming: the next poll looks again)
+                    return
+                acks += 1
+                try:
+                    self.comm.Ack_failed()
+                except Exception:  # noqa: BLE001 - an MPI without the call: no notices
+                    return
+                continue
             if msg is None:
                 return
             gid, *rest = msg.recv()
@@ -437,6 +475,8 @@ class NoticeBoard:
         all_left: float | None = None
         while True:
             self.poll(force=True)
+            if self.failure is not None:  # (a failed rank never says it leaves)
+                raise self.failure
             self._drop_sent()
             now = time.monotonic()
             waiting = [w for w in others if w not in self.departed]

@@ -808,7 +808,11 @@ def init(
     # an earlier world concerns no group of this one.
     global _board, _worlds
     if _board is None:
-        _board = NoticeBoard(MPI.COMM_WORLD.Dup(), MPI.ANY_SOURCE)
+        _board = NoticeBoard(
+            MPI.COMM_WORLD.Dup(),
+            MPI.ANY_SOURCE,
+            (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING),
+        )
     notices = _board
     _worlds += 1
     _world = Communicator(

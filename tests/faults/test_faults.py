@@ -758,6 +758,45 @@ def test_receive_from_a_killed_peer_waited_for_after_free_is_a_peer_error(launch
         assert job.of(rank, "freed")["cls"] is None, job.of(rank, "freed")
 
 
+def test_survivors_go_on_on_their_own_group_after_a_kill_with_ulfm(launch):
+    # rank 2 killed; ranks 1 and 3 go on with sends, receives and all_reduces on their own
+    # group, bounded: a bounded wait looked for notices with a receive from any rank on the
+    # job's notice communicator, which ULFM fails once a rank has failed (until it is
+    # acknowledged): that error was taken for the group's own, the group revoked, every
+    # receive and all_reduce there a PeerError, then ClosedError (an outside hunt)
+    job = launch(
+        4,
+        """
+        c = hpccomm.init(timeout=5)
+        g = c.new_group([1, 3])
+        c.barrier()
+        if c.rank == 2:
+            os.kill(os.getpid(), 9)
+        if c.rank in (1, 3):
+            time.sleep(0.5 if c.rank == 3 else 0)  # (rank 1 waits, bounded, meanwhile)
+            for i in range(4):
+                x = np.full(4, c.rank, np.float32)
+                outcome(c, f"ar{i}", lambda: g.all_reduce(x).tolist())
+                if c.rank == 3:
+                    time.sleep(0.2)
+                    outcome(c, f"p2p{i}", lambda: g.send(np.full(4, i, np.float32), 0, tag=i))
+                else:
+                    y = np.zeros(4, np.float32)
+                    outcome(c, f"p2p{i}", lambda: (g.recv(y, 1, tag=i), y.tolist())[1])
+        """,
+        args=("--with-ft", "ulfm"),
+    )
+    for rank in (1, 3):
+        for i in range(4):
+            got = job.of(rank, f"ar{i}")
+            assert got["cls"] is None and got["value"] == repr([4.0] * 4), got
+            got = job.of(rank, f"p2p{i}")
+            assert got["cls"] is None, got
+            if rank == 1:
+                assert got["value"] == repr([float(i)] * 4), got
+    assert job.seconds < 45
+
+
 def test_peer_that_exits_before_init(launch):
     # A clean exit (status 0) before MPI_Init leaves the launcher waiting and rank 0 inside
     # MPI_Init for good: the bounded init ends it. (A non-zero exit is the launcher's to
