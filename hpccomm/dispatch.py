@@ -553,6 +553,8 @@ class Dispatcher:
         receiver had freed was the next group's first recv, which was sent 222s (silently,
         the 222s never received)."""
         notices = self.notices
+        if notices is None:  # (no init: refused elsewhere)
+            return
         notices.poll()
         freed = notices.freed_by.get(self.gid)
         if not freed:

@@ -1307,11 +1307,11 @@ def test_a_send_to_a_rank_that_freed_the_group_is_refused(world):
             time.sleep(0.05)  # (notices are looked for at most every 20 ms)
             x, y = np.full(4, 111.0), np.zeros(4)
             send = {
-                "send": lambda: g.send(x, 1),
-                "isend": lambda: g.isend(x, 1),
-                "sendrecv": lambda: g.sendrecv(x, dst=1, src=1, out=y),
-                "batch": lambda: g.batch_isend_irecv([P2POp("send", x, 1)]),
-                "send_object": lambda: g.send_object({"a": 1}, 1),
+                "send": lambda g, x, y: g.send(x, 1),
+                "isend": lambda g, x, y: g.isend(x, 1),
+                "sendrecv": lambda g, x, y: g.sendrecv(x, dst=1, src=1, out=y),
+                "batch": lambda g, x, y: g.batch_isend_irecv([P2POp("send", x, 1)]),
+                "send_object": lambda g, x, y: g.send_object({"a": 1}, 1),
             }[way]
             with pytest.raises(
                 PeerError,
@@ -1319,7 +1319,7 @@ def test_a_send_to_a_rank_that_freed_the_group_is_refused(world):
                 r"world/dup \(rank 0 of \d+\): rank 1 freed this group after its call #0, "
                 r".*nothing was sent",
             ):
-                send()
+                send(g, x, y)
             g.free()
         h = world.dup()
         if me == 0:
