@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import fcntl
+import importlib.util
 import os
 import re
 import runpy
@@ -1570,20 +1571,46 @@ def _main(argv: Sequence[str] | None = None) -> int:
     whose backend is "mpi" (or "hpccomm") on hpccomm, under mpiexec or srun, with RANK,
     WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE set as torchrun sets them."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
+    if args and args[0] in ("-h", "--help"):
         print(_main.__doc__)
-        return 0 if args else 2
+        return 0
+    # what to run is checked before MPI starts, as python checks it (a mistyped name was a
+    # traceback on every rank and an aborted job; an outside hunt)
+    usage = "usage: python -m hpccomm.torch script.py [args] | -m MODULE [args]"
+    if not args:
+        print(f"{usage}: no script given", file=sys.stderr)
+        return 2
+    if args[0] == "-m":
+        if len(args) < 2:
+            print(f"{usage}: -m: MODULE is missing", file=sys.stderr)
+            return 2
+        try:
+            spec = importlib.util.find_spec(args[1])
+        except (ImportError, ValueError) as exc:  # a parent package that is not there
+            spec, why = None, f"{type(exc).__name__}: {exc}"
+        else:
+            why = f"No module named {args[1]}"
+        if spec is None:
+            print(f"python -m hpccomm.torch: -m {args[1]}: {why}", file=sys.stderr)
+            return 2
+    elif not os.path.isfile(args[0]):
+        print(
+            f"python -m hpccomm.torch: can't open file {os.path.abspath(args[0])!r}: "
+            f"{'it is a directory' if os.path.isdir(args[0]) else 'no such file'}",
+            file=sys.stderr,
+        )
+        return 2
     _set_launch_env(hpccomm_init())  # (mpiexec and srun set none of them)
     register()
     serve_mpi()
     sys.argv = args
     if args[0] == "-m":
-        if len(args) < 2:
-            print("python -m hpccomm.torch -m MODULE [args]: MODULE is missing")
-            return 2
         sys.argv = args[1:]
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)
     else:
+        # the script's folder first on the path, as `python script.py` and torchrun put it
+        # (a script importing a module beside it failed when run from another folder)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
         runpy.run_path(args[0], run_name="__main__")
     return 0
 

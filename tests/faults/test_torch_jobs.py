@@ -4,6 +4,8 @@ job ends, naming it, instead of hanging)."""
 
 import importlib.util
 import re
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -69,6 +71,35 @@ def test_unchanged_mpi_backend_script_is_served(launch):
         # numbers ranks 1 and 2 the other way round)
         local, launcher = d["local"]
         assert d["env"] == [str(r), "3", str(local), "3"] and str(local) == launcher, d
+
+
+def test_the_launcher_runs_a_script_as_python_does(launch, tmp_path):
+    # the script's folder is on the path (a module beside it failed to import when run from
+    # another folder); what to run is checked before MPI starts: one line, status 2, where
+    # a mistyped name was a traceback on every rank and an aborted job (an outside hunt)
+    (tmp_path / "beside_it.py").write_text("VALUE = 42\n")
+    job = launch(
+        2,
+        """
+        import beside_it
+        report(hpccomm.init(), "imported", value=beside_it.VALUE)
+        """,
+        python=("-m", "hpccomm.torch"),
+    )
+    assert job.rc == 0, job.stderr[-3000:]
+    assert job.of(0, "imported")["value"] == job.of(1, "imported")["value"] == 42
+    python = sys.executable
+    for args, said in (
+        ([], "no script given"),
+        (["-m"], "-m: MODULE is missing"),
+        (["-m", "no_such_module_here"], "-m no_such_module_here: No module named"),
+        ([str(tmp_path / "trian.py")], f"can't open file {str(tmp_path / 'trian.py')!r}: no such"),
+    ):
+        proc = subprocess.run(
+            [python, "-m", "hpccomm.torch", *args], capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 2 and said in proc.stderr and not proc.stdout, (args, proc)
+        assert proc.stderr.count("\n") == 1, proc.stderr
 
 
 def test_ddp_example_runs(launch):
