@@ -128,6 +128,15 @@ _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 _AVERAGE = {0: "rank 0", 1: "average", 2: "minimum", 3: "maximum"}
 
 
+def _over_ranks(average: str) -> str:
+    """-a as the header says it ("rank 0 over ranks" read as nonsense)."""
+    return (
+        "rank 0's (the group's rank 0 with --group)"
+        if average == "rank 0"
+        else (f"{average} over ranks")
+    )
+
+
 def busbw_factor(op: str, n: int) -> float:
     """nccl-tests' bus-bandwidth factor of ``op`` on ``n`` ranks (see :data:`FACTORS`)."""
     return FACTORS[op](n)
@@ -280,6 +289,12 @@ class BenchOptions:
                         f"{', '.join(FACTORS)} or all"
                     )
                 ops.append(name)
+        if not ops:  # ("-o ''" or "-o ,": a table of nothing, status 0)
+            given = ", ".join(repr(raw) for raw in self.ops)
+            raise InvalidArgumentError(
+                f"bench: -o {given}: no operation given, expected one of {', '.join(FACTORS)} "
+                f"or all"
+            )
         dtype = _DTYPE_ALIASES.get(self.dtype.lower(), self.dtype.lower())
         if dtype not in _DTYPES:
             raise InvalidArgumentError(
@@ -1043,7 +1058,7 @@ def format_table(doc: dict[str, Any]) -> str:
     lines = [
         f"# hpccomm bench: {doc['ranks']} ranks, {doc['mpi']}",
         f"# {','.join(o['ops'])}, -d {o['dtype']}, -r {o['redop']}, -n {o['iters'] or 'auto'}, "
-        f"-w {warmup}, -c {int(o['check'])}, time = {doc['average']} over ranks of the "
+        f"-w {warmup}, -c {int(o['check'])}, time = {_over_ranks(doc['average'])} of the "
         f"mean of n calls, median of {o['rounds']} rounds"
         + (", --device" if o["device"] else "")
         + (", --symmetric" if o.get("symmetric") else ""),

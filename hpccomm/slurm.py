@@ -232,13 +232,12 @@ def render(opts: BatchOptions) -> str:
             d.append(_directive(name, value))
     d.extend(opts.extra)
     d += ["", "set -euo pipefail"]
-    if opts.cpus_per_task:
-        d.append("export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}")
-        d.append(
-            "export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}  # Slurm 22.05-23.02: srun does not inherit it"
-        )
-    else:
-        d.append("export OMP_NUM_THREADS=1")
+    # (also without --cpus-per-task: `sbatch -c 8 job.sh` sets it at submission, and the
+    # script gave each rank 1 thread, and 1 CPU under Slurm 22.05-23.02; an outside hunt)
+    d.append("export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}")
+    d.append(
+        "export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}  # Slurm 22.05-23.02: srun does not inherit it"
+    )
     if opts.gpus_per_node or opts.gpus_per_task:
         d.append("export CUDA_DEVICE_ORDER=PCI_BUS_ID")
         d.append("export NCCL_DEBUG=${NCCL_DEBUG:-WARN}")

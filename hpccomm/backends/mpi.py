@@ -29,7 +29,14 @@ from .. import ops as O
 from ..buffers import flat
 from ..debug import HEADER_WORDS, decode_header, encode_header
 from ..dtypes import ARITHMETIC_UFUNCS, SUPPORTED_DTYPES
-from ..errors import BackendError, HpccommError, InvalidArgumentError, MismatchError, PeerError
+from ..errors import (
+    BackendError,
+    ClosedError,
+    HpccommError,
+    InvalidArgumentError,
+    MismatchError,
+    PeerError,
+)
 from ..ops import Call, P2POp
 from ..work import ORPHANS, wait_bounded
 
@@ -487,12 +494,23 @@ class _SelfQueue:
     blocking send to itself above the eager limit, after an irecv from itself, waits for
     its receive to be matched."""
 
-    __slots__ = ("comm", "lock", "waiting")
+    __slots__ = ("comm", "lock", "waiting", "closed")
 
     def __init__(self, comm: MPI.Comm) -> None:
         self.comm = comm
         self.lock = threading.Lock()
         self.waiting: list[_SelfReceived] = []
+        self.closed = False
+
+    def close(self) -> None:
+        """The group is freed: the receives still waiting (of Works dropped unwaited:
+        free() refuses while others run) will never be matched, and are over (probed on
+        the freed communicator, MPI_Improbe aborted the job: MPI_ERR_COMM)."""
+        with self.lock:
+            self.closed = True
+            for r in self.waiting:
+                r.done = r.abandoned = True
+            self.waiting = []
 
     def add(self, receive: _SelfReceived) -> None:
         """Queue a receive just posted, and match it at once if its message is there."""
@@ -512,6 +530,8 @@ class _SelfQueue:
     def match(self) -> None:
         """Match what messages this rank has sent itself to the waiting receives, in order."""
         with self.lock:
+            if self.closed:
+                return
             left: list[_SelfReceived] = []
             blocked: set[int] = set()  # tags a receive still waiting before holds
             waiting = self.waiting
@@ -541,7 +561,7 @@ class _SelfReceived(_ProbedRecv):
     stays posted, as for a blocking receive from another rank); an async one stays in the
     queue, as a posted receive stays posted."""
 
-    __slots__ = ("queue", "what", "blocking")
+    __slots__ = ("queue", "what", "blocking", "abandoned")
 
     def __init__(
         self, call: Call, queue: _SelfQueue, x: Any, mt: MPI.Datatype, src: int, tag: int,
@@ -551,6 +571,7 @@ class _SelfReceived(_ProbedRecv):
         self.queue = queue
         self.what = what
         self.blocking = blocking
+        self.abandoned = False  # its group freed before a message matched it
         queue.add(self)
 
     @property
@@ -589,6 +610,12 @@ class _SelfReceived(_ProbedRecv):
             self.done = True
 
     def outcome(self) -> int:
+        if self.abandoned:
+            self.keep = None
+            raise ClosedError(
+                f"{self.call.where(self.seq)}: the group was freed before a message from this "
+                f"rank itself matched {self.what}"
+            )
         if self.longer:
             self.keep = None
             n = self.count
@@ -1583,6 +1610,7 @@ class MPIBackend:
     def free(self) -> None:
         """Free the communicator (idempotent; nothing once MPI is finalized)."""
         self.close()
+        self._selves.close()
         if not MPI.Is_finalized():
             for comm in (self.checks, self.data, self.mpi):
                 if comm != MPI.COMM_NULL:

@@ -113,6 +113,20 @@ def test_options_are_checked_with_aliases():
         bench.BenchOptions(dtype="float128").normalized()
     with pytest.raises(ValueError, match="--peer 'nccl', expected one of mpi4py, gloo, torch"):
         bench.BenchOptions(peers=["nccl"]).normalized()
+    # "-o ''" or "-o ,": a table of nothing with status 0 before (an outside hunt)
+    for empty in ([""], [","], [" , "]):
+        with pytest.raises(ValueError, match=r"bench: -o .*: no operation given, expected one"):
+            bench.BenchOptions(ops=empty).normalized()
+
+
+def test_the_header_says_what_minus_a_takes():
+    # "-a 0" read "time = rank 0 over ranks of the mean of n calls" (an outside hunt)
+    doc = _doc()
+    assert "time = average over ranks of the mean of n calls" in bench.format_table(doc)
+    doc["average"] = "rank 0"
+    assert "time = rank 0's (the group's rank 0 with --group) of the mean of n calls" in (
+        bench.format_table(doc)
+    )
 
 
 @pytest.mark.parametrize("op", sorted(NCCL_TESTS))

@@ -50,6 +50,15 @@ def test_render_full():
     assert text.startswith("#!/bin/bash\n")
 
 
+def test_render_takes_the_cpus_given_at_submission():
+    # without --cpus-per-task the script set OMP_NUM_THREADS=1 and no SRUN_CPUS_PER_TASK:
+    # `sbatch -c 8 job.sh` gave each rank one thread (an outside hunt), as the templates do not
+    lines = render(BatchOptions(command=["hpccomm", "info"])).splitlines()
+    for line in ("export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}",
+                 "export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}"):  # fmt: skip
+        assert any(ln.startswith(line) for ln in lines), (line, lines)
+
+
 @pytest.mark.parametrize(
     ("argv", "text"),
     [
