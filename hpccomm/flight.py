@@ -658,33 +658,57 @@ def _peer_tag(e: dict[str, Any]) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
+def _to_world(e: dict[str, Any], groups: dict[str, dict[str, Any]]) -> Any:
+    """An entry's peer as a world rank (its group rank where the group is not known)."""
+    members = groups.get(e.get("gid") or e["group"], {}).get("members")
+    peer = e.get("peer")
+    if members and peer is not None and 0 <= peer < len(members):
+        return members[peer]
+    return peer
+
+
 def _tags_unmatched(
     blocked: dict[int, tuple[str, int, dict[str, Any]]],
-    p2p: list[tuple[int, dict[str, Any]]],
+    docs: dict[int, dict[str, Any]],
     groups: dict[str, dict[str, Any]],
-) -> list[str]:
-    """A blocking receive whose sender has sends to it not seen complete, none with the
-    receive's tag: said, naming their tags (a skipped or mistagged send)."""
+) -> list[tuple[int, str]]:
+    """A blocking receive whose sender sent it messages that, by both ranks' traces, no
+    receive of it took (sends of every state but failed, less its completed receives of
+    each tag), none with the receive's tag: (its world rank, said naming their tags: a
+    skipped or mistagged send). Sends that completed count too: a send of another tag
+    completes (eager) before any receive takes it, and was missed, the ring of waits
+    then called a deadlock with the wrong advice (an outside hunt)."""
     out = []
     for r, (op, peer, e) in sorted(blocked.items()):
-        if op != "recv" or e.get("tag") is None:
+        if op != "recv" or e.get("tag") is None or peer not in docs or r not in docs:
             continue
-        tags = set()
-        for w, f in p2p:
-            if w != peer or f["op"] != "send" or f.get("tag") is None:
-                continue
-            members = groups.get(f.get("gid") or f["group"], {}).get("members")
-            to = f.get("peer")
-            if members and to is not None and 0 <= to < len(members):
-                to = members[to]
-            if to == r and (f.get("gid") or f["group"]) == (e.get("gid") or e["group"]):
-                tags.add(f["tag"])
+        gid = e.get("gid") or e["group"]
+        left: dict[Any, int] = {}
+        for f in docs[peer]["entries"]:
+            if (
+                f["op"] == "send"
+                and f.get("tag") is not None
+                and f["state"] != "failed"
+                and (f.get("gid") or f["group"]) == gid
+                and _to_world(f, groups) == r
+            ):
+                left[f["tag"]] = left.get(f["tag"], 0) + 1
+        for f in docs[r]["entries"]:
+            if (
+                f["op"] == "recv"
+                and f["state"] == "completed"
+                and f.get("tag") in left
+                and (f.get("gid") or f["group"]) == gid
+                and _to_world(f, groups) == peer
+            ):
+                left[f["tag"]] -= 1
+        tags = sorted(t for t, n in left.items() if n > 0)
         if tags and e["tag"] not in tags:
-            out.append(
+            out.append((r, (
                 f"rank {r}'s receive from rank {peer} (tag {e['tag']}) has no matching send: "
-                f"rank {peer}'s sends to rank {r} not seen complete have tag(s) "
-                f"{sorted(tags)} (a send skipped, or the tags differ)"
-            )
+                f"rank {peer}'s sends to rank {r} that no receive of rank {r} took (by their "
+                f"traces) have tag(s) {tags} (a send skipped, or the tags differ)"
+            )))  # fmt: skip
     return out
 
 
@@ -1035,7 +1059,10 @@ def verdicts(
             ]
             blocking = [e for e in elsewhere if not e.get("async")]
             if elsewhere:
-                text += f", and it waits in {_desc((blocking or elsewhere)[-1])}"
+                there = (blocking or elsewhere)[-1]
+                text += f", and it waits in {_desc(there)}"
+                if there["op"] in _P2P:  # (its peer and tag: a pipeline's recv, an outside hunt)
+                    text += _peer_tag(there)
             elif r in failed:
                 text += f", and its call {_desc(failed[r][-1])} failed: {_short(failed[r][-1]['error'])}"
             elif docs[r].get("reason", "").startswith(UNCAUGHT):
@@ -1046,6 +1073,9 @@ def verdicts(
             else:
                 text += ", and it is in no hpccomm call (computing, or stuck elsewhere)"
             lines.append(text)
+    if waits:  # a receive that waits for a mistagged send, beside the collectives' waits
+        p2p_now = [(r, e) for r, es in sorted(pending.items()) for e in es if e["op"] in _P2P]
+        lines.extend(text for _, text in _tags_unmatched(_p2p_waits(p2p_now, groups), docs, groups))
     in_call, needs, named = _collective_waits(pending, heard, waits, groups)
     cycle = _wait_cycle(in_call, needs)
     if cycle:
@@ -1074,10 +1104,17 @@ def verdicts(
         if len(unwaited) > 3:
             lines.append(f"and {len(unwaited) - 3} more async point-to-point calls so")
         blocked = _p2p_waits(p2p, groups)
-        lines.extend(_tags_unmatched(blocked, p2p, groups))
+        mistagged = _tags_unmatched(blocked, docs, groups)
+        lines.extend(text for _, text in mistagged)
         ring = _p2p_cycle(blocked)
         facing = None if ring else _p2p_facing(blocked)
-        if ring:
+        if ring and any(r in ring for r, _ in mistagged):
+            lines.append(
+                f"world ranks {' -> '.join(map(str, ring + ring[:1]))} each wait for the next "
+                f"in a blocking point-to-point call, because a receive's tag matches no send "
+                f"(above): fix the tags, or send what was skipped"
+            )
+        elif ring:
             lines.append(
                 f"world ranks {' -> '.join(map(str, ring + ring[:1]))} each wait for the next "
                 f"in a blocking point-to-point call: a deadlock (none can complete before "

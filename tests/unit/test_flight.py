@@ -568,9 +568,41 @@ def test_a_blocking_receive_is_named_before_other_ranks_unwaited_sends():
     ) in verdict, verdict
     assert "and 2 more async point-to-point calls so" in verdict, verdict
     assert (
-        "rank 1's receive from rank 0 (tag 1) has no matching send: rank 0's sends to rank 1 not "
-        "seen complete have tag(s) [0, 2, 3, 4] (a send skipped, or the tags differ)"
+        "rank 1's receive from rank 0 (tag 1) has no matching send: rank 0's sends to rank 1 "
+        "that no receive of rank 1 took (by their traces) have tag(s) [2, 3, 4] (a send "
+        "skipped, or the tags differ)"
     ) in verdict, verdict
+
+
+def test_a_completed_send_with_another_tag_is_named_not_called_a_deadlock():
+    # stage 0 sent tag 8 (completed, eager) and waits for the reply; stage 1 waits in its
+    # recv of tag 7. The ring of receives was called a deadlock, "post one side's call
+    # first", and the send was never named (an outside hunt); with a collective waiting
+    # too, the receive's peer and tag were not said at all
+    def p2p(op, seq, state, peer, tag, group="world/pp", gid="world/pp"):
+        e = entry(op, group, seq, state, gid=gid)
+        e["peer"], e["tag"] = peer, tag
+        return e
+
+    docs = {
+        0: doc(0, 2, [p2p("send", 1, "completed", 1, 6), p2p("send", 2, "completed", 1, 8),
+                      p2p("recv", 3, "started", 1, 9)]),
+        1: doc(1, 2, [p2p("recv", 1, "completed", 0, 6), p2p("recv", 2, "started", 0, 7)]),
+    }  # fmt: skip
+    verdict = analyze(docs, 2)
+    assert (
+        "rank 1's receive from rank 0 (tag 7) has no matching send: rank 0's sends to rank 1 "
+        "that no receive of rank 1 took (by their traces) have tag(s) [8]"
+    ) in verdict, verdict
+    assert "because a receive's tag matches no send (above)" in verdict, verdict
+    assert "post one side's call first" not in verdict, verdict
+    docs[1]["entries"].insert(0, entry("all_reduce", "world", 1, "started"))  # a collective
+    verdict = analyze(docs, 2)
+    assert "it waits in recv #3 on world/pp (4,) float32 (peer rank 1, tag 9)" in verdict, verdict
+    assert (
+        "rank 0's sends to rank 1 that no receive of rank 1 took (by their traces) have tag(s) [8]"
+        in (verdict)
+    ), verdict
 
 
 def test_a_rank_waiting_in_another_call_of_the_same_group_is_said_to_wait_there():
