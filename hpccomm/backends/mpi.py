@@ -598,10 +598,15 @@ class _SelfReceived(_ProbedRecv):
 
     def wait(self, timeout: float | None) -> bool:
         done = wait_bounded(self.test, math.inf if timeout is None else timeout)
-        if not done and self.blocking and self.queue.withdraw(self):
-            self.done = True  # (withdrawn: nothing posted; its Work is over)
-            self.matched = False
+        if not done:
+            self.timed_out()
         return done
+
+    def timed_out(self) -> None:
+        """A blocking receive's timeout withdraws it (nothing stays posted, as for a
+        blocking receive from another rank); an async one stays, as a posted one would."""
+        if self.blocking and self.queue.withdraw(self):
+            self.done = True  # (its Work is over)
 
     def withdraw(self) -> None:
         """Off the queue (a batch that failed to post); one matched already completes."""
@@ -861,6 +866,8 @@ class _All:
                 for p in self.parts:  # receive, as a checked recv's (else it took the
                     if isinstance(p, _CheckedRecv) and p.blocking:  # next message)
                         p.cancel()
+                    elif isinstance(p, _SelfReceived):  # (a blocking one is withdrawn)
+                        p.timed_out()
             return done
         for p in self.parts:
             p.wait(None)
