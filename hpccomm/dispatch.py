@@ -357,7 +357,9 @@ class Dispatcher:
             # this call is async or not, on one rank or on all; a stream= that is no stream;
             # an async_op that is no bool ("no" was taken as True, an outside audit)
             g = self.group
-            nxt = (g.p2p_seq if spec.p2p else g.seq) + 1
+            # (a point-to-point call refused takes no number, as validation's refusals say:
+            # "send #2" was named, and the next call was #2 too, an outside hunt)
+            nxt = None if spec.p2p else g.seq + 1
             here = where(spec.name, g.rank, g.size, group=g.name, seq=nxt)
             try:
                 if async_op is not False and async_op is not True:
@@ -1323,7 +1325,7 @@ class Dispatcher:
             # this call is the same everywhere: an earlier one was not
             err = MismatchError(
                 f"{where_}: an earlier call on the group differed across ranks: {before}; "
-                f"this call was not run"
+                f"this call was not run{self._world_of()}"
             )
             # every rank raises the same error (each has every fingerprint): no failure
             # notice, which a rank still in the exchange, waiting with a bound, could read
@@ -1344,9 +1346,18 @@ class Dispatcher:
             )
             self.broken = f"the group is unusable: {where_}: {step}"
             self._update_slow()
-        err = MismatchError(f"{where_}: the ranks' calls differ: {said}")
+        err = MismatchError(f"{where_}: the ranks' calls differ: {said}{self._world_of()}")
         err.local = True  # every rank raises it (see below): no failure notice
         return err
+
+    def _world_of(self) -> str:
+        """Where the group's ranks are not the world's: which world ranks they are (a
+        comparison names group ranks: "rank 0" on world/dp read as world rank 0, which is not
+        in it; an outside hunt)."""
+        ranks = list(self.group.world_ranks)
+        if ranks == list(range(len(ranks))):
+            return ""
+        return f" (ranks of {self.group.name}, which are world ranks {ranks} in order)"
 
     def check_splits(self, call: Call, where_: str) -> None:
         """all_to_all_single: what rank i sends to j must be what j expects from i."""
@@ -1791,6 +1802,16 @@ class Dispatcher:
         g = self.group
         named = p2p_counterparts(g, call.spec.name, items, call.peer, call.src, call.tag)
         if not named and _only_itself(call, items, g.rank):  # nobody else to ask or blame
+            if (
+                call.spec.name == "send_object"
+            ):  # (no irecv_object to post first: advice it could not
+                # follow, an outside hunt)
+                return (
+                    "; its peer is this rank itself: an object sent to itself completes only "
+                    "where it goes out at once (a small one; this one did not), since there "
+                    "is no async receive of objects to post first: pass it on in Python, or "
+                    "send an array with isend and irecv"
+                )
             return (
                 "; its peer is this rank itself: a message to itself is received only by a "
                 "receive of its own, so a blocking send to itself needs the receive posted "

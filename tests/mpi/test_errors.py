@@ -843,8 +843,11 @@ def test_a_message_to_a_call_refused_here_never_reaches_a_later_group(comm, kind
         time.sleep(1.5 if kind.startswith("timed-out") else 0.5)  # after rank 1's free()
         if kind == "broadcast":
             g.broadcast(np.full(4, 111.0), 0)
-        else:
-            g.send(np.full(4, 111.0), 1)
+        else:  # refused where rank 1's free() has been told (nothing sent), else sent
+            try:
+                g.send(np.full(4, 111.0), 1)
+            except hpccomm.PeerError as exc:
+                assert "rank 1 freed this group" in str(exc), exc
     elif kind == "timed-out recv":  # (nothing posted: withdrawn at the timeout)
         g.timeout = 0.2
         with pytest.raises(hpccomm.CommTimeoutError):

@@ -1333,3 +1333,72 @@ def test_a_send_to_a_rank_that_freed_the_group_is_refused(world):
         if me > 1:
             g.free()
         world.barrier()
+
+
+def test_a_refused_point_to_point_call_takes_no_number(comm):
+    # "send #2 ... array is in use by recv #1" was refused, and the next call was #2 too
+    # (an outside hunt): a refused point-to-point call takes no number
+    from hpccomm import InvalidArgumentError
+
+    if comm.debug == "off":
+        pytest.skip("debug 'off' holds no array read-only")
+    c, me = comm.dup(), comm.rank
+    try:
+        y = np.zeros(2)
+        w = c.irecv(y, me, tag=1)
+        with pytest.raises(
+            InvalidArgumentError,
+            match=r"^send on \S+ \(rank \d+ of \d+\): array is in use by recv #1 ",
+        ):
+            c.send(y, me, tag=2)
+        c.send(np.ones(2), me, tag=1)
+        assert w.wait(timeout=30) == me and (y == 1).all()
+        w = c.isend(np.ones(2), me, tag=3)
+        assert "send #3 on" in repr(w), repr(w)
+        c.recv(np.zeros(2), me, tag=3)
+        w.wait(timeout=30)
+    finally:
+        c.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_mismatch_on_a_subgroup_names_its_world_ranks(world):
+    # "shape is (17,) on rank 0 but (16,) on rank 1" on world/dp: rank 0 there was world
+    # rank 1, yet read as world rank 0, which is not in the group (an outside hunt)
+    from hpccomm import MismatchError
+
+    if world.debug == "off":
+        pytest.skip("debug 'off' compares nothing")
+    ranks = list(reversed(range(world.size)))
+    g = world.new_group(ranks)
+    try:
+        with pytest.raises(
+            MismatchError,
+            match=r"the ranks' calls differ: shape is .*"
+            + re.escape(f" (ranks of {g.name}, which are world ranks {ranks} in order)"),
+        ):
+            g.all_reduce(np.ones(10_000 + (g.rank == 0)))
+        g.timeout = 60
+        g.all_reduce(np.ones(8))  # the group goes on
+    finally:
+        g.free()
+    assert "which are world ranks" not in str(
+        pytest.raises(MismatchError, world.all_reduce, np.ones(10_000 + (world.rank == 0))).value
+    )
+
+
+def test_a_large_object_sent_to_itself_times_out_with_advice_it_can_follow(world):
+    # the advice was "irecv, then send": there is no async receive of objects
+    from hpccomm import CommTimeoutError
+
+    c = world.dup()
+    c.timeout = 0.5
+    try:
+        with pytest.raises(
+            CommTimeoutError, match=r"an object sent to itself completes only where it goes out"
+        ):
+            c.send_object(np.zeros(1 << 20), c.rank, tag=9)
+    finally:
+        c.timeout = 60
+    assert c.recv_object(c.rank, tag=9).shape == (1 << 20,)  # the send stayed posted
+    c.free()
