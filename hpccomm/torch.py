@@ -1584,19 +1584,29 @@ def _main(argv: Sequence[str] | None = None) -> int:
         if len(args) < 2:
             print(f"{usage}: -m: MODULE is missing", file=sys.stderr)
             return 2
+        name, why = args[1], None
         try:
-            spec = importlib.util.find_spec(args[1])
+            spec = importlib.util.find_spec(name)
+            if spec is not None and spec.submodule_search_locations is not None:
+                # a package runs its __main__, as python -m runs it (review AJ: one without
+                # it passed this check and failed after MPI started)
+                name = f"{name}.__main__"
+                spec = importlib.util.find_spec(name)
+                why = f"No module named {name}; {args[1]!r} is a package and cannot be run"
         except (ImportError, ValueError) as exc:  # a parent package that is not there
             spec, why = None, f"{type(exc).__name__}: {exc}"
-        else:
-            why = f"No module named {args[1]}"
         if spec is None:
-            print(f"python -m hpccomm.torch: -m {args[1]}: {why}", file=sys.stderr)
+            print(
+                f"python -m hpccomm.torch: -m {args[1]}: {why or f'No module named {name}'}",
+                file=sys.stderr,
+            )
             return 2
-    elif not os.path.isfile(args[0]):
+    elif not (
+        os.path.isfile(args[0]) or os.path.isfile(os.path.join(args[0], "__main__.py"))
+    ):  # (a folder or zip file with a __main__.py runs, as python runs it: review AJ)
         print(
             f"python -m hpccomm.torch: can't open file {os.path.abspath(args[0])!r}: "
-            f"{'it is a directory' if os.path.isdir(args[0]) else 'no such file'}",
+            + ("a folder without a __main__.py" if os.path.isdir(args[0]) else "no such file"),
             file=sys.stderr,
         )
         return 2
@@ -1610,7 +1620,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
     else:
         # the script's folder first on the path, as `python script.py` and torchrun put it
         # (a script importing a module beside it failed when run from another folder)
-        sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
+        if not os.path.isdir(args[0]):  # (run_path puts a folder or zip file itself there)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
         runpy.run_path(args[0], run_name="__main__")
     return 0
 

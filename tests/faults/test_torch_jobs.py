@@ -88,15 +88,34 @@ def test_the_launcher_runs_a_script_as_python_does(launch, tmp_path):
     )
     assert job.rc == 0, job.stderr[-3000:]
     assert job.of(0, "imported")["value"] == job.of(1, "imported")["value"] == 42
+    # a folder with a __main__.py runs, as python runs it (review AJ: refused as a folder);
+    # here it runs the scenario given after it
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "__main__.py").write_text("import runpy, sys\nrunpy.run_path(sys.argv[1])\n")
+    job = launch(
+        2,
+        'report(hpccomm.init(), "ran", value=1)',
+        python=("-m", "hpccomm.torch", str(app)),
+    )
+    assert job.rc == 0 and job.of(1, "ran")["value"] == 1, job.stderr[-3000:]
+    (tmp_path / "nomain").mkdir()
+    (tmp_path / "nomain" / "__init__.py").write_text("")
     python = sys.executable
     for args, said in (
         ([], "no script given"),
         (["-m"], "-m: MODULE is missing"),
         (["-m", "no_such_module_here"], "-m no_such_module_here: No module named"),
         ([str(tmp_path / "trian.py")], f"can't open file {str(tmp_path / 'trian.py')!r}: no such"),
+        ([str(tmp_path / "nomain")], "a folder without a __main__.py"),
+        (["-m", "nomain"], "No module named nomain.__main__; 'nomain' is a package"),
     ):
         proc = subprocess.run(
-            [python, "-m", "hpccomm.torch", *args], capture_output=True, text=True, timeout=60
+            [python, "-m", "hpccomm.torch", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
         )
         assert proc.returncode == 2 and said in proc.stderr and not proc.stdout, (args, proc)
         assert proc.stderr.count("\n") == 1, proc.stderr

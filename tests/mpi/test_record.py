@@ -127,6 +127,7 @@ def test_a_receive_dropped_after_its_wait_timed_out_says_so(world):
             c.barrier()
             if c.rank == 0:
                 c.send(np.full(2, 8.0), 1, tag=6)  # the dropped receive's message
+            c.barrier()  # (sent before rank 1 frees the group: after, it is refused)
         texts = [str(w.message) for w in caught if issubclass(w.category, UnwaitedWorkWarning)]
         if c.rank == 1:
             assert any("dropped after its wait() timed out" in t for t in texts), texts
