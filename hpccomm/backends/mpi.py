@@ -200,8 +200,8 @@ def _in_pieces(body: Callable[..., Any], call: Call, x: Any, out: Any, stream: A
     reqs = [p.req for p in results]
     if call.spec is O.SEND:
         return Requests(call, reqs, None, keep=x)
-    if isinstance(results[0], _SelfReceived):  # from itself: each piece copies its scratch
-        return _All(results, call.peer)  # back when complete (see _SelfReceived)
+    if isinstance(results[0], _SelfReceived):  # from itself: each piece a receive of its
+        return _All(results, call.peer)  # own, matched in order (see _SelfQueue)
     mt = call.how
     checks = [(i, p.size, mt, f"piece {i} of the receive") for i, p in enumerate(pieces)]
     return Requests(call, reqs, call.peer, checks=checks, keep=x)
@@ -1429,7 +1429,7 @@ class MPIBackend:
     def _recv(self, call: Call, x: np.ndarray, out: Any, stream: Any) -> _Received:
         mt = call.how
         src, tag = _source_tag(call)
-        if src == self.rank:  # (see _SelfReceived)
+        if src == self.rank:  # (see _SelfQueue)
             return _SelfReceived(call, self._selves, x, mt, src, tag)
         return _Received(call, self.mpi.Irecv([x, mt], src, tag), x, mt)
 
