@@ -14,8 +14,9 @@ export PYTHONUNBUFFERED := 1
 MPIEXEC  := $(BIN)/mpiexec --oversubscribe
 # Every MPI run is bounded: a hang fails the run instead of blocking CI.
 MPI_TIMEOUT ?= 300
-# the fault jobs (each bounded on its own): about 5 minutes here, some waiting out timeouts
-FAULTS_TIMEOUT ?= 900
+# the fault jobs (each bounded on its own): 12-17 minutes here (147 jobs), some waiting out
+# timeouts
+FAULTS_TIMEOUT ?= 1800
 # Each bounded run gets a TMPDIR of its own: prterun keeps its session files in
 # $TMPDIR/ompi.<pid> and leaves them when it is killed, and a later prterun given the same
 # pid in the same directory fails at start ("The PMIx server's listener thread failed to
