@@ -644,9 +644,7 @@ def _p2p_waits(
         peer = e.get("peer")
         if peer is None or e.get("async") or e["op"] not in ("send", "recv"):
             continue
-        members = groups.get(e.get("gid") or e["group"], {}).get("members")
-        world = members[peer] if members and 0 <= peer < len(members) else peer
-        waits[r] = (e["op"], world, e)
+        waits[r] = (e["op"], _to_world(e, groups), e)
     return waits
 
 
