@@ -14,6 +14,10 @@ export PYTHONUNBUFFERED := 1
 MPIEXEC  := $(BIN)/mpiexec --oversubscribe
 # Every MPI run is bounded: a hang fails the run instead of blocking CI.
 MPI_TIMEOUT ?= 300
+# one pytest run of a test suite (one rank count of tests/mpi, tests/torch, tests/unit; each
+# test is bounded on its own too, 120 s): tests/mpi at 4 ranks took 300-310 s on a CI machine
+# like this one, where the 300 s bound above stopped it at 98%, every test passing
+TESTS_TIMEOUT ?= 1200
 # the fault jobs (each bounded on its own): 12-17 minutes here (147 jobs), some waiting out
 # timeouts
 FAULTS_TIMEOUT ?= 1800
@@ -32,6 +36,7 @@ bounded   = sh -c 'd=$$(mktemp -d $(RUN_DIR).XXXXXX) || exit 1; echo $$$$ >"$$d/
             trap "kill -TERM $$p 2>/dev/null" INT TERM; \
             while :; do wait $$p; rc=$$?; kill -0 $$p 2>/dev/null || exit $$rc; done' bounded
 BOUND    := $(call bounded,$(MPI_TIMEOUT))
+TBOUND   := $(call bounded,$(TESTS_TIMEOUT))
 # Run directories without an owner file come from an older Makefile, whose longest bound was
 # 1800 s: one older than this many minutes belongs to no running job.
 RUN_STALE_MIN ?= 31
@@ -52,7 +57,7 @@ test: test-mpi test-torch test-faults test-slurm test-unit
 test-mpi:
 	@for n in 1 2 3 4; do \
 	  echo "== tests/mpi on $$n ranks"; \
-	  $(BOUND) $(MPIEXEC) -n $$n $(BIN)/python -m pytest -q -p no:cacheprovider --color=no --with-mpi tests/mpi \
+	  $(TBOUND) $(MPIEXEC) -n $$n $(BIN)/python -m pytest -q -p no:cacheprovider --color=no --with-mpi tests/mpi \
 	    || exit 1; \
 	done
 
@@ -60,17 +65,17 @@ test-mpi:
 test-torch:
 	@for n in 1 2 4; do \
 	  echo "== tests/torch on $$n ranks"; \
-	  $(BOUND) $(MPIEXEC) -n $$n $(BIN)/python -m pytest -q -p no:cacheprovider --color=no --with-mpi tests/torch \
+	  $(TBOUND) $(MPIEXEC) -n $$n $(BIN)/python -m pytest -q -p no:cacheprovider --color=no --with-mpi tests/torch \
 	    || exit 1; \
 	done
 	@for n in 3 4; do \
 	  echo "== PyTorch's own distributed tests (tests/torch_suite) on $$n ranks"; \
-	  $(BOUND) $(MPIEXEC) -n $$n $(BIN)/python -m pytest -q -p no:cacheprovider --color=no --with-mpi tests/torch_suite \
+	  $(TBOUND) $(MPIEXEC) -n $$n $(BIN)/python -m pytest -q -p no:cacheprovider --color=no --with-mpi tests/torch_suite \
 	    || exit 1; \
 	done
 
 test-unit:
-	$(BOUND) $(BIN)/python -m pytest -q -p no:cacheprovider --color=no tests/unit
+	$(TBOUND) $(BIN)/python -m pytest -q -p no:cacheprovider --color=no tests/unit
 
 # Fault injection: each scenario starts its own MPI job (bounded inside the tests too).
 test-faults:
@@ -78,7 +83,7 @@ test-faults:
 
 # Needs the local two-node cluster (make slurm-up); without it the tests skip and say why.
 test-slurm:
-	$(BOUND) $(BIN)/python -m pytest -q -rs -p no:cacheprovider --color=no tests/slurm
+	$(TBOUND) $(BIN)/python -m pytest -q -rs -p no:cacheprovider --color=no tests/slurm
 
 # A real two-node Slurm cluster on this machine (installs Debian packages if missing; root).
 slurm-up:
@@ -107,8 +112,8 @@ check: lint types
 # The MPI tests at 2 ranks and the unit tests under coverage, every rank's data combined.
 coverage:
 	rm -rf build/coverage && mkdir -p build/coverage
-	$(BOUND) $(MPIEXEC) -n 2 $(BIN)/python -m coverage run -m pytest -q -p no:cacheprovider --color=no --with-mpi tests/mpi
-	$(BOUND) $(BIN)/python -m coverage run -m pytest -q -p no:cacheprovider --color=no tests/unit
+	$(TBOUND) $(MPIEXEC) -n 2 $(BIN)/python -m coverage run -m pytest -q -p no:cacheprovider --color=no --with-mpi tests/mpi
+	$(TBOUND) $(BIN)/python -m coverage run -m pytest -q -p no:cacheprovider --color=no tests/unit
 	$(BIN)/python -m coverage combine -q
 	$(BIN)/python -m coverage report --sort=cover | tail -n 25
 
