@@ -712,14 +712,18 @@ def _v_all_to_all(call: Call, b: Buffer | None, o: Buffer | None) -> None:
     else:
         send = call.in_splits = _check_sizes(call, in_splits, "input_split_sizes", rows)
     if out_splits is None:
-        if o is not None:
+        if in_splits is None:
+            # no split sizes: every rank receives what it sends, so out= has the input's
+            # shape (it was taken as equal blocks of out=: a wrong out= passed the check,
+            # compared with itself, and MPI truncated, leaving the group unusable; an
+            # outside hunt, 2026-12-05)
+            recv = send
+        elif o is not None:
             out_rows = o.array.shape[0] if o.array.ndim else 1
             recv = [_equal_blocks(call, out_rows, "out")] * n
-        elif in_splits is None:
-            recv = send
         else:
             raise InvalidArgumentError(
-                f"{call}: output_split_sizes is None with uneven input_split_sizes; pass "
+                f"{call}: output_split_sizes is None with input_split_sizes given; pass "
                 f"output_split_sizes (the rows each rank sends here; with only out=, they "
                 f"are taken as equal blocks of it)"
             )

@@ -178,11 +178,34 @@ def test_split_sizes_must_sum(comm):
         )
     with pytest.raises(  # (it offered out= instead, which is taken as equal blocks)
         InvalidArgumentError,
-        match="output_split_sizes is None with uneven input_split_sizes; pass "
+        match="output_split_sizes is None with input_split_sizes given; pass "
         r"output_split_sizes \(the rows each rank sends here; with only out=, they are "
         r"taken as equal blocks of it\)",
     ):
         comm.all_to_all_single(np.ones(n), input_split_sizes=[1] * n)
+
+
+def test_all_to_all_out_must_have_the_inputs_shape(comm):
+    # without split sizes every rank receives what it sends: an out= of another shape was
+    # taken as equal blocks of itself, passed the check, and MPI truncated the message
+    # (BackendError MPI_ERR_TRUNCATE naming ranks out of step, the group unusable; an
+    # outside hunt, 2026-12-05); refused on every rank, and the group goes on
+    n = comm.size
+    x = np.arange(2.0 * n) + 100 * comm.rank
+    for shape, async_op in (((3 * n,), False), ((n,), True), ((2, n), False)):
+        for name in ("all_to_all", "all_to_all_single"):
+            with pytest.raises(
+                InvalidArgumentError,
+                # (without split sizes all_to_all_single is all_to_all, and named so)
+                match=where(comm, "all_to_all")
+                + rf": out has shape \({shape[0]}, ?{shape[1] if len(shape) > 1 else ''}\), expected \({2 * n},\)",
+            ):
+                getattr(comm, name)(x, out=np.empty(shape), async_op=async_op)
+    got = comm.all_to_all(x, out=np.empty(2 * n))
+    want = np.concatenate(
+        [np.arange(2.0 * n)[2 * comm.rank : 2 * comm.rank + 2] + 100 * r for r in range(n)]
+    )
+    np.testing.assert_array_equal(got, want)
 
 
 def test_all_to_all_single_errors_name_it(comm):
