@@ -207,6 +207,7 @@ class Dispatcher:
         "_p2p_refused_at",
         "_deferred",
         "_uncompared",
+        "_failed_in_mpi",
     )
 
     def __init__(
@@ -225,6 +226,9 @@ class Dispatcher:
         self.executor: Executor | None = None
         self.closed = False
         self.broken: str | None = None  # why calls can no longer run (a stuck call)
+        # broken by a collective that failed inside MPI here (see failed): its peers may have
+        # completed that call, so its uncompared calls still go to the exit's comparison
+        self._failed_in_mpi = False
         self.interrupted: str | None = None  # a fast-path call left half done (see dispatch)
         # Failure notices (set by the communicator): the job's board, this group's id
         # (alike on every member) and its members' world ranks.
@@ -702,9 +706,12 @@ class Dispatcher:
         """This group's name, members and the fingerprints, by call number, of its calls
         that the "large" level has not compared yet (no compared call came after them), for
         the comparison at the program's end (see runtime._depart; kept at free()); None
-        where there are none, or for a group made unusable (its error was raised)."""
+        where there are none, or for a group made unusable (its error was raised), unless a
+        collective failed inside MPI here: a peer may have completed that call with wrong
+        data (an MPI_ERR_TRUNCATE here: rank 0 passed 4 elements, rank 1 6 and got
+        [3, 3, 3, 3, 4, 4], exit status 0 and no word, before 2026-12-05, an outside hunt)."""
         pending = list(self._deferred)
-        if not pending or self.broken is not None:
+        if not pending or (self.broken is not None and not self._failed_in_mpi):
             return None
         calls = {seq: fingerprint(call, call.spec.name, seq) for seq, call in pending}
         return self.group.name, tuple(self.members), calls
@@ -1476,6 +1483,7 @@ class Dispatcher:
             # rank, with no error (an outside hunt, 4 ranks): the group is unusable here, and
             # its later calls are refused, their peers told
             self.broken = f"the group is unusable: {err}"
+            self._failed_in_mpi = True
             self._update_slow()
         if call.spec.p2p and isinstance(err, InvalidArgumentError):  # refused in the library,
             # nothing sent (an object that cannot be pickled): its peer is told, as of a

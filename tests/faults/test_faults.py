@@ -1134,6 +1134,35 @@ def test_a_small_call_one_rank_never_made_before_the_end_is_named_at_exit(launch
     assert fine.rc == 0 and "at exit" not in fine.stderr, fine.stderr[-3000:]
 
 
+@pytest.mark.parametrize("where", ["world", "freed dup"])
+def test_a_small_call_that_failed_inside_mpi_on_one_rank_is_named_at_exit(launch, where):
+    """A small all_reduce of 4 elements on rank 0 and 6 on rank 1: MPI_ERR_TRUNCATE on rank
+    0 (caught: its group is unusable there), while rank 1 completed it with wrong data
+    ([3, 3, 3, 3, 4, 4]); the job ended with status 0 and no word (an outside hunt of the
+    torch backend, 2026-12-05): the group made unusable dropped its uncompared calls from
+    the exit's comparison. Now every rank names the call at exit, status 1."""
+    job = launch(
+        2,
+        f"""
+        c = hpccomm.init(timeout=10)
+        g = c if {where!r} == "world" else c.dup()
+        outcome(c, "call", lambda: g.all_reduce(np.full(4 + 2 * c.rank, c.rank + 1.0)))
+        if g is not c:
+            g.free()
+        report(c, "done")
+        """,
+    )
+    assert job.of(0, "call")["cls"] == "BackendError", job.stderr[-3000:]
+    assert job.of(1, "call")["cls"] is None, job.stderr[-3000:]
+    assert job.rc not in (0, None), job.stderr[-3000:]
+    group = "world" if where == "world" else "world/dup"
+    for r in (0, 1):
+        assert (
+            f"hpccomm (rank {r} of 2): at exit: on group {group} (world ranks [0, 1]; this rank "
+            f"is its rank {r}) all_reduce #1: shape is (4,) on rank 0 but (6,) on rank 1"
+        ) in job.stderr, job.stderr[-3000:]
+
+
 def test_a_larger_broadcast_than_the_buffer_is_refused_by_default(launch):
     """8 MiB from the root into 4 MiB elsewhere: Open MPI's single-copy transport would copy
     the message whole, past the 4 MiB buffer (a segfault where that memory is unmapped). By
