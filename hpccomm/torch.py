@@ -51,6 +51,7 @@ import torch.distributed as dist
 from torch.futures import Future
 
 from . import ops as O
+from . import runtime
 from .comm import Communicator
 from .dtypes import ReduceOp
 from .errors import CommTimeoutError, DtypeError, HpccommError, InvalidArgumentError, where
@@ -1443,10 +1444,17 @@ def init_process_group(
     Returns:
         hpccomm's world Communicator.
     """
-    world = hpccomm_init()
-    register()
     seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
     delta = datetime.timedelta(seconds=seconds if seconds else 1800)
+    if runtime._world is None or runtime._world.freed:
+        # hpccomm starts MPI here: MPI_Init (a fence over every rank of the job) is bounded
+        # as hpccomm.init(timeout=) bounds it, the larger of the timeout and 60 s (it had no
+        # bound: a rank that started late held the others there, GIL and all, whatever
+        # timeout=; an outside hunt, 2026-12-05)
+        world = hpccomm_init(init_timeout=max(delta.total_seconds(), 60.0))
+    else:
+        world = hpccomm_init()
+    register()
     backend = kwargs.pop("backend", NAME)
     if backend != NAME:
         raise InvalidArgumentError(
