@@ -935,7 +935,14 @@ class Dispatcher:
         ex = self.executor
         compare = ex is None or ex.ident != _get_ident()
         objects = objects and compare
-        if self.notices is not None and not objects:
+        # where it joins the others' comparison (below) they learn of the refusal there: a
+        # notice sent first was seen first by a bounded peer, whose worker was still on an
+        # earlier call, and it raised a PeerError instead of the comparison's MismatchError,
+        # made the group unusable and never joined the comparison, where this rank then
+        # waited for good without a timeout (hunt AN, 2026-12-05; test_debug's refusal test
+        # under coverage); the notice goes out only where the comparison fails
+        joins = (self.debug in CHECKING and compare) or objects
+        if self.notices is not None and not joins:
             self._post(spec.name, seq, exc, REFUSED)
         g = self.group
         where_ = where(spec.name, g.rank, g.size, group=g.name, seq=seq)
@@ -951,8 +958,9 @@ class Dispatcher:
         if self.debug in CHECKING and compare:  # the others compare fingerprints: join
             try:
                 self.bounded(where_, self.agree, where_, fp)
-            except HpccommError:
-                pass  # this rank raises its own error
+            except HpccommError:  # (this rank raises its own error) not compared: a peer
+                if self.notices is not None:  # that comes later is told by notice
+                    self._post(spec.name, seq, exc, REFUSED)
             return
         if objects:  # (compared at "large" too) joined as a refused group creation joins
             # its comparison (where the others never make the call, it waits there for

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import hpccomm
-from hpccomm import MismatchError, ReduceOp
+from hpccomm import DtypeError, MismatchError, ReduceOp
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -169,6 +169,34 @@ def test_a_rank_that_refuses_tells_the_others(checked):
         assert isinstance(info.value, MismatchError)
         assert "rank 1 refused it: DtypeError" in str(info.value)
     checked.barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_refusal_while_a_peers_worker_is_busy_is_still_compared(checked):
+    # Rank 0's worker is busy (a done-callback of an earlier async call sleeps on it) when
+    # the last rank refuses the next call: its refusal notice reached rank 0's wait before
+    # rank 0's worker reached the comparison, and rank 0 raised a PeerError, made the group
+    # unusable and never joined the comparison (without a timeout the refusing rank then
+    # waited there for good; hunt AN, 2026-12-05, and this test under coverage). The
+    # comparison's MismatchError now, on every rank but the refusing one, and the group
+    # goes on.
+    import time
+
+    r, last = checked.rank, checked.size - 1
+    first = checked.all_reduce(np.ones(4), async_op=True)
+    if r == 0:
+        first.add_done_callback(lambda w: time.sleep(1.0))
+    first.wait()
+    if r == last:
+        with pytest.raises(DtypeError, match="complex256"):
+            checked.all_reduce(np.zeros(16, np.complex256), async_op=True)
+    else:
+        work = checked.all_reduce(np.ones(16, np.float32), async_op=True)
+        with pytest.raises(MismatchError, match=f"rank {last} refused it: DtypeError"):
+            work.wait()
+    x = np.full(4, r + 1.0)
+    checked.all_reduce(x)
+    assert (x == checked.size * (checked.size + 1) / 2).all()
 
 
 def test_recv_into_a_larger_buffer_and_other_dtype(checked):
