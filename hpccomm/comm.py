@@ -1011,8 +1011,12 @@ class Communicator:
         """A group of ``ranks`` (in that order), made by those ranks alone
         (``MPI_Comm_create_group``): the other ranks of this communicator do not call it.
 
-        Every member must call this with the same list; concurrent creations of overlapping
-        groups need different ``tag`` values. This rank must be in ``ranks``. ``timeout``:
+        Every member must call this with the same list and ``tag`` (MPI's tag of the
+        creation). A group's creations run one at a time, in each rank's call order (on its
+        worker thread), so two creations made from two threads in a different order on
+        different ranks wait for each other until the timeout, whatever their tags (MPI
+        itself can run them at once given different tags). This rank must be in ``ranks``.
+        ``timeout``:
         seconds the creation may take (default: this communicator's timeout), after which
         CommTimeoutError (a member that never calls it, or passed another list).
         """
@@ -1043,8 +1047,9 @@ class Communicator:
                 f"{self.name} (rank {self.rank} of {self.size})",
                 job,
                 late="not complete after {t} s; some rank of the list has not called "
-                "create_group, or called it with another list or tag (MPI cannot cancel it: "
-                "abort the job)",
+                "create_group, or called it with another list or tag, or made this group's "
+                "creations in another order (they run one at a time, in each rank's call "
+                "order) (MPI cannot cancel it: abort the job)",
                 timeout=check_timeout(timeout, self._here("create_group")),
                 some=ranks,
             )
