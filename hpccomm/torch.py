@@ -51,13 +51,13 @@ import torch.distributed as dist
 from torch.futures import Future
 
 from . import ops as O
-from . import runtime
 from .comm import Communicator
 from .dtypes import ReduceOp
 from .errors import CommTimeoutError, DtypeError, HpccommError, InvalidArgumentError, where
 from .executor import on_worker
 from .ops import P2POp
 from .runtime import init as hpccomm_init
+from .runtime import is_initialized as hpccomm_initialized
 from .work import Work as HWork
 
 __all__ = [
@@ -1446,7 +1446,7 @@ def init_process_group(
     """
     seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
     delta = datetime.timedelta(seconds=seconds if seconds else 1800)
-    if runtime._world is None or runtime._world.freed:
+    if not hpccomm_initialized():
         # hpccomm starts MPI here: MPI_Init (a fence over every rank of the job) is bounded
         # as hpccomm.init(timeout=) bounds it, the larger of the timeout and 60 s (it had no
         # bound: a rank that started late held the others there, GIL and all, whatever
