@@ -18,8 +18,8 @@ MPI_TIMEOUT ?= 300
 # test is bounded on its own too, 120 s): tests/mpi at 4 ranks took 300-310 s on a CI machine
 # like this one, where the 300 s bound above stopped it at 98%, every test passing
 TESTS_TIMEOUT ?= 1200
-# the fault jobs (each bounded on its own): 12-17 minutes here (147 jobs), some waiting out
-# timeouts
+# the fault jobs (each bounded on its own): 12-25 minutes here (149 jobs; 17.4 min on a
+# fresh clone with nothing beside it, 25 min beside other MPI work), some waiting out timeouts
 FAULTS_TIMEOUT ?= 1800
 # Each bounded run gets a TMPDIR of its own: prterun keeps its session files in
 # $TMPDIR/ompi.<pid> and leaves them when it is killed, and a later prterun given the same
