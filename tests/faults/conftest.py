@@ -31,6 +31,15 @@ def outcome(c, what, fn):
                msg=str(e), s=round(time.monotonic() - t0, 2))
     else:
         report(c, what, cls=None, value=repr(value)[:200], s=round(time.monotonic() - t0, 2))
+
+def all_reported(c, bound=30):
+    # before os._exit on a group left unusable: the first rank to leave without finalize
+    # ends the whole job, so each rank waits (files, not MPI) until every rank has reported
+    d = os.environ["SCENARIO_JOB_DIR"]
+    open(os.path.join(d, f"reported.{c.rank}"), "w").close()
+    t0 = time.monotonic()
+    while len(os.listdir(d)) < c.size and time.monotonic() - t0 < bound:
+        time.sleep(0.05)
 """
 
 
@@ -74,11 +83,14 @@ def launch(mpiexec, mpi_env, venv_bin, tmp_path):
             *python,
             str(script),
         ]
+        jobs = sorted(tmp_path.glob("job.*"))
+        job_dir = tmp_path / f"job.{len(jobs)}"
+        job_dir.mkdir()
         t0 = time.monotonic()
         try:
             proc = subprocess.run(
                 cmd,
-                env={**mpi_env, **(env or {})},
+                env={**mpi_env, "SCENARIO_JOB_DIR": str(job_dir), **(env or {})},
                 capture_output=True,
                 text=True,
                 timeout=bound,

@@ -1183,7 +1183,7 @@ def test_a_larger_broadcast_than_the_buffer_is_refused_by_default(launch):
         unchecked = c.dup()
         unchecked.debug = "off"
         outcome(c, "off", lambda: unchecked.broadcast(x, 0))
-        import os
+        all_reported(c)
         os._exit(0)  # rank 1's heap past the buffer may be overwritten: no normal teardown
         """,
     )
@@ -2377,6 +2377,7 @@ def test_a_peers_failure_says_its_call_beside_this_ranks(launch):
         c = hpccomm.init(timeout=5)
         x = np.ones(16, np.float64 if c.rank == 0 else np.float32)
         outcome(c, "call", lambda: c.all_reduce(x))
+        all_reported(c)  # (the first rank to leave ended the job before rank 2 reported)
         os._exit(0)  # (the group is unusable: no normal teardown)
         """,
     )
