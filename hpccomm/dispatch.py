@@ -67,6 +67,7 @@ from .executor import Executor, Future, on_worker
 from .notices import (
     ASK_MAX_RANKS,
     ASK_WAIT,
+    BROKE,
     ENTERED,
     FAILED,
     ITS_CALL,
@@ -702,6 +703,14 @@ class Dispatcher:
         self._deferred.append((seq, call))
         return False
 
+    def _summary_of(self, seq: int) -> str | None:
+        """This rank's call #seq (shape, dtype, root, op) where it is still uncompared (the
+        "large" level's deferred calls); None otherwise (a compared call matched)."""
+        for s, call in list(self._deferred):
+            if s == seq:
+                return _summary(call)
+        return None
+
     def unchecked(self) -> Unchecked | None:
         """This group's name, members and the fingerprints, by call number, of its calls
         that the "large" level has not compared yet (no compared call came after them), for
@@ -749,7 +758,12 @@ class Dispatcher:
         started = None
         if notices is not None and not call.spec.p2p:
             watch = notices.watch(
-                self.gid, seq, partial(call.where, seq), self.members, partial(_summary, call)
+                self.gid,
+                seq,
+                partial(call.where, seq),
+                self.members,
+                partial(_summary, call),
+                self._summary_of,
             )
             on_failure = partial(self.report, call)
             self.current = (seq, call)  # (told to a peer that times out and asks)
@@ -1233,7 +1247,8 @@ class Dispatcher:
         if getattr(exc, "local", False):
             return
         if not isinstance(exc, _CONSEQUENCES):
-            self._post(call.spec.name, seq, exc, mine=_summary(call))
+            kind = BROKE if getattr(exc, "broke", False) else FAILED
+            self._post(call.spec.name, seq, exc, kind, mine=_summary(call))
         elif isinstance(exc, PeerError) and exc.told:  # a peer refused it: it learns that
             self._post(call.spec.name, seq, exc, ENTERED)  # this rank took part (settle)
 
@@ -1492,6 +1507,7 @@ class Dispatcher:
             # its later calls are refused, their peers told
             self.broken = f"the group is unusable: {err}"
             self._failed_in_mpi = True
+            err.broke = True  # (its notice says so: a peer past it hears at its next call)
             self._update_slow()
         if call.spec.p2p and isinstance(err, InvalidArgumentError):  # refused in the library,
             # nothing sent (an object that cannot be pickled): its peer is told, as of a

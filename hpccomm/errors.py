@@ -61,6 +61,8 @@ class ClosedError(HpccommError, RuntimeError):
 class BackendError(HpccommError, RuntimeError):
     """The MPI or NCCL library reported a failure."""
 
+    broke = False  # a collective's failure inside MPI that made its group unusable here
+
 
 class MismatchError(HpccommError, ValueError):
     """Ranks disagree on a call (a receive shorter than its buffer, different shapes, dtypes,

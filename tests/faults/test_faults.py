@@ -2367,6 +2367,43 @@ def test_a_peer_that_finalizes_mpi_itself_departs_too(launch):
     assert "did not say they leave" not in job.stderr
 
 
+@pytest.mark.parametrize("peer_calls_again", [False, True])
+def test_a_rank_that_went_past_a_call_its_peer_failed_is_told_at_its_next_call(
+    launch, peer_calls_again
+):
+    # float64 on rank 0, float32 on rank 1: rank 0's all_reduce returned (rank 1's shorter
+    # message fit its buffer), rank 1's failed (MPI_ERR_TRUNCATE) and its group is unusable.
+    # Rank 0's next call waited its whole timeout (rank 1 making no more calls) or heard
+    # only that rank 1 refused it, never that its own call #1 differed (an outside hunt)
+    job = launch(
+        2,
+        f"""
+        c = hpccomm.init(timeout=20)
+        x = np.ones(16, np.float64 if c.rank == 0 else np.float32)
+        outcome(c, "first", lambda: c.all_reduce(x))
+        if c.rank == 0 or {peer_calls_again}:
+            outcome(c, "second", lambda: c.all_reduce(np.ones(2)))
+        all_reported(c)
+        os._exit(0)  # (the group is unusable: no normal teardown)
+        """,
+    )
+    assert job.of(0, "first")["cls"] is None
+    assert job.of(1, "first")["cls"] == "BackendError"
+    got = job.of(0, "second")
+    assert got["cls"] == "PeerError" and got["s"] < 10, got  # not at the 20 s timeout
+    assert got["msg"].startswith(
+        "all_reduce #2 on world (rank 0 of 2): rank 1 (world rank 1) failed all_reduce #1, "
+        "which this rank went past, and the group is unusable there: it will join no later "
+        "call: BackendError: all_reduce #1 on world (rank 1 of 2): mpi failed: MPI_ERR_TRUNCATE"
+    ), got
+    assert got["msg"].endswith(
+        "[its call: (16,) float32, op ReduceOp.SUM]; this rank's all_reduce #1 differs: (16,) "
+        "float64, op ReduceOp.SUM (it returned here, with data that may be wrong)"
+    ), got
+    if peer_calls_again:
+        assert job.of(1, "second")["cls"] == "ClosedError"
+
+
 def test_a_peers_failure_says_its_call_beside_this_ranks(launch):
     # float64 on rank 0, float32 on ranks 1-2, 16 elements (below the size compared before
     # MPI): rank 1's receive is cut short (MPI_ERR_TRUNCATE) and ranks 0 and 2 heard only
