@@ -178,9 +178,10 @@ class NoticeBoard:
         kind: str = FAILED,
     ) -> None:
         """Tell every other member (world ranks) about ``op #seq`` here: it failed inside
-        (FAILED; BROKE where that made the group unusable here), was refused before any MPI call, so this rank's part of it was never posted
-        (REFUSED), or, waiting inside it, this rank heard of a peer's refusal (ENTERED: the
-        refusing rank learns that this one took part, see Dispatcher.settle)."""
+        (FAILED; BROKE where that made the group unusable here), was refused before any MPI
+        call, so this rank's part of it was never posted (REFUSED), or, waiting inside it,
+        this rank heard of a peer's refusal (ENTERED: the refusing rank learns that this one
+        took part, see Dispatcher.settle)."""
         msg = (gid, seq, op, group_rank, self.world_rank, reason, kind)
         if kind == REFUSED:
             with self._refused_lock:
