@@ -119,6 +119,9 @@ class NoticeBoard:
         self.failure: BaseException | None = None
         # per group id: (seq, op, group rank, world rank, reason, kind: see post)
         self.received: dict[str, list[tuple[int, str, int, int, str, str]]] = {}
+        # (group id, call number) of the peers' failures this rank was told of while in the
+        # call (check): such a call is not said again at the next call (a BROKE notice)
+        self._told: set[tuple[str, int]] = set()
         self._sent: list[Any] = []
         self.announced = False  # this rank's departure went out (see depart)
         # (threads send at once: a failure notice, an answer from another thread's poll)
@@ -525,10 +528,10 @@ class NoticeBoard:
         self._waiting = (where, time.monotonic())
         self.poll()
         for nseq, op, group_rank, world_rank, reason, kind in self.received.get(gid, ()):
-            if kind == BROKE and nseq < seq:
-                # (the call this rank is in would be refused there, and that notice said
-                # only that the peer's group was unusable; with no later call there this
-                # rank waited until its timeout; an outside hunt, 2026-12-05)
+            if kind == BROKE and nseq < seq and (gid, nseq) not in self._told:
+                # (a rank that went past that call heard only that the peer refused this
+                # one, or, where the peer made no later call, waited until its timeout; an
+                # outside hunt, 2026-12-05)
                 own = None if earlier is None else earlier(nseq)
                 here = ""
                 if own is not None and reason.endswith("]") and f"[{ITS_CALL}" in reason:
@@ -536,13 +539,13 @@ class NoticeBoard:
                     here = (
                         f"; this rank's {op} #{nseq}: the same ({own})"
                         if own == theirs
-                        else f"; this rank's {op} #{nseq} differs: {own} (it returned here, "
-                        f"with data that may be wrong)"
+                        else f"; this rank's {op} #{nseq} differs: {own} (where it returned "
+                        f"here, its data may be wrong)"
                     )
                 err = PeerError(
                     f"{where}: rank {group_rank} (world rank {world_rank}) failed {op} "
-                    f"#{nseq}, which this rank went past, and the group is unusable there: it "
-                    f"will join no later call: {reason}{here}"
+                    f"#{nseq}, and the group is unusable there: it will join no later call: "
+                    f"{reason}{here}"
                 )
                 err.told = True
                 raise err
@@ -584,6 +587,8 @@ class NoticeBoard:
                     f"and will not join it: {reason}{here}"
                 )
                 err.told = True  # by a notice, while this rank waited inside the call
+                if kind == BROKE:
+                    self._told.add((gid, seq))
                 raise err
 
     def refused_by(

@@ -2393,12 +2393,12 @@ def test_a_rank_that_went_past_a_call_its_peer_failed_is_told_at_its_next_call(
     assert got["cls"] == "PeerError" and got["s"] < 10, got  # not at the 20 s timeout
     assert got["msg"].startswith(
         "all_reduce #2 on world (rank 0 of 2): rank 1 (world rank 1) failed all_reduce #1, "
-        "which this rank went past, and the group is unusable there: it will join no later "
-        "call: BackendError: all_reduce #1 on world (rank 1 of 2): mpi failed: MPI_ERR_TRUNCATE"
+        "and the group is unusable there: it will join no later call: BackendError: "
+        "all_reduce #1 on world (rank 1 of 2): mpi failed: MPI_ERR_TRUNCATE"
     ), got
     assert got["msg"].endswith(
         "[its call: (16,) float32, op ReduceOp.SUM]; this rank's all_reduce #1 differs: (16,) "
-        "float64, op ReduceOp.SUM (it returned here, with data that may be wrong)"
+        "float64, op ReduceOp.SUM (where it returned here, its data may be wrong)"
     ), got
     if peer_calls_again:
         assert job.of(1, "second")["cls"] == "ClosedError"
