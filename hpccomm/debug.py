@@ -33,12 +33,14 @@ exchanges run in the dispatch through the host backend.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from .dtypes import SUPPORTED_DTYPES
 from .errors import InvalidArgumentError
 from .ops import Call
 
@@ -55,6 +57,7 @@ __all__ = [
     "disagreement",
     "out_of_step",
     "earlier_difference",
+    "earlier_left_messages",
     "exit_difference",
     "call_site",
     "HEADER_WORDS",
@@ -301,19 +304,64 @@ def out_of_step(fps: Sequence[dict[str, Any]]) -> str | None:
     return f"the ranks are out of step on this group: {more}"
 
 
-def earlier_difference(fps: Sequence[dict[str, Any]], large: int, now: int) -> str | None:
-    """The first call that differs among the ranks' calls not compared when they ran (each
-    fingerprint's "earlier" list, by sequence number), in words, or None where they agree.
-    ``large``: the size the "large" level compares from; ``now``: the sequence number of
-    the call whose comparison found it."""
+def _earlier_differing(fps: Sequence[dict[str, Any]]) -> Iterator[tuple[int, list[Any]]]:
+    """The number of each call that differs among the ranks' calls not compared when they
+    ran (each fingerprint's "earlier" list), in order, with its fingerprint per rank (None
+    on a rank that does not list it)."""
     lists = [{e["seq"]: e for e in fp.get("earlier", ())} for fp in fps]
     if not any(lists):
-        return None
+        return
     for seq in sorted(set().union(*lists)):
         row = [calls.get(seq) for calls in lists]
         present = [e for e in row if e is not None]
         if len(present) == len(row) and len({crc(e) for e in present}) == 1:
             continue
+        yield seq, row
+
+
+# bytes per element by dtype name (a fingerprint names its dtype)
+_ITEMSIZE = {info.name: info.dtype.itemsize for info in SUPPORTED_DTYPES.values()}
+# fields in which calls may differ and still move the same messages between the same ranks
+# (the same bytes, the same root): MPI matched each message with its own call
+_SAME_MESSAGES = ("reduce op", "dtype", "shape")
+
+
+def earlier_left_messages(fps: Sequence[dict[str, Any]]) -> bool:
+    """Whether an earlier call that differs (see earlier_difference) may have left messages
+    unreceived, which the group's later calls would receive as theirs: another root,
+    another call, another number of bytes, a call some ranks did not list. Only a reduce
+    op, or a dtype or shape of the same bytes, leaves none (an outside hunt: two ranks
+    naming different roots of a 16-byte broadcast each sent the other its data, and every
+    later broadcast from rank 1 gave rank 0 the previous one's data, for good)."""
+    return any(_left_messages(row) for _, row in _earlier_differing(fps))
+
+
+def _left_messages(row: list[Any]) -> bool:
+    """Whether one call's fingerprints, one per rank (None where not listed), differ in
+    what MPI moved (see earlier_left_messages)."""
+    if any(e is None for e in row):
+        return True
+    keys = set().union(*row) - {"site", "seq"}
+    for key in keys:
+        if key not in _SAME_MESSAGES and len({repr(_canonical(e.get(key))) for e in row}) > 1:
+            return True
+    sizes = set()
+    for e in row:
+        item = _ITEMSIZE.get(e.get("dtype")) if "dtype" in e else 0
+        if item is None:
+            return True
+        shape = e.get("shape") or e.get("row shape") or ()
+        sizes.add(math.prod(shape) * item)
+    return len(sizes) > 1
+
+
+def earlier_difference(fps: Sequence[dict[str, Any]], large: int, now: int) -> str | None:
+    """The first call that differs among the ranks' calls not compared when they ran (each
+    fingerprint's "earlier" list, by sequence number), in words, or None where they agree.
+    ``large``: the size the "large" level compares from; ``now``: the sequence number of
+    the call whose comparison found it."""
+    for seq, row in _earlier_differing(fps):
+        present = [e for e in row if e is not None]
         op = present[0]["op"]
         missing = [r for r, e in enumerate(row) if e is None]
         if missing:

@@ -47,6 +47,7 @@ from .debug import (
     crc_base,
     disagreement,
     earlier_difference,
+    earlier_left_messages,
     fingerprint,
     large_bytes,
     out_of_step,
@@ -1350,12 +1351,26 @@ class Dispatcher:
             mine["earlier"] = [fingerprint(c, c.spec.name, s) for s, c in earlier]
         fps = self.backend.allgather_object(mine)
         before = earlier_difference(fps, self.large, fp.get("seq", 0))
+        unusable = ""
+        if before is not None and earlier_left_messages(fps):
+            # (every rank has every fingerprint: each makes the group unusable alike)
+            unusable = (
+                ", and the group is unusable: that call (or another not compared when it ran) "
+                "moved other messages on some ranks (another root, size or call), which may be "
+                "left unreceived, and the group's later calls would receive them as theirs "
+                "(free() it and make another)"
+            )
+            self.broken = (
+                f"the group is unusable: {where_} found that an earlier call differed and may "
+                f"have left messages that later calls would receive as theirs: {before}"
+            )
+            self._update_slow()
         fps = [{k: v for k, v in f.items() if k != "earlier"} for f in fps]
         if before is not None and len({crc(f) for f in fps}) == 1:
             # this call is the same everywhere: an earlier one was not
             err = MismatchError(
                 f"{where_}: an earlier call on the group differed across ranks: {before}; "
-                f"this call was not run{self._world_of()}"
+                f"this call was not run{unusable}{self._world_of()}"
             )
             # every rank raises the same error (each has every fingerprint): no failure
             # notice, which a rank still in the exchange, waiting with a bound, could read
@@ -1364,7 +1379,7 @@ class Dispatcher:
             return err
         said = disagreement(fps)
         if before is not None:
-            said = f"{said}; and an earlier call differed too: {before}"
+            said = f"{said}; and an earlier call differed too: {before}{unusable}"
         step = out_of_step(fps)
         if step is not None:
             said = (

@@ -675,6 +675,48 @@ def test_a_small_call_that_differs_is_named_within_the_limit(default_level, kind
     assert msg.endswith("this call was not run"), msg
 
 
+@pytest.mark.parametrize("timeout", [60.0, None], ids=["bounded", "plain"])
+def test_a_small_call_with_other_roots_found_later_makes_the_group_unusable(world, timeout):
+    # two ranks naming different roots of a 16-byte broadcast each sent the other its data:
+    # the comparison at the next compared call named it and said the group goes on, and
+    # every later broadcast from rank 1 gave rank 0 the previous one's data, for good, with
+    # exit status 0 (an outside hunt)
+    if world.size < 2:
+        pytest.skip("needs two ranks with different roots")
+    pair = world.split(0 if world.rank < 2 else 1)
+    if world.rank >= 2:
+        pair.free()
+        return
+    pair.timeout = timeout
+    r = pair.rank
+    pair.broadcast(np.full(2, 100.0 + r), src=r)  # roots differ; each completes alone
+    with pytest.raises(MismatchError) as info:
+        pair.broadcast_object("cfg" if r == 0 else None, src=0)  # compared: names #1
+    msg = str(info.value)
+    assert "broadcast #1: src is 0 on rank 0 but 1 on rank 1" in msg, msg
+    assert "this call was not run, and the group is unusable: that call (or another not " in msg
+    for i in range(2):  # not the old data of #1 (and not rank 1's: it is the root)
+        y = np.full(2, 7.0) if r == 1 else np.zeros(2)
+        with pytest.raises(hpccomm.ClosedError) as closed:
+            pair.broadcast(y, src=1)
+        assert (
+            f"broadcast #{3 + i} on {pair.name} (rank {r} of 2): the group is unusable: "
+            f"broadcast_object #2 on {pair.name} (rank {r} of 2) found that an earlier call "
+            "differed and may have left messages" in str(closed.value)
+        ), str(closed.value)
+    pair.free()
+
+
+@pytest.mark.parametrize("kind", ["reduce op", "dtype", "shape"])
+def test_a_small_call_that_moved_the_same_messages_leaves_the_group_usable(default_level, kind):
+    # a reduce op, or a dtype or shape of the same bytes: MPI matched every message with
+    # its own call, so the group goes on after the MismatchError (the data of #1 is wrong)
+    c = default_level
+    said = _differ_once(c, kind)
+    msg = mismatch(c, c.barrier, said)
+    assert "the group is unusable" not in msg, msg
+
+
 def test_a_barrier_compares_the_calls_before_it(default_level):
     c = default_level
     said = _differ_once(c, "reduce op")

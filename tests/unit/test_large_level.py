@@ -229,6 +229,30 @@ def test_the_first_uncompared_call_that_differs_is_named():
     )
 
 
+def test_a_difference_that_moved_other_messages_is_told_apart():
+    """debug.earlier_left_messages: whether the first earlier call that differs may have
+    left messages unreceived (the group is then unusable, see Dispatcher._differ)."""
+
+    def left(*rows):
+        return debug.earlier_left_messages([{"earlier": row} for row in rows])
+
+    assert not left([_fp(2)], [_fp(2)])  # alike
+    assert not left([_fp(2, **{"reduce op": "ReduceOp.SUM"})], [_fp(2)])
+    assert not left([_fp(2, dtype="int32")], [_fp(2)])  # the same bytes
+    assert not left([_fp(2, shape=(2, 2))], [_fp(2)])
+    assert not left([_fp(2, dtype="float64", shape=(2,))], [_fp(2)])  # 16 bytes each
+    assert left([_fp(2, dtype="float64")], [_fp(2)])  # 32 bytes against 16
+    assert left([_fp(2, shape=(5,))], [_fp(2)])
+    assert left([_fp(2, op="broadcast", src=0)], [_fp(2, op="broadcast", src=1)])  # roots
+    assert left([_fp(2, op="broadcast")], [_fp(2)])  # another call
+    assert left([_fp(2)], [])  # compared on one rank only
+    assert left([_fp(2, dtype="no such")], [_fp(2)])  # bytes unknown: not trusted
+    # any call that differs counts, not only the first (the one the error names)
+    assert left([_fp(2, dtype="int32"), _fp(3, shape=(9,))], [_fp(2), _fp(3)])
+    assert left([_fp(2, shape=(9,)), _fp(3, dtype="int32")], [_fp(2), _fp(3)])
+    assert not left([_fp(2, dtype="int32"), _fp(3, shape=(2, 2))], [_fp(2), _fp(3)])
+
+
 def test_the_first_call_no_comparison_took_at_the_end_is_named():
     """debug.exit_difference, the comparison at the program's end (runtime._depart): rows
     of (last call number, uncompared calls by number) per group rank."""
