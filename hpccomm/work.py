@@ -643,8 +643,13 @@ def _p2p_left(call: Call, pending: Any) -> str:
 def _other_tag(call: Call) -> str:
     """For a receive (a recv, or a sendrecv's) with a tag that timed out: a message from its
     source with another tag waiting in MPI (the sender's tag differs), or else one with its
-    tag from another rank (the source differs), named; else ""."""
+    tag from another rank (the source differs), named; else "". A recv or recv_object: a
+    message of the other kind (an object for recv, an array for recv_object) from its source
+    with its tag, named first."""
     name = call.spec.name
+    other = _other_kind(call)
+    if other:
+        return other
     if call.tag is None or name not in ("recv", "sendrecv"):
         return ""
     source = call.peer if name == "recv" else call.src
@@ -662,6 +667,37 @@ def _other_tag(call: Call) -> str:
                 f"(is the source right?)"
             )
     return ""
+
+
+def _other_kind(call: Call) -> str:
+    """For a recv or recv_object that timed out: a message from its source with its tag sent
+    the other way (send_object's on the objects' communicator for a recv, an array's for a
+    recv_object), which this receive can never take, named; else "" (the timeout said that
+    no message arrived, though one waited: an outside hunt)."""
+    name = call.spec.name
+    if name not in ("recv", "recv_object"):
+        return ""
+    other = getattr(call.backend, "checks" if name == "recv" else "mpi", None)
+    if other is None:
+        return ""
+    try:
+        from mpi4py import MPI
+
+        status = MPI.Status()
+        if not other.Iprobe(
+            source=MPI.ANY_SOURCE if call.peer is None else call.peer,
+            tag=MPI.ANY_TAG if call.tag is None else call.tag,
+            status=status,
+        ):
+            return ""
+    except Exception:  # noqa: BLE001 - only a hint: the timeout is the error
+        return ""
+    sent, takes = ("send_object", "recv_object") if name == "recv" else ("send", "recv")
+    return (
+        f"; a message that {call.group.peer(status.Get_source())} sent with {sent} (tag "
+        f"{status.Get_tag()}) is waiting, which only {takes} receives (send/recv and "
+        f"send_object/recv_object never match each other)"
+    )
 
 
 def batch_tags(call: Call, items: Any) -> list[str]:

@@ -465,6 +465,43 @@ def test_a_receive_that_timed_out_names_a_message_waiting_with_another_tag(comm,
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("receiver", ["recv", "recv_object"])
+def test_a_receive_that_timed_out_names_a_message_of_the_other_kind(comm, receiver):
+    # send_object against recv (or send against recv_object): they never match, and the
+    # timeout said that no message from rank 0 arrived, though one waited (an outside hunt)
+    from hpccomm import CommTimeoutError
+
+    c = comm.dup()
+    if c.rank == 0:
+        if receiver == "recv":
+            c.send_object({"step": 3}, 1, tag=4)
+        else:
+            c.send(np.ones(2), 1, tag=4)
+    elif c.rank == 1:
+        c.timeout = 5.0
+        sender, other = ("send_object", "recv_object") if receiver == "recv" else ("send", "recv")
+        with pytest.raises(CommTimeoutError) as info:
+            if receiver == "recv":
+                c.recv(np.empty(2), 0, tag=4)
+            else:
+                c.recv_object(0, tag=4)
+        msg = str(info.value)
+        assert f"{receiver} #1 on {c.name} (rank 1 of {c.size}): not complete after 5 s" in msg
+        assert (
+            f"; a message that rank 0 sent with {sender} (tag 4) is waiting, which only {other} "
+            f"receives (send/recv and send_object/recv_object never match each other)"
+        ) in msg, msg
+        if receiver == "recv":  # the waiting message is intact
+            assert c.recv_object(0, tag=4) == {"step": 3}
+        else:
+            got = np.zeros(2)
+            c.recv(got, 0, tag=4)
+            assert (got == 1).all()
+    c.barrier()
+    c.free()
+
+
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("how", ["recv", "sendrecv"])
 def test_a_receive_that_timed_out_names_a_message_waiting_from_another_rank(comm, how):
     # A receive from the wrong source: the timeout said only that no message came from it,
