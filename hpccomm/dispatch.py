@@ -1655,6 +1655,23 @@ class Dispatcher:
                         f"after its call #{last} of this group: its #{seq} completed there "
                         f"without this rank (another call, or a rooted call's sender)"
                     )
+                    # its departure notice lists its calls no comparison took: #seq's
+                    # arguments beside this rank's (float32 there, float64 here: it was
+                    # said as another call, and no rank named the dtype; an outside hunt)
+                    kept = notices.unchecked_of.get(w, {}).get(self.gid)
+                    theirs = None if kept is None else kept[2].get(seq)
+                    if theirs is not None and mine is not None and crc(theirs) != crc(mine):
+                        diffs = [
+                            f"{k} {theirs.get(k, 'not given')!r} there, "
+                            f"{mine.get(k, 'not given')!r} here"
+                            for k in sorted(set(theirs) | set(mine) - {"seq", "site"})
+                            if k not in ("seq", "site") and theirs.get(k) != mine.get(k)
+                        ]
+                        text = (
+                            f"after its call #{last} of this group: its #{seq} completed there "
+                            f"with other arguments ({'; '.join(diffs)}): the calls differ, "
+                            f"and its result there may be wrong"
+                        )
                 else:
                     text = f"after its call #{last} of this group"
                 parts.append(f"{who} has left the job ({gone[1]}) {text}")

@@ -2367,6 +2367,31 @@ def test_a_peer_that_finalizes_mpi_itself_departs_too(launch):
     assert "did not say they leave" not in job.stderr
 
 
+def test_a_timeout_names_the_arguments_of_a_peer_that_completed_the_call_and_left(launch):
+    # 1,001 float32 on rank 0 against float64 on rank 1, the program's last call: rank 0
+    # completed it (wrong data) and ended; rank 1's timeout said rank 0's call #4 "completed
+    # there without this rank (another call, or a rooted call's sender)", and no rank named
+    # the dtype (an outside hunt). Rank 0's departure notice lists the call's arguments
+    job = launch(
+        2,
+        """
+        c = hpccomm.init(timeout=3)
+        for i in range(3):
+            c.all_reduce(np.ones(1001, np.float32))
+        x = np.ones(1001, np.float32 if c.rank == 0 else np.float64)
+        outcome(c, "last", lambda: c.all_reduce(x))
+        """,
+    )
+    assert job.of(0, "last")["cls"] is None  # (its data is wrong: not a fault of the test)
+    got = job.of(1, "last")
+    assert got["cls"] == "CommTimeoutError", got
+    assert (
+        "rank 0 has left the job (its program ended: a normal exit or sys.exit) after its call "
+        "#4 of this group: its #4 completed there with other arguments (dtype 'float32' there, "
+        "'float64' here): the calls differ, and its result there may be wrong"
+    ) in got["msg"], got
+
+
 @pytest.mark.parametrize("peer_calls_again", [False, True])
 def test_a_rank_that_went_past_a_call_its_peer_failed_is_told_at_its_next_call(
     launch, peer_calls_again
