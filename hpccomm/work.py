@@ -228,6 +228,11 @@ class Work:
                 else:  # pragma: no cover - every started call has its backend
                     self._exc = BackendError(f"{self._where()}: failed while completing: {exc}")
                 self._exc.__cause__ = exc
+            except BaseException as exc:  # KeyboardInterrupt or SystemExit raised inside the
+                # call (an object's unpickling): the call ended; wait() raises it, as inline.
+                # Escaping here, the Work stayed unfinished: dropped, it warned that its
+                # operation was still pending (an outside hunt)
+                self._exc = exc
             # the source is never asked again: a completed MPI request tested a second time
             # is MPI_REQUEST_NULL, whose status is empty
             source, self._pending = self._pending, _Finished
@@ -242,7 +247,7 @@ class Work:
             rec.error = self._exc
             if record.listeners:
                 record.notify("end", rec)
-        if self._exc is not None:
+        if isinstance(self._exc, Exception):  # (not a KeyboardInterrupt: no call's error)
             if self._on_failure is not None:
                 self._on_failure(self._seq, self._exc, stuck)
             if record.error_hooks:
@@ -650,17 +655,18 @@ def _other_tag(call: Call) -> str:
     other = _other_kind(call)
     if other:
         return other
-    if call.tag is None or name not in ("recv", "sendrecv"):
+    if call.tag is None or name not in ("recv", "sendrecv", "recv_object"):
         return ""
-    source = call.peer if name == "recv" else call.src
-    found = _waiting_message(call, source)
+    source = call.src if name == "sendrecv" else call.peer
+    objects = name == "recv_object"  # (send_object's messages: on a communicator of theirs)
+    found = _waiting_message(call, source, objects=objects)
     if found is not None and found[1] != call.tag:
         return (
             f"; a message from {call.group.peer(found[0])} with tag {found[1]} is waiting (do "
             f"the tags differ?)"
         )
     if found is None and source is not None:
-        found = _waiting_message(call, None, call.tag)
+        found = _waiting_message(call, None, call.tag, objects=objects)
         if found is not None and found[0] != source:
             return (
                 f"; a message from {call.group.peer(found[0])} with tag {found[1]} is waiting "
@@ -723,12 +729,12 @@ def batch_tags(call: Call, items: Any) -> list[str]:
 
 
 def _waiting_message(
-    call: Call, source: int | None, tag: int | None = None
+    call: Call, source: int | None, tag: int | None = None, *, objects: bool = False
 ) -> tuple[int, int] | None:
     """(source, tag) of a message from ``source`` (None: any rank) with ``tag`` (None: any)
-    that waits in MPI on the call's communicator, matched by no receive; None if there is
-    none or MPI cannot say."""
-    mpi = getattr(call.backend, "mpi", None)
+    that waits in MPI on the call's communicator (``objects``: send_object's), matched by
+    no receive; None if there is none or MPI cannot say."""
+    mpi = getattr(call.backend, "checks" if objects else "mpi", None)
     if mpi is None:
         return None
     try:
