@@ -1329,6 +1329,10 @@ def _depart(world: Communicator, *, wait: bool = True, finalizing: bool = False)
         return False
     for text in said:
         say(text)
+    if said and flight.recorder is not None:  # an hpccomm error of its own: its dump, as a
+        # raised one's (the trace folder was empty, and its analysis said there was nothing
+        # to analyze, though the job ended with status 1: an outside hunt)
+        flight.recorder.try_dump(said[0])
     return bool(said)
 
 

@@ -291,3 +291,28 @@ def test_sigterm_stops_the_program_while_its_trace_is_written(launch, tmp_path):
     assert (1, "alive") not in job.reports, job.stdout
     doc = json.loads((trace / "rank00001.json").read_text())
     assert doc["reason"] == "SIGTERM"
+
+
+def test_a_difference_found_at_exit_writes_the_dumps(launch, tmp_path, capsys):
+    # The exit's comparison of the calls no comparison took named SUM against MAX and the
+    # job ended with status 1, but the trace folder stayed empty and its analysis said
+    # there was nothing to analyze (an outside hunt)
+    trace = tmp_path / "trace"
+    job = launch(
+        2,
+        f"""
+        c = hpccomm.init(timeout=10, trace_dir={str(trace)!r})
+        for _ in range(3):
+            c.all_reduce(np.ones(4))
+        c.all_reduce(np.ones(4), op=ReduceOp.SUM if c.rank == 0 else ReduceOp.MAX)
+        report(c, "done")
+        """,
+    )
+    assert job.rc == 1, job.stderr[-2000:]
+    assert "at exit: on group world" in job.stderr, job.stderr[-2000:]
+    assert sorted(p.name for p in trace.glob("rank*.json")) == ["rank00000.json", "rank00001.json"]
+    verdict = analyze(trace, capsys)
+    assert (
+        "world #4 (all_reduce): the ranks' calls differ: op ReduceOp.SUM on rank 0 but "
+        "ReduceOp.MAX on rank 1"
+    ) in verdict, verdict
