@@ -10,8 +10,9 @@ failed), times, error, and in ``detail`` mode the call site. A rank writes
 hung job; the rank goes on), and on request (:func:`dump`). Signals are taken by a watcher
 thread through ``signal.set_wakeup_fd``, so a rank stuck inside an MPI call still writes.
 A dump records its job (:func:`job_identity`: the launcher's PMIx namespace, or the Slurm job
-and step, ...) and world size; the analysis takes the newest job's dumps of a directory and
-names the files it leaves out (an earlier job's, files not named ``rank<N>.json``).
+and step, ...), world size, and whether the program had ended (a rank waiting at exit for
+the others); the analysis takes the newest job's dumps of a directory and names the files
+it leaves out (an earlier job's, files not named ``rank<N>.json``).
 """
 
 from __future__ import annotations
@@ -89,6 +90,18 @@ def _departures(departed: Callable[[], dict[int, str]] | None) -> dict[str, str]
         return {str(w): why for w, why in (departed() if departed is not None else {}).items()}
     except Exception:  # noqa: BLE001 - a dump must not fail on a hint
         return {}
+
+
+def _program_ended() -> bool:
+    """Whether this process's program has ended: its main thread is done and no other
+    non-daemon thread runs (Python then runs the atexit handlers: hpccomm's exit, which waits
+    there for the other ranks to end theirs, is one). Such a rank is alive, and SIGTERM or
+    SIGUSR1 has it write a trace; the analysis, with nothing in it saying so, called it "in
+    no hpccomm call (computing, or stuck elsewhere)" (hunt AQ)."""
+    main = threading.main_thread()
+    if main.is_alive():
+        return False
+    return not any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not main)
 
 
 class FlightRecorder:
@@ -170,6 +183,7 @@ class FlightRecorder:
             "recorded": self.recorded,
             "entries": self.snapshot(),
             "departed": _departures(self.departed),
+            "program_ended": _program_ended(),
         }
         path = self.directory / f"rank{self.rank:05d}.json"
         tmp = path.with_suffix(".tmp")
@@ -435,6 +449,10 @@ def _read_dump(path: Path, named: int) -> dict[str, Any]:
             )
     if doc.get("job") is not None and type(doc["job"]) is not str:
         raise InvalidArgumentError(f"{where}: job is {doc['job']!r}, expected a string")
+    if type(doc.get("program_ended", False)) is not bool:
+        raise InvalidArgumentError(
+            f"{where}: program_ended is {doc['program_ended']!r}, expected true or false"
+        )
     if size > MAX_WORLD:  # (the analysis lists the ranks without a dump: 10**11 ran for ever)
         raise InvalidArgumentError(
             f"{where}: size {size:,}, expected a world of at most {MAX_WORLD:,} ranks"
@@ -567,6 +585,53 @@ def _entered(by_rank: dict[int, dict[str, Any]]) -> str:
         return _desc(sample)
     each = "; ".join(f"{a.strip() or 'no array'} on {_ranks(rs)}" for a, rs in args.items())
     return f"{sample['op']} #{sample['seq']} on {sample['group']} ({each})"
+
+
+def _differs(r: int, mine: dict[str, Any], by_rank: dict[int, dict[str, Any]]) -> str:
+    """How world rank ``r``'s record of a call (``mine``, which it completed or failed)
+    differs from those of the ranks waiting in it (``by_rank``) in what every rank must pass
+    alike, with both sides' values: ``dtype float32 on rank 0 but float64 on rank 1``; ""
+    where it does not."""
+    other_op = {r2: e for r2, e in by_rank.items() if e["op"] != mine["op"]}
+    if other_op:
+        return f"the call is {mine['op']} on rank {r} but {_values(other_op, lambda e: e['op'])}"
+    fields: list[tuple[str, str]] = [("dtype", "dtype"), ("redop", "op")]
+    if mine["op"] in _SAME_SHAPE:
+        fields.append(("shape", "shape"))
+    if mine["op"] in _ROOTED:
+        fields.append(("peer", "root"))
+    said = []
+    for field, label in fields:
+
+        def value(e: dict[str, Any], field: str = field) -> str | None:
+            v = e.get(field)
+            if v is None and field in ("dtype", "shape"):
+                return None  # (no data on that rank: a rooted call's other ranks)
+            if field == "redop" and v is not None:  # the op, not PREMUL_SUM's factor
+                v = str(v).partition("(")[0]
+            return str(tuple(v or ())) if field == "shape" else str(v)
+
+        own = value(mine)
+        others = {r2: e for r2, e in by_rank.items() if value(e) not in (None, own)}
+        if own is not None and others:
+            said.append(f"{label} {own} on rank {r} but {_values(others, value)}")
+    return "; ".join(said)
+
+
+def _values(by_rank: dict[int, dict[str, Any]], value: Callable[[dict[str, Any]], Any]) -> str:
+    """``float64 on rank 1, float16 on ranks 2-3``: each value of the ranks' records."""
+    ranks: dict[str, list[int]] = {}
+    for r, e in sorted(by_rank.items()):
+        ranks.setdefault(str(value(e)), []).append(r)
+    return ", ".join(f"{v} on {_ranks(rs)}" for v, rs in ranks.items())
+
+
+def _unseen(by_rank: dict[int, dict[str, Any]]) -> bool:
+    """Whether only async_op calls hold a call that ranks are "in": a Work's record stays
+    "started" until the Work is waited for, though its operation may have completed long
+    before (a kept, never waited Work led the verdict as "ranks 0-1 entered all_reduce #1
+    ... and wait", ahead of the real hang; a one-member group's call too: hunt AQ)."""
+    return all(e.get("async") for e in by_rank.values())
 
 
 # the start of a dump's reason when an exception nobody caught ends the rank (runtime)
@@ -890,10 +955,13 @@ def _collective_waits(
     heard: dict[int, list[_Heard]],
     waits: dict[_Call, dict[int, dict[str, Any]]],
     groups: dict[str, dict[str, Any]],
+    finished: Mapping[_Call, set[int]] | None = None,
 ) -> tuple[dict[int, _Call], dict[_Call, list[int]], dict[int, str]]:
     """Where each rank is blocked in a collective call (its latest blocking one; for a rank
     without a file, the newest one another rank heard it wait in): world rank -> the call;
-    each such call -> its members blocked in another call; world rank -> the call's name."""
+    each such call -> its members blocked in another call (not those whose own records hold
+    it completed or failed: ``finished``, call -> such ranks); world rank -> the call's
+    name."""
     blocked: dict[int, _Call] = {}
     named: dict[int, str] = {}
     for r, es in pending.items():
@@ -913,6 +981,9 @@ def _collective_waits(
     entered = {c: set(by_rank) for c, by_rank in waits.items()}
     for r, c in blocked.items():
         entered.setdefault(c, set()).add(r)
+    for c, ranks in (finished or {}).items():  # past it, not waiting for it to be entered: a
+        if c in entered:  # rank that completed a call whose dtype differed, then waited in
+            entered[c] |= ranks  # another group's, was a link of a "deadlock" (hunt AQ)
     needs = {
         c: [
             m
@@ -971,12 +1042,14 @@ def verdicts(
     docs: dict[int, dict[str, Any]], size: int | None, *, left_out: Sequence[str] = ()
 ) -> list[str]:
     """The verdicts from every rank's dump (ranks are world ranks): calls whose records
-    differ across ranks (dtype, root, op, shape), for every collective
-    call some ranks wait in, which ranks entered it and which never did (with their last
-    completed call on that group and where they wait instead; for a rank without a file,
-    what another rank's timeout heard of it), a ring of ranks waiting for one another across
-    calls, the ranks that left no file, and the failed calls when nobody waits; then the
-    files ``left_out`` (:attr:`Trace.left_out`)."""
+    differ across ranks (dtype, root, op, shape), for every collective call some ranks wait
+    in (those only async_op calls hold, whose Works may not have been waited for, last),
+    which ranks entered it, which completed or failed it by their own records (with their
+    arguments where they differ) and which never did (with their last completed call on
+    that group), and where they are instead (another call, or gone: their program ended;
+    for a rank without a file, what another rank's timeout heard of it), a ring of ranks
+    waiting for one another across calls, the ranks that left no file, and the failed
+    calls when nobody waits; then the files ``left_out`` (:attr:`Trace.left_out`)."""
     tail = [f"left out: {'; '.join(left_out)}"] if left_out else []
     if not docs:
         return ["no trace files: nothing to analyze", *tail]
@@ -1003,9 +1076,16 @@ def verdicts(
     last: dict[int, dict[str, dict[str, Any]]] = {}
     failed: dict[int, list[dict[str, Any]]] = {}
     waits: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
+    # each rank's record of each collective call it completed or failed: a rank past the call
+    # others wait in was said to have "never did" it (hunt AQ)
+    own: dict[int, dict[_Call, dict[str, Any]]] = {}
+    finished: dict[_Call, set[int]] = {}
     for r, doc in docs.items():
         for e in doc["entries"]:
             gid = e.get("gid") or e["group"]
+            if e["state"] != "started" and e["op"] not in _P2P:
+                own.setdefault(r, {})[(gid, e["seq"])] = e
+                finished.setdefault((gid, e["seq"]), set()).add(r)
             if e["state"] == "started":
                 pending.setdefault(r, []).append(e)
                 if e["op"] not in _P2P:
@@ -1019,20 +1099,30 @@ def verdicts(
             if h.text == _IN_IT and h.call in waits and h.by in waits[h.call]:
                 waits[h.call].setdefault(w, waits[h.call][h.by])
     lines.extend(_calls_differ(docs))  # the cause first, where the records show one
-    stuck = sorted(waits.items(), key=lambda kv: (-len(kv[1]), kv[0][1]))
+    # calls some rank waits in, before those only async_op calls hold (see _unseen)
+    stuck = sorted(waits.items(), key=lambda kv: (_unseen(kv[1]), -len(kv[1]), kv[0][1]))
     told: set[int] = set()  # ranks without a file named already
     for (gid, seq), by_rank in stuck:  # (every one: a cap hid calls, and a ring's links)
         sample = next(iter(by_rank.values()))
         members = groups.get(gid, {}).get("members") or sorted(by_rank)
         ops = sorted({e["op"] for e in by_rank.values()})
-        head = f"{sample['group']} #{seq}: {_ranks(by_rank)} entered "
         if len(ops) > 1:
             kinds = "; ".join(
                 f"{_ranks([r for r, e in by_rank.items() if e['op'] == op])} {op}" for op in ops
             )
-            head += f"different calls ({kinds}) and wait" + ("s" if len(by_rank) == 1 else "")
+            what = f"different calls ({kinds})"
         else:
-            head += f"{_entered(by_rank)} and wait" + ("s" if len(by_rank) == 1 else "")
+            what = _entered(by_rank)
+        head = f"{sample['group']} #{seq}: {_ranks(by_rank)} "
+        if _unseen(by_rank):
+            head += f"started {what} with async_op, not seen complete (not waited for yet, or "
+            head += "waited for now" + (
+                "; every member started it: it may have completed)"
+                if len(ops) == 1 and set(members) <= set(by_rank)
+                else ")"
+            )
+        else:
+            head += f"entered {what} and wait" + ("s" if len(by_rank) == 1 else "")
         lines.append(head)
         for r in [m for m in members if m not in by_rank]:
             if r not in docs:
@@ -1052,8 +1142,15 @@ def verdicts(
                     lines.append(f"rank {r} never did and left no trace file (killed hard?)")
                 told.add(r)
                 continue
+            this = own.get(r, {}).get((gid, seq))
             mine = last.get(r, {}).get(gid)
-            if mine is not None:
+            if this is not None:  # its own record of the call: past it, not waiting for it
+                text = f"rank {r} {this['state']} it (its call: {_desc(this)}"
+                diff = _differs(r, this, by_rank)
+                text += f", which differs: {diff})" if diff else ")"
+                if this["state"] == "failed":
+                    text += f": {_short(str(this.get('error')))}"
+            elif mine is not None:
                 text = f"rank {r} never did: its last completed call there was {_desc(mine)}"
             elif any((e.get("gid") or e["group"]) == gid for e in docs[r]["entries"]):
                 # calls of the group, none completed (failed, or waiting: said below)
@@ -1077,15 +1174,28 @@ def verdicts(
                 if ((e.get("gid") or e["group"]), e["seq"]) != (gid, seq)
             ]
             blocking = [e for e in elsewhere if not e.get("async")]
-            if elsewhere:
+            # its program ended: it waits at exit for the others, alive, and wrote its file on
+            # a signal; the departures were read for ranks without a file only, and it was
+            # "in no hpccomm call (computing, or stuck elsewhere)" (hunt AQ)
+            ended = left.get(r) or (
+                "its program ended: its trace was written at exit"
+                if docs[r].get("program_ended") is True
+                else None
+            )
+            uncaught = docs[r].get("reason", "").startswith(UNCAUGHT)
+            if blocking or (elsewhere and not uncaught and ended is None):
                 there = (blocking or elsewhere)[-1]
                 text += f", and it waits in {_desc(there)}"
                 if there["op"] in _P2P:  # (its peer and tag: a pipeline's recv, an outside hunt)
                     text += _peer_tag(there)
-            elif r in failed:
+            elif r in failed and failed[r][-1] is not this:
                 text += f", and its call {_desc(failed[r][-1])} failed: {_short(failed[r][-1]['error'])}"
-            elif docs[r].get("reason", "").startswith(UNCAUGHT):
+                if ended is not None and not uncaught:
+                    text += f"; it has left the job ({ended})"
+            elif uncaught:
                 text += f", and it ended with an exception nobody caught: {_short(docs[r]['reason'].removeprefix(UNCAUGHT).strip())}"
+            elif ended is not None:
+                text += f", and it has left the job ({ended})"
             elif _CALL_ERROR.match(docs[r].get("reason", "")):  # a call's error, no record
                 # (split, dup, new_group, monitored_barrier, create_group)
                 text += f", and it reported {_short(docs[r]['reason'])}"
@@ -1095,7 +1205,7 @@ def verdicts(
     if waits:  # a receive that waits for a mistagged send, beside the collectives' waits
         p2p_now = [(r, e) for r, es in sorted(pending.items()) for e in es if e["op"] in _P2P]
         lines.extend(text for _, text in _tags_unmatched(_p2p_waits(p2p_now, groups), docs, groups))
-    in_call, needs, named = _collective_waits(pending, heard, waits, groups)
+    in_call, needs, named = _collective_waits(pending, heard, waits, groups, finished)
     cycle = _wait_cycle(in_call, needs)
     if cycle:
         lines.append(

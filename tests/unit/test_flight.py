@@ -10,6 +10,7 @@ import time
 import pytest
 
 from hpccomm.cli import main
+from hpccomm.errors import InvalidArgumentError
 from hpccomm.flight import FlightRecorder, analyze, job_identity, load, load_trace
 
 # what the analysis says of a rank with no call of a group in its trace (its ring not full)
@@ -759,11 +760,125 @@ def test_premul_sum_factors_that_differ_by_rank_are_no_difference():
 
 
 def test_a_rank_whose_calls_on_the_group_failed_is_not_said_to_have_none():
+    # (rank 0 waits in #2: a rank's failed record of the call waited in is said as such, below)
     failed = entry("all_reduce", "world", 1, "failed", error="MPI_ERR_TRUNCATE: ...")
-    docs = {0: doc(0, 2, [entry("all_reduce", "world", 1, "started")]), 1: doc(1, 2, [failed])}
+    docs = {0: doc(0, 2, [entry("all_reduce", "world", 2, "started")]), 1: doc(1, 2, [failed])}
     docs[1]["recorded"] = 3000
     verdict = analyze(docs, 2)
     assert (
         "rank 1 never did: none of its calls on that group completed, and its call all_reduce #1 "
         "on world (4,) float32 failed"
     ) in verdict, verdict
+
+
+def test_a_rank_whose_own_record_holds_the_call_completed_or_failed_is_said_so():
+    # rank 1 passed float64 to all_reduce #4, rank 0 float32: MPI let rank 0 complete it, go
+    # on to broadcast #5 and wait in world/dup #2. The verdict said "rank 0 never did: its
+    # last completed call there was broadcast #5", then called the two waits a deadlock
+    # (hunt AQ)
+    dup = {"gid": "world/1@0"}
+    docs = {
+        0: doc(0, 2, [
+            entry("all_reduce", "world", 4, "completed", shape=(1001,)),
+            entry("broadcast", "world", 5, "completed", shape=(37,), dtype="float64"),
+            {**entry("all_reduce", "world/dup", 2, "started", dtype="float64"), **dup},
+        ]),
+        1: doc(1, 2, [
+            {**entry("all_reduce", "world/dup", 1, "completed", dtype="float64"), **dup},
+            entry("all_reduce", "world", 4, "started", shape=(1001,), dtype="float64"),
+        ]),
+    }  # fmt: skip
+    for d in docs.values():
+        d["groups"]["world/1@0"] = {"name": "world/dup", "members": [0, 1]}
+    verdict = analyze(docs, 2)
+    assert (
+        "world #4: rank 1 entered all_reduce #4 on world (1001,) float64 and waits. rank 0 "
+        "completed it (its call: all_reduce #4 on world (1001,) float32, which differs: dtype "
+        "float32 on rank 0 but float64 on rank 1), and it waits in all_reduce #2 on world/dup"
+    ) in verdict, verdict
+    assert "rank 0 never did" not in verdict and "deadlock" not in verdict, verdict
+    # arguments alike: its call alone
+    docs[1]["entries"][1]["dtype"] = "float32"
+    assert "rank 0 completed it (its call: all_reduce #4 on world (1001,) float32), and" in (
+        analyze(docs, 2)
+    )
+    # failed there, with another call than the waiting rank's (async calls issued in
+    # another order, debug "check"): both "never did" before
+    mismatch = "all_reduce #4 on world (rank 0 of 2): the ranks' calls differ: ..."
+    docs[0]["entries"][0].update(state="failed", error=mismatch)
+    docs[1]["entries"][1].update(op="broadcast", dtype="float64", shape=[37])
+    verdict = analyze(docs, 2)
+    assert (
+        "rank 0 failed it (its call: all_reduce #4 on world (1001,) float32, which differs: the "
+        "call is all_reduce on rank 0 but broadcast on rank 1): all_reduce #4 on world (rank 0 "
+        "of 2): the ranks' calls differ: ..., and it waits in all_reduce #2 on world/dup"
+    ) in verdict, verdict
+    assert "never did" not in verdict.split("world #4:")[1] and "deadlock" not in verdict
+
+
+def test_a_rank_whose_program_ended_is_said_to_have_left_the_job(tmp_path):
+    # a rank whose program ended waits at exit for the others, alive, and writes its file on
+    # SIGTERM: the verdict said it "is in no hpccomm call (computing, or stuck elsewhere)",
+    # though the peer's dump listed its departure (hunt AQ)
+    why = "its program ended: a normal exit or sys.exit"
+    docs = {
+        0: doc(0, 2, [entry("all_reduce", "world", 3, "completed")], reason="SIGTERM"),
+        1: doc(1, 2, [entry("all_reduce", "world", 3, "completed"),
+                      entry("all_reduce", "world", 4, "started")]),
+    }  # fmt: skip
+    docs[1]["departed"] = {"0": why}
+    verdict = analyze(docs, 2)
+    assert (
+        f"rank 0 never did: its last completed call there was all_reduce #3 on world (4,) "
+        f"float32, and it has left the job ({why})"
+    ) in verdict, verdict
+    assert "in no hpccomm call" not in verdict, verdict
+    # no peer heard of it (the peer waits inside MPI without a timeout): its own dump says so
+    docs[1]["departed"] = {}
+    docs[0]["program_ended"] = True
+    assert "and it has left the job (its program ended: its trace was written at exit)" in (
+        analyze(docs, 2)
+    )
+    # the recorder writes it: a dump at exit (an atexit handler), and one during the program
+    code = (
+        "import atexit, json, sys; from hpccomm.flight import FlightRecorder; "
+        "rec = FlightRecorder(sys.argv[1], 0, 1); "
+        "print(json.loads(rec.dump('x').read_text())['program_ended']); "
+        "atexit.register(lambda: rec.dump('at exit'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0 and out.stdout.strip() == "False", out
+    assert json.loads((tmp_path / "rank00000.json").read_text())["program_ended"] is True
+    docs[0]["program_ended"] = "yes"
+    write(tmp_path, "rank00000.json", docs[0])
+    with pytest.raises(InvalidArgumentError, match="program_ended is 'yes', expected true"):
+        load(tmp_path)
+
+
+def test_calls_only_unwaited_async_works_hold_come_after_the_waits():
+    # a Work kept and never waited for stays "started" though its operation completed: the
+    # verdict opened with "ranks 0-1 entered all_reduce #1 ... and wait", before the real
+    # hang, and said a one-member group's call waited (hunt AQ)
+    kept = {**entry("all_reduce", "world", 1, "started"), "async": True}
+    alone = {**entry("all_reduce", "world/tp", 3, "started", gid="world/3"), "async": True}
+    docs = {
+        0: doc(0, 2, [kept, entry("all_reduce", "world", 2, "started")]),
+        1: doc(1, 2, [kept, alone, entry("broadcast", "world", 2, "started")]),
+    }
+    docs[1]["groups"]["world/3"] = {"name": "world/tp", "members": [1]}
+    verdict = analyze(docs, 2)
+    assert verdict.startswith(
+        "world #2: ranks 0-1 entered different calls (rank 0 all_reduce; rank 1 broadcast) and "
+        "wait. world #1: ranks 0-1 started all_reduce #1 on world (4,) float32 with async_op, "
+        "not seen complete (not waited for yet, or waited for now; every member started it: it "
+        "may have completed). world/tp #3: rank 1 started all_reduce #3 on world/tp (4,) "
+        "float32 with async_op, not seen complete (not waited for yet, or waited for now; every "
+        "member started it: it may have completed)"
+    ), verdict
+    # one that some member never started may not have
+    docs[0]["entries"] = docs[0]["entries"][1:]
+    assert (
+        "world #1: rank 1 started all_reduce #1 on world (4,) float32 with async_op, not seen "
+        "complete (not waited for yet, or waited for now). rank 0 never did"
+    ) in analyze(docs, 2)
