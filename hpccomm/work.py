@@ -683,26 +683,14 @@ def _other_kind(call: Call) -> str:
     name = call.spec.name
     if name not in ("recv", "recv_object"):
         return ""
-    other = getattr(call.backend, "checks" if name == "recv" else "mpi", None)
-    if other is None:
-        return ""
-    try:
-        from mpi4py import MPI
-
-        status = MPI.Status()
-        if not other.Iprobe(
-            source=MPI.ANY_SOURCE if call.peer is None else call.peer,
-            tag=MPI.ANY_TAG if call.tag is None else call.tag,
-            status=status,
-        ):
-            return ""
-    except Exception:  # noqa: BLE001 - only a hint: the timeout is the error
+    found = _waiting_message(call, call.peer, call.tag, objects=name == "recv")
+    if found is None:
         return ""
     sent, takes = ("send_object", "recv_object") if name == "recv" else ("send", "recv")
     return (
-        f"; a message that {call.group.peer(status.Get_source())} sent with {sent} (tag "
-        f"{status.Get_tag()}) is waiting, which only {takes} receives (send/recv and "
-        f"send_object/recv_object never match each other)"
+        f"; a message that {call.group.peer(found[0])} sent with {sent} (tag {found[1]}) is "
+        f"waiting, which only {takes} receives (send/recv and send_object/recv_object never "
+        f"match each other)"
     )
 
 
