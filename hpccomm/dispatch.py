@@ -1664,8 +1664,8 @@ class Dispatcher:
                         diffs = [
                             f"{k} {theirs.get(k, 'not given')!r} there, "
                             f"{mine.get(k, 'not given')!r} here"
-                            for k in sorted(set(theirs) | set(mine) - {"seq", "site"})
-                            if k not in ("seq", "site") and theirs.get(k) != mine.get(k)
+                            for k in sorted((set(theirs) | set(mine)) - {"seq", "site"})
+                            if theirs.get(k) != mine.get(k)
                         ]
                         text = (
                             f"after its call #{last} of this group: its #{seq} completed there "

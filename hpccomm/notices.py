@@ -524,7 +524,8 @@ class NoticeBoard:
         member (world ranks ``members``) left the job or freed the group before reaching
         it, or a member's failure inside MPI of an earlier call made the group unusable
         there (``earlier(n)``: this rank's call #n, where it is still known, said beside
-        the peer's: this rank went past that call, with data that may be wrong)."""
+        the peer's: where that call returned here, its data may be wrong), unless this rank
+        was told of that failure inside the call."""
         self._waiting = (where, time.monotonic())
         self.poll()
         for nseq, op, group_rank, world_rank, reason, kind in self.received.get(gid, ()):
