@@ -1669,8 +1669,8 @@ class Dispatcher:
                         ]
                         text = (
                             f"after its call #{last} of this group: its #{seq} completed there "
-                            f"with other arguments ({'; '.join(diffs)}): the calls differ, "
-                            f"and its result there may be wrong"
+                            f"without this rank, with other arguments ({'; '.join(diffs)}): the "
+                            f"calls differ, and its result there may be wrong"
                         )
                 else:
                     text = f"after its call #{last} of this group"
