@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -595,22 +596,9 @@ def _differs(r: int, mine: dict[str, Any], by_rank: dict[int, dict[str, Any]]) -
     other_op = {r2: e for r2, e in by_rank.items() if e["op"] != mine["op"]}
     if other_op:
         return f"the call is {mine['op']} on rank {r} but {_values(other_op, lambda e: e['op'])}"
-    fields: list[tuple[str, str]] = [("dtype", "dtype"), ("redop", "op")]
-    if mine["op"] in _SAME_SHAPE:
-        fields.append(("shape", "shape"))
-    if mine["op"] in _ROOTED:
-        fields.append(("peer", "root"))
     said = []
-    for field, label in fields:
-
-        def value(e: dict[str, Any], field: str = field) -> str | None:
-            v = e.get(field)
-            if v is None and field in ("dtype", "shape"):
-                return None  # (no data on that rank: a rooted call's other ranks)
-            if field == "redop" and v is not None:  # the op, not PREMUL_SUM's factor
-                v = str(v).partition("(")[0]
-            return str(tuple(v or ())) if field == "shape" else str(v)
-
+    for field, label in _compared(mine["op"]):
+        value = partial(_shown, field=field)
         own = value(mine)
         others = {r2: e for r2, e in by_rank.items() if value(e) not in (None, own)}
         if own is not None and others:
@@ -648,6 +636,27 @@ _SAME_SHAPE = ("all_reduce", "broadcast", "reduce")
 _ROOTED = frozenset(spec.name for spec in SPECS if spec.root is not None and not spec.p2p)
 
 
+def _compared(op: str) -> list[tuple[str, str]]:
+    """The record fields every rank must pass alike in ``op``, each with its name in words."""
+    fields = [("dtype", "dtype"), ("redop", "op")]
+    if op in _SAME_SHAPE:
+        fields.append(("shape", "shape"))
+    if op in _ROOTED:
+        fields.append(("peer", "root"))
+    return fields
+
+
+def _shown(e: dict[str, Any], field: str) -> str | None:
+    """A record's value of a compared field as said; None where it has none (no data on that
+    rank: a rooted call's other ranks)."""
+    value = e.get(field)
+    if value is None and field in ("dtype", "shape"):
+        return None
+    if field == "redop" and value is not None:  # the op, not PREMUL_SUM's factor (each
+        value = str(value).partition("(")[0]  # rank its own)
+    return str(tuple(value or ())) if field == "shape" else str(value)
+
+
 def _calls_differ(docs: dict[int, dict[str, Any]]) -> list[str]:
     """The collective calls whose records differ across ranks in what every rank must pass
     alike (dtype, root, reduce op; shape where the op needs it): ``world #1: the ranks'
@@ -669,24 +678,14 @@ def _calls_differ(docs: dict[int, dict[str, Any]]) -> list[str]:
         if len(by_rank) < 2 or len({e["op"] for e in by_rank.values()}) > 1:
             continue  # (ops that differ are said where the ranks wait)
         op = next(iter(by_rank.values()))["op"]
-        fields = ["dtype", "redop"]
-        if op in _SAME_SHAPE:
-            fields.append("shape")
-        if op in _ROOTED:
-            fields.append("peer")
         said = []
-        for field in fields:
+        for field, label in _compared(op):
             values: dict[str, list[int]] = {}
             for r, e in sorted(by_rank.items()):
-                value = e.get(field)
-                if value is None and field in ("dtype", "shape"):
-                    continue  # (no data on that rank: a rooted call's other ranks)
-                if field == "redop" and value is not None:  # the op, not PREMUL_SUM's
-                    value = str(value).partition("(")[0]  # factor (each rank its own)
-                shown = str(tuple(value or ())) if field == "shape" else str(value)
-                values.setdefault(shown, []).append(r)
+                shown = _shown(e, field)
+                if shown is not None:
+                    values.setdefault(shown, []).append(r)
             if len(values) > 1:
-                label = "root" if field == "peer" else "op" if field == "redop" else field
                 first, *rest = sorted(values.items(), key=lambda kv: len(kv[1]))
                 said.append(
                     f"{label} {first[0]} on {_ranks(first[1])} but "
