@@ -15,6 +15,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, NamedTuple
 
 from .errors import CommTimeoutError, PeerError
@@ -73,6 +74,19 @@ FREED = "<freed>"
 # a failure notice's reason ends with "[its call: ...]", the failing rank's call
 # (Dispatcher._post), which the peers' PeerError puts this rank's call beside (check)
 ITS_CALL = "its call: "
+
+
+def _beside(reason: str, mine: Callable[[], str | None] | None, label: str, wrong: str = "") -> str:
+    """Where a failure notice's ``reason`` ends with the failing rank's call ("[its call:
+    ...]"), this rank's (``mine()``; nothing where None) beside it: ``; {label}: the same
+    (...)`` or ``; {label} differs: ...{wrong}``; else ""."""
+    if mine is None or not reason.endswith("]") or f"[{ITS_CALL}" not in reason:
+        return ""
+    own = mine()
+    if own is None:
+        return ""
+    theirs = reason.rpartition(f"[{ITS_CALL}")[2][:-1]
+    return f"; {label}: the same ({own})" if own == theirs else f"; {label} differs: {own}{wrong}"
 
 
 class Place(NamedTuple):
@@ -533,16 +547,12 @@ class NoticeBoard:
                 # (a rank that went past that call heard only that the peer refused this
                 # one, or, where the peer made no later call, waited until its timeout; an
                 # outside hunt, 2026-12-05)
-                own = None if earlier is None else earlier(nseq)
-                here = ""
-                if own is not None and reason.endswith("]") and f"[{ITS_CALL}" in reason:
-                    theirs = reason.rpartition(f"[{ITS_CALL}")[2][:-1]
-                    here = (
-                        f"; this rank's {op} #{nseq}: the same ({own})"
-                        if own == theirs
-                        else f"; this rank's {op} #{nseq} differs: {own} (where it returned "
-                        f"here, its data may be wrong)"
-                    )
+                here = _beside(
+                    reason,
+                    None if earlier is None else partial(earlier, nseq),
+                    f"this rank's {op} #{nseq}",
+                    " (where it returned here, its data may be wrong)",
+                )
                 err = PeerError(
                     f"{where}: rank {group_rank} (world rank {world_rank}) failed {op} "
                     f"#{nseq}, and the group is unusable there: it will join no later call: "
@@ -574,15 +584,7 @@ class NoticeBoard:
         for nseq, op, group_rank, world_rank, reason, kind in self.received.get(gid, ()):
             if nseq == seq and kind != ENTERED:
                 verb = "refused" if kind == REFUSED else "failed"  # as the timeout's answer
-                here = ""
-                if mine is not None and reason.endswith("]") and f"[{ITS_CALL}" in reason:
-                    # the failing rank said its call: this rank's beside it
-                    own, theirs = mine(), reason.rpartition(f"[{ITS_CALL}")[2][:-1]
-                    here = (
-                        f"; this rank's call: the same ({own})"
-                        if own == theirs
-                        else f"; this rank's call differs: {own}"
-                    )
+                here = _beside(reason, mine, "this rank's call")
                 err = PeerError(
                     f"{where}: rank {group_rank} (world rank {world_rank}) {verb} {op} #{nseq} "
                     f"and will not join it: {reason}{here}"
