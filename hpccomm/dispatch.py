@@ -203,6 +203,7 @@ class Dispatcher:
         "_unsettled",
         "_refused_receive",
         "_inside",
+        "_threads",
         "_settling",
         "_p2p",
         "_p2p_refused",
@@ -255,6 +256,9 @@ class Dispatcher:
         # the thread in a plain collective of this group now, and that call's place (another
         # thread's collective meanwhile is refused: see _concurrent)
         self._inside: tuple[int, Call, int] | None = None
+        # every thread inside an operation or step of this group now, and what it runs
+        # there (see calls_elsewhere)
+        self._threads: dict[int, str] = {}
         self._settling = threading.Lock()  # settle runs on the caller's or the worker thread
         self._slow = timeout is not None or debug in CHECKING
         # the point-to-point Works handed out and not seen complete (free() refuses while
@@ -348,9 +352,41 @@ class Dispatcher:
         async_op: bool = False,
         stream: Any = None,
     ) -> Any:
-        """Run one operation; returns its result, or a Work when ``async_op``."""
-        ex = self.executor
+        """Run one operation; returns its result, or a Work when ``async_op``. The thread is
+        counted inside the group from its first step (a call taken from the validation
+        cache) to its last, for free() and the exit (see calls_elsewhere)."""
         me = _get_ident()
+        threads = self._threads
+        outer = threads.get(me)  # (an operation run from inside another, e.g. a hook's)
+        threads[me] = spec.name
+        try:
+            return self._operation(
+                me, spec, data, out, peer, src, tag, redop, sizes, in_splits, out_splits,
+                async_op, stream,
+            )  # fmt: skip
+        finally:
+            if outer is None:
+                del threads[me]
+            else:
+                threads[me] = outer
+
+    def _operation(
+        self,
+        me: int,
+        spec: OpSpec,
+        data: Any,
+        out: Any,
+        peer: Any,
+        src: Any,
+        tag: Any,
+        redop: Any,
+        sizes: Any,
+        in_splits: Any,
+        out_splits: Any,
+        async_op: bool,
+        stream: Any,
+    ) -> Any:
+        ex = self.executor
         if ex is not None and not async_op and ex.ident == me and not spec.p2p:
             self._on_own_worker(spec, ex, (data, peer, src, tag))
         held = _HELD and spec.arrays and self.debug != "off"
@@ -1974,8 +2010,18 @@ class Dispatcher:
         the ranks first compare the op, its sequence number and ``agree`` (e.g. new_group's
         rank list, a layout group's layout and dimensions). Its errors reach the error hooks
         (the flight recorder's dump), as an operation's do."""
-        with record.reported():
-            return self._collective(what, fn, *args, agree=agree)
+        me = _get_ident()
+        threads = self._threads
+        outer = threads.get(me)
+        threads[me] = what
+        try:
+            with record.reported():
+                return self._collective(what, fn, *args, agree=agree)
+        finally:
+            if outer is None:
+                del threads[me]
+            else:
+                threads[me] = outer
 
     def _collective(
         self, what: str, fn: Callable[..., Any], *args: Any, agree: dict[str, Any] | None = None
@@ -2041,24 +2087,23 @@ class Dispatcher:
 
     def calls_elsewhere(self) -> list[str]:
         """The calls of this group that threads other than this one are inside now (a plain
-        call runs on its caller's thread, not the worker's): found from the threads' frames,
-        so nothing is counted on the calls' own path. free() refuses while one runs (it
-        freed the communicator under a blocking recv: a fatal MPI_ERR_COMM; the shared
-        segment under a fast-path all_reduce: the peer hung), and exit waits for them."""
+        call runs on its caller's thread, not the worker's), as dispatch and collective
+        count them. free() refuses while one runs (it freed the communicator under a
+        blocking recv: a fatal MPI_ERR_COMM; the shared segment under a fast-path
+        all_reduce: the peer hung), and exit waits for them. (It read the threads' frames
+        before, f_locals of frames other threads were executing: CPython 3.11 does not make
+        that safe: a fault run's free() racing another thread's calls segfaulted there once, in
+        the interpreter's attribute lookup.)"""
         me = threading.get_ident()
+        inside = self._threads.copy()  # (one step under the GIL: other threads change it)
+        inside.pop(me, None)
+        if not inside:
+            return []
         names = {t.ident: t.name for t in threading.enumerate()}
-        out = []
-        for ident, frame in sys._current_frames().items():
-            f: Any = frame
-            while ident != me and f is not None:
-                if f.f_code in _ENTRY_CODES and f.f_locals.get("self") is self:
-                    local = f.f_locals
-                    spec = local.get("spec")
-                    what = spec.name if spec is not None else local.get("what", "a call")
-                    out.append(f"{what} on {self.group.name} (thread {names.get(ident, ident)})")
-                    break
-                f = f.f_back
-        return out
+        return [
+            f"{what} on {self.group.name} (thread {names.get(ident, ident)})"
+            for ident, what in inside.items()
+        ]
 
     def close(self) -> str | None:
         """Stop the worker thread; returns what is stuck in it, if anything."""
@@ -2249,10 +2294,6 @@ class ReadOnlyWhileRunning:
 
 
 _HELD = ReadOnlyWhileRunning.held  # (the class's table: empty unless async calls run)
-
-
-# the dispatcher's entry points whose frames mean "a call of this group runs on this thread"
-_ENTRY_CODES = frozenset({Dispatcher.dispatch.__code__, Dispatcher._collective.__code__})
 
 
 def _restorable(array: np.ndarray) -> bool:
