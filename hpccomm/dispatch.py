@@ -99,7 +99,7 @@ from .ops import (
     matches,
     p2p_counterparts,
 )
-from .record import Record
+from .record import Record, Refusal
 from .work import ORPHANS, Done, Work, batch_tags, reap, wait_watching, withdrawn_receive
 
 __all__ = ["Dispatcher", "CACHE_LIMIT"]
@@ -412,7 +412,7 @@ class Dispatcher:
                 if stream is not None:
                     check_stream(stream, here)
             except InvalidArgumentError as exc:
-                self.refused(spec, exc, (data, peer, src, tag))
+                self.refused(spec, exc, (data, peer, src, tag), redop)
                 raise
         # resolve + validate, once per description of host arrays (the key holds only what
         # validation depends on; a freed communicator has an empty cache and is refused by
@@ -495,7 +495,7 @@ class Dispatcher:
                     spec, data, out, peer, src, tag, redop, sizes, in_splits, out_splits
                 )
             except HpccommError as exc:
-                self.refused(spec, exc, (data, peer, src, tag))
+                self.refused(spec, exc, (data, peer, src, tag), redop)
                 raise
             # (scatter_object's root: validated every call, its list being data)
             if key and not (spec is SCATTER_OBJECT and call.peer == self.group.rank):
@@ -514,7 +514,7 @@ class Dispatcher:
             try:
                 data = self.backend.pickled(call, data, self.group.seq + 1)
             except HpccommError as exc:
-                self.refused(spec, exc, (data, peer, src, tag))
+                self.refused(spec, exc, (data, peer, src, tag), redop)
                 raise
         # record: the group's next sequence number
         group = self.group
@@ -639,7 +639,7 @@ class Dispatcher:
             f"(MPI matches them by order: two threads' calls could pair up differently on "
             f"each rank); refused here (give each thread its own group: comm.dup())"
         )
-        self.refused(call.spec, exc, (data, call.peer, call.src, call.tag))
+        self.refused(call.spec, exc, (data, call.peer, call.src, call.tag), call.redop)
         raise exc
 
     def prepare(
@@ -946,7 +946,11 @@ class Dispatcher:
         raise exc
 
     def refused(
-        self, spec: OpSpec, exc: BaseException, args: tuple[Any, Any, Any, Any] | None = None
+        self,
+        spec: OpSpec,
+        exc: BaseException,
+        args: tuple[Any, Any, Any, Any] | None = None,
+        redop: Any = None,
     ) -> None:
         """A collective refused by validation on this rank takes its sequence number all the
         same (the other ranks may have entered it: their counters moved on too; or they
@@ -962,10 +966,13 @@ class Dispatcher:
 
         A point-to-point call refused here (``args``: its data, peer, src and tag) takes
         no number (they are not matched across ranks) and tells the ranks it names, whose
-        side of it then says so at its timeout (see p2p_whereabouts)."""
-        if record.error_hooks:
-            record.report_error(exc)
+        side of it then says so at its timeout (see p2p_whereabouts).
+
+        A refused collective is recorded in its place (``args`` and ``redop`` as given) for
+        the flight recorder before the error reaches the error hooks (its dump)."""
         if spec.p2p:
+            if record.error_hooks:
+                record.report_error(exc)
             if _receives(spec) and self._refused_receive is None:
                 self._refused_receive = f"a {spec.name} was refused here ({type(exc).__name__})"
             if args is not None:
@@ -973,6 +980,13 @@ class Dispatcher:
             return
         self.group.seq += 1
         seq = self.group.seq
+        if record.refusal_hooks:
+            site = call_site() if self.debug == "detail" else None
+            record.note_refusal(
+                Refusal(spec.name, self.group, self.gid, seq, args, redop, exc, site)
+            )
+        if record.error_hooks:
+            record.report_error(exc)
         # an object collective at "large": the others are in the comparison, told there
         # (the notice after it: seen first, a bounded peer raised a PeerError instead)
         # object collectives and all_to_all on arrays: compared at "large" too (see prepare)

@@ -37,7 +37,7 @@ from typing import Any
 from . import record
 from .errors import InvalidArgumentError
 from .ops import SPECS
-from .record import Record
+from .record import Record, Refusal
 
 __all__ = [
     "FlightRecorder",
@@ -114,7 +114,7 @@ class FlightRecorder:
         self.directory = Path(directory)
         self.rank = rank
         self.size = size
-        self.entries: collections.deque[Record] = collections.deque(maxlen=capacity)
+        self.entries: collections.deque[Record | Refusal] = collections.deque(maxlen=capacity)
         self.recorded = 0  # calls ever recorded (the ring keeps the last ``capacity``)
         self.writer: int | None = None  # the thread writing a dump now
         self.stop_after = False  # SIGTERM came while that thread wrote it (see _ignore)
@@ -133,11 +133,16 @@ class FlightRecorder:
             self.entries.append(rec)  # completed in place by the record step
             self.recorded += 1
 
+    def note_refusal(self, refusal: Refusal) -> None:
+        """A collective refused here before it ran: kept in its place, state "refused"."""
+        self.entries.append(refusal)
+        self.recorded += 1
+
     def groups(self) -> dict[str, dict[str, Any]]:
         """The groups of the recorded calls: id -> name and members (world ranks)."""
         out: dict[str, dict[str, Any]] = {}
         for rec in list(self.entries):
-            g = rec.call.group
+            g = rec.group
             out[rec.gid] = {"name": g.name, "members": list(g.world_ranks)}
         return out
 
@@ -147,7 +152,13 @@ class FlightRecorder:
             d = rec.describe()
             d["gid"] = getattr(rec, "gid", d["group"])
             d["state"] = (
-                "failed" if rec.error is not None else "completed" if rec.t_end else "started"
+                "refused"
+                if type(rec) is Refusal
+                else "failed"
+                if rec.error is not None
+                else "completed"
+                if rec.t_end
+                else "started"
             )
             d["t_start"] = rec.t_start + self._offset
             d["t_end"] = rec.t_end + self._offset if rec.t_end else None
@@ -256,6 +267,7 @@ def start(directory: str | os.PathLike[str], rank: int, size: int) -> FlightReco
         recorder = FlightRecorder(directory, rank, size)
         record.add_listener(recorder)
         record.error_hooks.append(recorder.note_error)
+        record.refusal_hooks.append(recorder.note_refusal)
         _watch_signals(recorder)
     return recorder
 
@@ -443,7 +455,7 @@ def _read_dump(path: Path, named: int) -> dict[str, Any]:
             for k, kinds in _ENTRY_TYPES.items()
             if k in e and not any(type(e[k]) is kind for kind in kinds)
         ]
-        if wrong or e["state"] not in ("started", "completed", "failed"):
+        if wrong or e["state"] not in _STATES:
             what = f"{wrong[0]} is {e[wrong[0]]!r}" if wrong else f"state is {e['state']!r}"
             raise InvalidArgumentError(
                 f"{where}: entry {i}: {what}, not as the flight recorder writes it"
@@ -468,6 +480,10 @@ def _read_dump(path: Path, named: int) -> dict[str, Any]:
         ) from None
     return doc
 
+
+# an entry's states: a call started (and not seen end), completed, failed (raised after it
+# started), or refused on this rank before it ran (it took its number all the same)
+_STATES = ("started", "completed", "failed", "refused")
 
 # an entry's fields the analysis reads, and the types the recorder writes them in
 _ENTRY_TYPES: dict[str, tuple[type, ...]] = {
@@ -652,8 +668,10 @@ def _shown(e: dict[str, Any], field: str) -> str | None:
     value = e.get(field)
     if value is None and field in ("dtype", "shape"):
         return None
-    if field == "redop" and value is not None:  # the op, not PREMUL_SUM's factor (each
-        value = str(value).partition("(")[0]  # rank its own)
+    if value is None and field == "redop":  # (none: an op refused as given, or no op)
+        return None
+    if field == "redop":  # the op, not PREMUL_SUM's factor (each rank its own)
+        value = str(value).partition("(")[0]
     return str(tuple(value or ())) if field == "shape" else str(value)
 
 
@@ -1089,7 +1107,7 @@ def verdicts(
                 pending.setdefault(r, []).append(e)
                 if e["op"] not in _P2P:
                     waits.setdefault((gid, e["seq"]), {})[r] = e
-            elif e["state"] == "failed":
+            elif e["state"] in ("failed", "refused"):
                 failed.setdefault(r, []).append(e)
             elif e["op"] not in _P2P:
                 last.setdefault(r, {})[gid] = e
@@ -1147,7 +1165,7 @@ def verdicts(
                 text = f"rank {r} {this['state']} it (its call: {_desc(this)}"
                 diff = _differs(r, this, by_rank)
                 text += f", which differs: {diff})" if diff else ")"
-                if this["state"] == "failed":
+                if this["state"] != "completed":  # failed, or refused before it ran
                     text += f": {_short(str(this.get('error')))}"
             elif mine is not None:
                 text = f"rank {r} never did: its last completed call there was {_desc(mine)}"
@@ -1188,7 +1206,7 @@ def verdicts(
                 if there["op"] in _P2P:  # (its peer and tag: a pipeline's recv, an outside hunt)
                     text += _peer_tag(there)
             elif r in failed and failed[r][-1] is not this:
-                text += f", and its call {_desc(failed[r][-1])} failed: {_short(failed[r][-1]['error'])}"
+                text += f", and its call {_desc(failed[r][-1])} {failed[r][-1]['state']}: {_short(failed[r][-1]['error'])}"
                 if ended is not None and not uncaught:
                     text += f"; it has left the job ({ended})"
             elif uncaught:
@@ -1252,7 +1270,7 @@ def verdicts(
             lines.append(facing)
         if failed:
             lines.extend(
-                f"rank {r}: {_desc(es[-1])} failed: {_short(es[-1]['error'])}"
+                f"rank {r}: {_desc(es[-1])} {es[-1]['state']}: {_short(es[-1]['error'])}"
                 for r, es in sorted(failed.items())
             )
         elif not p2p:

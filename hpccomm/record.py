@@ -15,11 +15,13 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .dtypes import as_reduce_op
 from .errors import HpccommError, InvalidArgumentError
 from .ops import Call
 
 __all__ = [
     "Record",
+    "Refusal",
     "CallLog",
     "add_listener",
     "remove_listener",
@@ -27,6 +29,8 @@ __all__ = [
     "notify",
     "error_hooks",
     "report_error",
+    "refusal_hooks",
+    "note_refusal",
     "reported",
 ]
 
@@ -34,6 +38,8 @@ __all__ = [
 listeners: list[Callable[[str, Record], None]] = []
 # Called with every hpccomm error a call raises to its caller (the flight recorder's dump).
 error_hooks: list[Callable[[BaseException], None]] = []
+# Called with every collective refused on this rank before it ran (the flight recorder's ring)
+refusal_hooks: list[Callable[[Refusal], None]] = []
 
 
 class Record:
@@ -53,6 +59,11 @@ class Record:
         self.error: BaseException | None = None
         self.gid = gid or call.group.name  # the group's id, alike on every member
         self.site = site  # the caller's file:line (debug "detail")
+
+    @property
+    def group(self) -> Any:
+        """The call's group (its name and members)."""
+        return self.call.group
 
     def where(self) -> str:
         """``"op #seq on group (rank r of n)"``, the prefix of messages about this call."""
@@ -78,6 +89,82 @@ class Record:
             "t_end": self.t_end,
             "error": None if self.error is None else str(self.error),
         }
+
+
+class Refusal:
+    """A collective refused on this rank before it ran (by validation, or a guard before
+    it): it takes its sequence number all the same, so the flight recorder keeps it in its
+    place, with the arguments as given (which validation refused) and the error. The
+    analysis of a trace said such a rank "never did" the call, or that it was in no call."""
+
+    __slots__ = ("op", "group", "gid", "seq", "dtype", "shape", "peer", "redop", "error",
+                 "t_start", "t_end", "site")  # fmt: skip
+
+    def __init__(
+        self,
+        op: str,
+        group: Any,
+        gid: str,
+        seq: int,
+        args: tuple[Any, ...] | None,
+        redop: Any,
+        error: BaseException,
+        site: str | None = None,
+    ) -> None:
+        self.op, self.group, self.gid, self.seq = op, group, gid, seq
+        data, peer = (args[0], args[1]) if args else (None, None)
+        self.dtype, self.shape = _given(data)
+        # a root as given: an int as the recorder writes roots, anything else said
+        self.peer = peer if peer is None or type(peer) is int else f"{peer!r:.60}"
+        self.redop = None
+        if redop is not None:
+            try:
+                self.redop = repr(as_reduce_op(redop, ""))
+            except Exception:  # noqa: BLE001 - an op validation refused: its error says it
+                pass
+        self.error = error
+        self.t_start = self.t_end = time.perf_counter()
+        self.site = site
+
+    def describe(self) -> dict[str, Any]:
+        """The fields of :meth:`Record.describe`, as far as the refused arguments give them."""
+        return {
+            "op": self.op,
+            "group": self.group.name,
+            "seq": self.seq,
+            "peer": self.peer,
+            "tag": None,
+            "dtype": self.dtype,
+            "shape": self.shape,
+            "count": None,
+            "redop": self.redop,
+            "backend": None,
+            "async": False,
+            "t_start": self.t_start,
+            "t_end": self.t_end,
+            "error": str(self.error),
+        }
+
+
+def _given(data: Any) -> tuple[str | None, tuple[int, ...] | None]:
+    """The dtype name and shape of an argument as given, where it has them (an array of any
+    library); (None, None) for anything else."""
+    try:
+        shape = tuple(int(n) for n in data.shape)
+        dtype = data.dtype
+        name = getattr(dtype, "name", None)
+        return (name if isinstance(name, str) else str(dtype)), shape
+    except Exception:  # noqa: BLE001 - no array: a list, None, an object whose shape raises
+        return None, None
+
+
+def note_refusal(refusal: Refusal) -> None:
+    """Tell the refusal hooks about a collective refused on this rank (never raises)."""
+    for fn in refusal_hooks:
+        try:
+            fn(refusal)
+        except Exception:  # noqa: BLE001 - a hook must not replace the real error
+            pass
 
 
 def add_listener(fn: Callable[[str, Record], None]) -> None:

@@ -316,3 +316,42 @@ def test_a_difference_found_at_exit_writes_the_dumps(launch, tmp_path, capsys):
         "world #4 (all_reduce): the ranks' calls differ: op ReduceOp.SUM on rank 0 but "
         "ReduceOp.MAX on rank 1"
     ) in verdict, verdict
+
+
+def test_a_refused_call_is_in_the_refusing_ranks_trace(launch, tmp_path, capsys):
+    # Validation refused rank 2's all_reduce #4 (MAX on complex64): the call took its number
+    # but was not recorded, so rank 2's dump ended at #3 and the analysis knew of the call
+    # only from its peers' PeerError, cut at 100 characters
+    trace = tmp_path / "trace"
+    job = launch(
+        3,
+        f"""
+        c = hpccomm.init(timeout=5, trace_dir={str(trace)!r})
+        for _ in range(3):
+            c.all_reduce(np.ones(4))
+        x = np.ones(4, np.complex64 if c.rank == 2 else np.float64)
+        outcome(c, "call", lambda: c.all_reduce(x, op=ReduceOp.MAX if c.rank == 2 else ReduceOp.SUM))
+        time.sleep(2)  # (the peers' calls stay inside MPI: their exit aborts the job)
+        """,
+    )
+    assert job.of(2, "call")["cls"] == "DtypeError"
+    assert job.of(0, "call")["cls"] == "PeerError"
+    mine = json.loads((trace / "rank00002.json").read_text())["entries"]
+    assert [(e["op"], e["seq"], e["state"]) for e in mine][-2:] == [
+        ("all_reduce", 3, "completed"),
+        ("all_reduce", 4, "refused"),
+    ]
+    assert (mine[-1]["dtype"], mine[-1]["shape"], mine[-1]["redop"]) == (
+        "complex64",
+        [4],
+        "ReduceOp.MAX",
+    )
+    verdict = analyze(trace, capsys)
+    assert verdict.startswith(
+        "world #4 (all_reduce): the ranks' calls differ: dtype complex64 on rank 2 but float64 "
+        "on ranks 0-1; op ReduceOp.MAX on rank 2 but ReduceOp.SUM on ranks 0-1"
+    ), verdict
+    assert (
+        "rank 2: all_reduce #4 on world (4,) complex64 refused: all_reduce (rank 2 of 3): op MAX "
+        "is not defined for dtype complex64: complex numbers have no order"
+    ) in verdict, verdict

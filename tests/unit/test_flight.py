@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from hpccomm.cli import main
@@ -882,3 +883,58 @@ def test_calls_only_unwaited_async_works_hold_come_after_the_waits():
         "world #1: rank 1 started all_reduce #1 on world (4,) float32 with async_op, not seen "
         "complete (not waited for yet, or waited for now). rank 0 never did"
     ) in analyze(docs, 2)
+
+
+def test_a_refused_call_is_said_as_refused_with_its_arguments():
+    # rank 1's validation refused all_reduce #4 (it took the number); rank 0 waits in it.
+    # The refusal was not recorded: "rank 1 never did: its last completed call there was #3"
+    docs = {
+        0: doc(0, 2, [
+            entry("all_reduce", "world", 3, "completed"),
+            entry("all_reduce", "world", 4, "started"),
+        ]),
+        1: doc(1, 2, [
+            entry("all_reduce", "world", 3, "completed"),
+            entry("all_reduce", "world", 4, "refused", dtype="complex64",
+                  error="all_reduce (rank 1 of 2): op MAX is not defined for dtype complex64"),
+        ], reason="DtypeError: all_reduce (rank 1 of 2): op MAX is not defined ..."),
+    }  # fmt: skip
+    verdict = analyze(docs, 2)
+    assert (
+        "world #4: rank 0 entered all_reduce #4 on world (4,) float32 and waits. rank 1 "
+        "refused it (its call: all_reduce #4 on world (4,) complex64, which differs: dtype "
+        "complex64 on rank 1 but float32 on rank 0): all_reduce (rank 1 of 2): op MAX is not "
+        "defined for dtype complex64"
+    ) in verdict, verdict
+    assert "never did" not in verdict, verdict
+
+
+class _Group:
+    name = "world/tp"
+    world_ranks = (2, 3)
+
+
+@pytest.mark.parametrize(
+    ("data", "peer", "redop", "said"),
+    [
+        (np.ones((3, 5), np.complex64), None, "max", ("complex64", [3, 5], None, "ReduceOp.MAX")),
+        ([1, 2], 7, None, (None, None, 7, None)),
+        (np.ones(2), "0", "nonsense", ("float64", [2], "'0'", None)),
+    ],
+)
+def test_the_recorder_keeps_a_refusal_as_given(tmp_path, data, peer, redop, said):
+    from hpccomm.record import Refusal
+
+    rec = FlightRecorder(tmp_path, 0, 4)
+    exc = InvalidArgumentError("broadcast (rank 0 of 2): ...")
+    rec.note_refusal(
+        Refusal("broadcast", _Group(), "world/2", 6, (data, peer, None, None), redop, exc)
+    )
+    path = rec.dump("DtypeError: ...")
+    d = json.loads(path.read_text())
+    (e,) = d["entries"]
+    assert (e["state"], e["seq"], e["gid"], e["error"]) == ("refused", 6, "world/2", str(exc))
+    assert (e["dtype"], e["shape"], e["peer"], e["redop"]) == said
+    assert d["groups"] == {"world/2": {"name": "world/tp", "members": [2, 3]}}
+    assert d["recorded"] == 1
+    load(tmp_path)  # the analysis reads it
