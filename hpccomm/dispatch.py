@@ -852,6 +852,8 @@ class Dispatcher:
                         settle,
                     )
                     self._slow = True  # later plain calls queue behind it until it is done
+                    if rec is not None and async_op:
+                        rec.source = pending  # (its end, for the flight recorder's dumps)
             elif mode == "requests":
                 headers = checking and not call.spec.objects
                 if headers and call.backend is self.backend:  # host arrays: checked headers

@@ -160,6 +160,18 @@ class FlightRecorder:
                 if rec.t_end
                 else "started"
             )
+            source = getattr(rec, "source", None)
+            if d["state"] == "started" and source is not None and source.test():
+                # an async call whose job on the worker has ended, its Work not waited for
+                # (yet): its record ends at wait(), and the analysis took it as running
+                d["waited"] = False
+                if source.error is None:
+                    d["state"] = "completed"
+                else:
+                    d["state"], d["error"] = (
+                        "failed",
+                        str(source.error),
+                    )
             d["t_start"] = rec.t_start + self._offset
             d["t_end"] = rec.t_end + self._offset if rec.t_end else None
             d["site"] = rec.site

@@ -46,7 +46,7 @@ class Record:
     """One call as listeners see it: the validated call, its sequence number, whether it was
     asynchronous, its start and end times (``time.perf_counter``) and its error, if any."""
 
-    __slots__ = ("call", "seq", "async_op", "t_start", "t_end", "error", "gid", "site")
+    __slots__ = ("call", "seq", "async_op", "t_start", "t_end", "error", "gid", "site", "source")
 
     def __init__(
         self, call: Call, seq: int, async_op: bool, gid: str = "", site: str | None = None
@@ -59,6 +59,10 @@ class Record:
         self.error: BaseException | None = None
         self.gid = gid or call.group.name  # the group's id, alike on every member
         self.site = site  # the caller's file:line (debug "detail")
+        # an async call run on the group's worker thread: its job there (an executor
+        # Future), which a flight recorder's dump reads to tell an operation that has
+        # completed from one still running while its Work has not been waited for
+        self.source: Any = None
 
     @property
     def group(self) -> Any:

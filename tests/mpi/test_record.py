@@ -239,3 +239,24 @@ def test_a_listener_that_raises_on_one_rank_never_stops_its_call(comm, event, ca
                          r"OSError: \[Errno 28\] No space left on device", err, re.S), err  # fmt: skip
     else:
         assert "the listener" not in err
+
+
+def test_a_dump_tells_an_async_call_that_ended_from_one_still_running(comm, tmp_path):
+    # A Work's record ends when the Work is waited for: a dump taken after its operation
+    # had completed on the worker thread said "started", and trace analyze called the
+    # ranks "in" it ("not seen complete")
+    from hpccomm.flight import FlightRecorder
+    from hpccomm.record import add_listener, remove_listener
+
+    rec = FlightRecorder(tmp_path, comm.rank, comm.size)
+    add_listener(rec)
+    try:
+        w = comm.all_reduce(np.arange(1000, dtype=np.float64), async_op=True)
+        comm.barrier()  # queued behind it on the group: it has completed
+        (e,) = [e for e in rec.snapshot() if e["op"] == "all_reduce"]
+        assert (e["state"], e.get("waited")) == ("completed", False)
+        w.wait()
+        (e,) = [e for e in rec.snapshot() if e["op"] == "all_reduce"]
+        assert e["state"] == "completed" and "waited" not in e
+    finally:
+        remove_listener(rec)
