@@ -417,7 +417,11 @@ class NoticeBoard:
         out, or past it), the call may complete at any moment: the wait goes on for
         ``stop()`` until ``wait`` is over, rather than ending with the answers (a rank that
         arrives while asked answers at its first look, 20 ms into its call, which would
-        otherwise end the others' call a moment before it completes).
+        otherwise end the others' call a moment before it completes), and for ``wait``
+        seconds from the moment the last of them was found there, where that came late in
+        the question's own ``wait`` (a rank arriving 0.3 s before the end of the asking: on
+        a loaded machine the call then had too little time, and raised on this rank while
+        the late rank completed it).
         Within ASK_REUSE seconds of the end of a question to the same ranks (or more) of
         the group, that question's time and answers are returned instead, with what came
         since (another call of the group that timed out with it: no second wait)."""
@@ -438,18 +442,27 @@ class NoticeBoard:
             self._send(msg, w)
 
         completed = False
+        found_in_it: float | None = None  # when every answer first showed the call reached
 
         def answered() -> bool:
-            nonlocal completed
+            nonlocal completed, found_in_it
             self.poll(force=True)
             if stop is not None and stop():
                 completed = True
                 return True
             if not all(w in heard and heard[w][0] >= since for w in others):
                 return False
-            return stop is None or reached is None or not all(reached(heard[w][1]) for w in others)
+            if stop is None or reached is None or not all(reached(heard[w][1]) for w in others):
+                return True
+            if found_in_it is None:
+                found_in_it = time.monotonic()
+            return False
 
         wait_bounded(answered, wait)
+        if not completed and found_in_it is not None and stop is not None:
+            rest = found_in_it + wait - time.monotonic()
+            if rest > 0:
+                completed = wait_bounded(stop, rest)
         self._drop_sent()
         if not completed:  # (answers to a call that completed are no story for the next)
             self._asked[gid] = (time.monotonic(), since, frozenset(others))

@@ -202,6 +202,34 @@ def test_asking_waits_on_for_a_call_every_peer_has_reached():
             assert gid in asking._asked  # (kept for calls timing out with it)
 
 
+def test_a_peer_found_in_the_call_late_in_the_asking_gets_time_to_complete_it():
+    # rank 1 came to the call 0.3 s before the end of rank 0's asking (a 1 s timeout in a
+    # fresh-clone CI run, on a loaded machine): the asking ended at its own bound, the call
+    # completed a moment later, and rank 0 had raised its timeout while rank 1 went on with
+    # the group the call made. The asking now waits ``wait`` from when every peer was found
+    # in the call.
+    import threading
+    import time
+
+    wire = {}
+    answering = NoticeBoard(FakeComm(1, wire), -1)
+    answering.locate = lambda gid: (3, "split #3 on world (rank 1 of 2)", None)
+    asking = NoticeBoard(FakeComm(0, wire), -1)
+    t0 = time.monotonic()
+    threading.Timer(0.35, answering.poll, kwargs={"force": True}).start()  # rank 1 arrives
+    since, said = asking.ask(
+        "world",
+        [0, 1],
+        wait=0.5,
+        stop=lambda: time.monotonic() - t0 > 0.7,  # the call completes 0.35 s after it came
+        reached=lambda place: True,
+    )
+    took = time.monotonic() - t0
+    assert said[1][1].seq == 3
+    assert 0.7 <= took < 0.85 + 0.5, took  # waited for it (the asking's own 0.5 s ended)
+    assert "world" not in asking._asked  # it completed: no story for another call
+
+
 def test_a_peer_has_reached_a_call_in_it_with_the_same_arguments_or_past_it():
     from hpccomm.debug import crc, fingerprint
     from hpccomm.dispatch import _reached
