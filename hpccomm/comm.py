@@ -1272,7 +1272,12 @@ class Communicator:
         # communicator (a segfault; MPI_ERR_COMM in MPI_Mprobe: an outside review, with
         # another thread calling in a loop)
         fenced = self._fence()
-        busy = self._running()  # this group's and its subgroups', before anything is freed
+        try:
+            busy = self._running()  # this group's and its subgroups', before anything is freed
+        except BaseException:  # (whatever it was, nothing is freed: the group is opened again)
+            for d in fenced:
+                d.closed = False
+            raise
         if busy:
             for d in fenced:
                 d.closed = False

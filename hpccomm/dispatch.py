@@ -366,7 +366,7 @@ class Dispatcher:
             )  # fmt: skip
         finally:
             if outer is None:
-                del threads[me]
+                threads.pop(me, None)  # (a fork() child drops the others' entries)
             else:
                 threads[me] = outer
 
@@ -983,10 +983,12 @@ class Dispatcher:
         self.group.seq += 1
         seq = self.group.seq
         if record.refusal_hooks:
-            site = call_site() if self.debug == "detail" else None
-            record.note_refusal(
-                Refusal(spec.name, self.group, self.gid, seq, args, redop, exc, site)
-            )
+            try:  # (on the error path: nothing here may replace the caller's error)
+                site = call_site() if self.debug == "detail" else None
+                refusal = Refusal(spec.name, self.group, self.gid, seq, args, redop, exc, site)
+            except Exception:  # noqa: BLE001 - an argument whose repr or shape raises
+                refusal = Refusal(spec.name, self.group, self.gid, seq, None, None, exc)
+            record.note_refusal(refusal)
         if record.error_hooks:
             record.report_error(exc)
         # an object collective at "large": the others are in the comparison, told there
@@ -2004,7 +2006,15 @@ class Dispatcher:
         is_completed()). MPI is not asked: a thread of the caller's (torch's point-to-point
         driver) may be waiting on the same request, and MPI forbids two threads on one."""
         running = []
-        for work in list(self._p2p):
+        for _ in range(100):  # (a WeakSet is iterated in Python: another thread's isend
+            try:  # meanwhile raised "Set changed size during iteration" in free())
+                works = list(self._p2p)
+                break
+            except RuntimeError:
+                continue
+        else:
+            works = []
+        for work in works:
             if work.finished:
                 self._p2p.discard(work)
             else:
@@ -2035,7 +2045,7 @@ class Dispatcher:
                 return self._collective(what, fn, *args, agree=agree)
         finally:
             if outer is None:
-                del threads[me]
+                threads.pop(me, None)  # (a fork() child drops the others' entries)
             else:
                 threads[me] = outer
 

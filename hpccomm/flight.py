@@ -384,6 +384,8 @@ def undo_signals() -> None:
     record.remove_listener(rec)
     if rec.note_error in record.error_hooks:
         record.error_hooks.remove(rec.note_error)
+    if rec.note_refusal in record.refusal_hooks:
+        record.refusal_hooks.remove(rec.note_refusal)
     try:
         if _wakeup_fd >= 0:
             signal.set_wakeup_fd(-1)

@@ -460,9 +460,19 @@ class NoticeBoard:
 
         wait_bounded(answered, wait)
         if not completed and found_in_it is not None and stop is not None:
+            assert reached is not None  # (found_in_it is set only with it)
+
+            def still() -> bool:  # the notices read meanwhile: a peer's newer answer
+                nonlocal completed  # (it left, its call stuck) ends the wait
+                self.poll(force=True)
+                if stop():
+                    completed = True
+                    return True
+                return not all(reached(heard[w][1]) for w in others)
+
             rest = found_in_it + wait - time.monotonic()
             if rest > 0:
-                completed = wait_bounded(stop, rest)
+                wait_bounded(still, rest)
         self._drop_sent()
         if not completed:  # (answers to a call that completed are no story for the next)
             self._asked[gid] = (time.monotonic(), since, frozenset(others))

@@ -9,6 +9,7 @@ shape, times, error) and notify; with no listener the record step is one integer
 from __future__ import annotations
 
 import contextlib
+import operator
 import sys
 import time
 import traceback
@@ -118,15 +119,15 @@ class Refusal:
         self.op, self.group, self.gid, self.seq = op, group, gid, seq
         data, peer = (args[0], args[1]) if args else (None, None)
         self.dtype, self.shape = _given(data)
-        # a root as given: an int as the recorder writes roots, anything else said
-        self.peer = peer if peer is None or type(peer) is int else f"{peer!r:.60}"
+        self.peer = _root(peer)
         self.redop = None
         if redop is not None:
             try:
                 self.redop = repr(as_reduce_op(redop, ""))
             except Exception:  # noqa: BLE001 - an op validation refused: its error says it
                 pass
-        self.error = error
+        # its text (the exception's traceback would keep the call's arrays alive in the ring)
+        self.error = str(error)
         self.t_start = self.t_end = time.perf_counter()
         self.site = site
 
@@ -146,8 +147,21 @@ class Refusal:
             "async": False,
             "t_start": self.t_start,
             "t_end": self.t_end,
-            "error": str(self.error),
+            "error": self.error,
         }
+
+
+def _root(peer: Any) -> int | str | None:
+    """A root as given, as the recorder writes roots: an int where it is an integer (a NumPy
+    integer too: written as its repr, the analysis said the roots differ), else its repr."""
+    if peer is None or type(peer) is int:
+        return peer
+    try:
+        if not isinstance(peer, bool) and hasattr(type(peer), "__index__"):
+            return operator.index(peer)
+        return f"{peer!r:.60}"
+    except Exception:  # noqa: BLE001 - a repr or __index__ that raises
+        return f"a {type(peer).__name__}"
 
 
 def _given(data: Any) -> tuple[str | None, tuple[int, ...] | None]:
@@ -156,8 +170,9 @@ def _given(data: Any) -> tuple[str | None, tuple[int, ...] | None]:
     try:
         shape = tuple(int(n) for n in data.shape)
         dtype = data.dtype
-        name = getattr(dtype, "name", None)
-        return (name if isinstance(name, str) else str(dtype)), shape
+        name = getattr(dtype, "name", None)  # (NumPy's and CuPy's dtypes; torch's has none:
+        # "torch.float32" beside the others' "float32" was said to differ)
+        return (name if isinstance(name, str) else str(dtype).removeprefix("torch.")), shape
     except Exception:  # noqa: BLE001 - no array: a list, None, an object whose shape raises
         return None, None
 

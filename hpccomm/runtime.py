@@ -988,8 +988,13 @@ def _after_fork() -> None:
         f"{_init_pid}), where MPI cannot be used (its messages would go out as the parent's); "
         f"communicate from the parent, or start workers with the 'spawn' method"
     )
+    me = threading.get_ident()
     for c in [] if world is None else world._tree():
         d = c._dispatcher
+        # the parent's threads inside calls are not here: free() was refused for good, "all_reduce
+        # on world (thread ...) still running" (an outside review)
+        for ident in [i for i in d._threads if i != me]:
+            del d._threads[ident]
         d.notices = None  # nothing goes out as the parent: no failure notices either
         c._notices = None
         if d.broken is None:

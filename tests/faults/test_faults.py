@@ -1875,6 +1875,45 @@ def test_a_work_pending_at_a_fork_is_refused_in_the_child(launch, timeout):
     assert not job.crashed()
 
 
+def test_a_fork_child_frees_a_group_its_parents_thread_was_inside(launch):
+    # rank 0 forked while another thread of it waited in a plain all_reduce (rank 1 came
+    # 2 s later): the child, where that thread does not exist, was refused free() for good
+    # ("all_reduce on world/dup (thread ...) still running; wait() for them first"), an
+    # outside review of the table of threads inside calls
+    job = launch(
+        2,
+        """
+        import threading
+        c = hpccomm.init()
+        g = c.dup()
+        if c.rank == 0:
+            t = threading.Thread(target=lambda: g.all_reduce(np.ones(2)))
+            t.start()
+            time.sleep(0.5)  # the thread waits in the all_reduce
+            pid = os.fork()
+            if pid == 0:  # the child
+                try:
+                    g.free()
+                    print("CHILD freed", flush=True)
+                except Exception as e:
+                    print(f"CHILD free raised {type(e).__name__}: {e}", flush=True)
+                os._exit(0)
+            os.waitpid(pid, 0)
+            t.join()
+        else:
+            time.sleep(2)
+            g.all_reduce(np.ones(2))
+        g.free()
+        report(c, "done")
+        """,
+        bound=60,
+    )
+    assert job.rc == 0, job.stderr[-3000:]
+    assert "CHILD freed" in job.stdout, job.stdout
+    for rank in (0, 1):
+        job.of(rank, "done")
+
+
 def test_init_from_two_threads_at_once(launch):
     # both ran MPI_Init and init's collectives at once: a hang (3 of 3 in an outside review)
     # or, with a timeout, a bare MPI_ERR_OTHER

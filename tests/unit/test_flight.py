@@ -914,12 +914,32 @@ class _Group:
     world_ranks = (2, 3)
 
 
+class _TorchDtype:  # what torch.float32 says of itself: no .name
+    def __str__(self):
+        return "torch.float32"
+
+
+class _Tensor:
+    shape = (2, 3)
+    dtype = _TorchDtype()
+
+
+class _BadRepr:  # a root whose repr raises: the refusal's record must not raise
+    def __repr__(self):
+        raise RuntimeError("repr fails")
+
+
 @pytest.mark.parametrize(
     ("data", "peer", "redop", "said"),
     [
         (np.ones((3, 5), np.complex64), None, "max", ("complex64", [3, 5], None, "ReduceOp.MAX")),
         ([1, 2], 7, None, (None, None, 7, None)),
         (np.ones(2), "0", "nonsense", ("float64", [2], "'0'", None)),
+        # a NumPy root as the others' records write it (its repr was said to differ), a
+        # torch dtype by its name ("torch.float32" beside "float32" likewise)
+        (np.ones(2), np.int64(1), "sum", ("float64", [2], 1, "ReduceOp.SUM")),
+        (_Tensor(), None, None, ("float32", [2, 3], None, None)),
+        (np.ones(1), _BadRepr(), None, ("float64", [1], "a _BadRepr", None)),
     ],
 )
 def test_the_recorder_keeps_a_refusal_as_given(tmp_path, data, peer, redop, said):
@@ -938,3 +958,4 @@ def test_the_recorder_keeps_a_refusal_as_given(tmp_path, data, peer, redop, said
     assert d["groups"] == {"world/2": {"name": "world/tp", "members": [2, 3]}}
     assert d["recorded"] == 1
     load(tmp_path)  # the analysis reads it
+    assert rec.entries[0].error == str(exc)  # its text: no traceback keeping arrays alive
