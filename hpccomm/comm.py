@@ -1040,9 +1040,18 @@ class Communicator:
                 raise self._not_created("create_group", exc) from exc
             return made, made.mpi.allgather(self._node_key)
 
-        # the members only: not a step of this group's sequence, bounded by its timeout
-        with record.reported():  # the flight recorder's dump, as for an operation
-            backend, keys = self._dispatcher.bounded(
+        # the members only: not a step of this group's sequence, bounded by its timeout;
+        # counted inside the group (free() from another thread refuses meanwhile: it ran on
+        # the caller's thread unseen, and free() freed the communicator under it, an outside
+        # review), and refused if free() closed the group first
+        d = self._dispatcher
+        # (its errors reach the flight recorder's dump, as an operation's do)
+        with record.reported(), d.inside("create_group"):
+            if d.closed:
+                raise ClosedError(
+                    f"{self._here('create_group')}: communicator {self.name} already freed"
+                )
+            backend, keys = d.bounded(
                 f"create_group {ranks}{f' (tag {tag_value})' if tag_value else ''} on "
                 f"{self.name} (rank {self.rank} of {self.size})",
                 job,

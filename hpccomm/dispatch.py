@@ -22,6 +22,7 @@ call with device arrays; it imports nothing above it.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import re
@@ -30,7 +31,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from operator import attrgetter
 from typing import Any, ClassVar
@@ -2036,13 +2037,19 @@ class Dispatcher:
         the ranks first compare the op, its sequence number and ``agree`` (e.g. new_group's
         rank list, a layout group's layout and dimensions). Its errors reach the error hooks
         (the flight recorder's dump), as an operation's do."""
+        with self.inside(what), record.reported():
+            return self._collective(what, fn, *args, agree=agree)
+
+    @contextlib.contextmanager
+    def inside(self, what: str) -> Iterator[None]:
+        """This thread counted inside a step of the group (``what``) for free() and the exit
+        (see calls_elsewhere); dispatch does the same inline (its every call's cost)."""
         me = _get_ident()
         threads = self._threads
         outer = threads.get(me)
         threads[me] = what
         try:
-            with record.reported():
-                return self._collective(what, fn, *args, agree=agree)
+            yield
         finally:
             if outer is None:
                 threads.pop(me, None)  # (a fork() child drops the others' entries)

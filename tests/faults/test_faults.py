@@ -1914,6 +1914,42 @@ def test_a_fork_child_frees_a_group_its_parents_thread_was_inside(launch):
         job.of(rank, "done")
 
 
+def test_free_while_another_thread_creates_a_group_from_it_is_refused(launch):
+    # create_group without a timeout ran on its caller's thread, unseen by free(): another
+    # thread's free() freed the communicator under it (an outside review of the table of
+    # threads inside calls)
+    job = launch(
+        2,
+        """
+        import threading
+        c = hpccomm.init()
+        g = c.dup()
+        made = []
+        if c.rank == 0:
+            t = threading.Thread(target=lambda: made.append(g.create_group([0, 1])))
+            t.start()
+            time.sleep(0.5)  # the thread waits in create_group for rank 1
+            outcome(c, "free", g.free)
+            t.join()
+        else:
+            time.sleep(2)
+            made.append(g.create_group([0, 1]))
+        x = np.ones(2)
+        made[0].all_reduce(x)
+        report(c, "sum", value=x.tolist())
+        made[0].free()
+        g.free()
+        """,
+        bound=60,
+    )
+    assert job.rc == 0 and not job.crashed(), job.stderr[-3000:]
+    got = job.of(0, "free")
+    assert got["cls"] == "InvalidArgumentError", got
+    assert "create_group on world/dup (thread Thread-1" in got["msg"], got
+    for rank in (0, 1):
+        assert job.of(rank, "sum")["value"] == [2.0, 2.0]
+
+
 def test_init_from_two_threads_at_once(launch):
     # both ran MPI_Init and init's collectives at once: a hang (3 of 3 in an outside review)
     # or, with a timeout, a bare MPI_ERR_OTHER
