@@ -158,6 +158,34 @@ def test_a_layout_with_a_call_running_frees_none_of_its_groups(comm):
     groups.free()
 
 
+def test_a_layout_closes_every_group_before_it_looks_for_running_calls(comm, monkeypatch):
+    # free() looked at every group, then freed them one by one: a call another thread
+    # started on a later group in between reached it, and that group's free() raised after
+    # the earlier ones were freed (a review). Every group is closed first now: such a call
+    # gets ClosedError, and every group is freed. (The "other thread" is simulated by a call
+    # made from inside the look, on every rank alike.)
+    from hpccomm import ClosedError
+
+    groups = comm.layout(dp=comm.size)
+    tp, dp = groups.tp, groups.dp
+    looked = tp._running
+    seen = []
+
+    def look():
+        if not seen:  # (the layout's look; tp.free() looks again)
+            try:
+                dp.all_reduce(np.ones(2))
+                seen.append("ran")
+            except ClosedError:
+                seen.append("ClosedError")
+        return looked()
+
+    monkeypatch.setattr(tp, "_running", look)
+    groups.free()
+    assert seen == ["ClosedError"]
+    assert tp.freed and dp.freed
+
+
 def test_dense_and_expert_groups_have_their_own_names(comm):
     # Megatron's pair: the dense layout's groups and its expert layout's shared names
     # (world/tp for both), so errors and flight recorder dumps could not tell them apart
