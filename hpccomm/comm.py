@@ -1051,6 +1051,8 @@ class Communicator:
                 raise ClosedError(
                     f"{self._here('create_group')}: communicator {self.name} already freed"
                 )
+            if d.broken is not None:  # (a fork() child's MPI, or a call stuck on the group)
+                raise ClosedError(f"{self._here('create_group')}: {d.broken}")
             backend, keys = d.bounded(
                 f"create_group {ranks}{f' (tag {tag_value})' if tag_value else ''} on "
                 f"{self.name} (rank {self.rank} of {self.size})",
@@ -1274,29 +1276,44 @@ class Communicator:
         """
         if self._freed:
             return
-        # Refuse new calls first (closed, no cached descriptions: a call starting now gets
-        # "already freed" from validation), then look for calls running: one that started
-        # before is inside the dispatch, where the look finds it. Looked at first, a thread
-        # could start a call from the cache after the look and reach MPI on the freed
-        # communicator (a segfault; MPI_ERR_COMM in MPI_Mprobe: an outside review, with
-        # another thread calling in a loop)
-        fenced = self._fence()
+        self._free_after(Communicator._look([self], self._here("free")))
+
+    @staticmethod
+    def _look(groups: list[Communicator], here: str) -> list[Dispatcher]:
+        """Close ``groups`` and the groups made from them to new calls, then look for calls
+        running on them; InvalidArgumentError naming them where some run (the groups are
+        opened again: nothing is freed). Closed first (no cached descriptions: a call
+        starting now gets ClosedError from validation), since a thread could start a call
+        from the cache after the look and reach MPI on the freed communicator (a segfault;
+        MPI_ERR_COMM in MPI_Mprobe: an outside review, with another thread calling in a
+        loop); one that started before is inside the dispatch, where the look finds it.
+        Returns the dispatchers it closed."""
+        fenced: list[Dispatcher] = []
+        busy: list[str] | None = None
         try:
-            busy = self._running()  # this group's and its subgroups', before anything is freed
-        except BaseException:  # (whatever it was, nothing is freed: the group is opened again)
-            for d in fenced:
-                d.closed = False
-            raise
+            for g in groups:
+                g._fence(fenced)
+            busy = [b for g in groups for b in g._running()]
+        finally:
+            if busy != []:  # refused (or interrupted): nothing freed, open them again
+                for d in fenced:
+                    d.reopen()
         if busy:
-            for d in fenced:
-                d.closed = False
             raise InvalidArgumentError(
-                f"{self._here('free')}: {'; '.join(busy)}; wait() for them "
-                f"first (nothing was freed; a Work dropped unfinished does not hold up free(): "
-                f"hpccomm keeps its arrays alive until MPI is done with them)"
+                f"{here}: {'; '.join(busy)}; wait() for them first (nothing was freed; a "
+                f"Work dropped unfinished does not hold up free(): hpccomm keeps its arrays "
+                f"alive until MPI is done with them)"
             )
+        return fenced
+
+    def _free_after(self, fenced: list[Dispatcher]) -> None:
+        """Free this group and those made from it, closed and looked at by _look (not
+        looked at again: a thread refused by the closed group meanwhile is still counted
+        inside it, and a second look made a layout's free() raise after freeing some)."""
+        if self._freed:
+            return
         for child in reversed(list(self._children)):
-            child.free()
+            child._free_after(fenced)
         self._children.clear()
         parent, self._parent = self._parent, None
         if parent is not None:  # (kept there, every freed group stayed in memory for good:
@@ -1342,19 +1359,16 @@ class Communicator:
         Communicator._kept_count += 1
         Communicator._kept_latest = f"{self.name}: {why}"
 
-    def _fence(self) -> list[Dispatcher]:
-        """Close this group and the groups made from it to new calls (see free); returns
-        the dispatchers it closed (a refused free() opens them again)."""
-        marked = []
+    def _fence(self, marked: list[Dispatcher]) -> None:
+        """Close this group and the groups made from it to new calls (see _look); the
+        dispatchers it closed are added to ``marked`` as it goes (a refused free() opens
+        them again, also where an interrupt came half way)."""
         d = self._dispatcher
-        if not d.closed:
-            d.closed = True
-            d.cache.clear()
+        if d.fence():
             marked.append(d)
         for child in self._children:
             if not child._freed:
-                marked += child._fence()
-        return marked
+                child._fence(marked)
 
     def _running(self) -> list[str]:
         """What still runs on this group and the groups made from it (free() refuses)."""

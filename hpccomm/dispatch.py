@@ -205,6 +205,8 @@ class Dispatcher:
         "_refused_receive",
         "_inside",
         "_threads",
+        "freed",
+        "_fenced_refusal",
         "_settling",
         "_p2p",
         "_p2p_refused",
@@ -260,6 +262,9 @@ class Dispatcher:
         # every thread inside an operation or step of this group now, and what it runs
         # there (see calls_elsewhere)
         self._threads: dict[int, str] = {}
+        self.freed = False  # closed for good by free() (see close)
+        # a collective refused here while a free() had closed the group (see fence, reopen)
+        self._fenced_refusal = False
         self._settling = threading.Lock()  # settle runs on the caller's or the worker thread
         self._slow = timeout is not None or debug in CHECKING
         # the point-to-point Works handed out and not seen complete (free() refuses while
@@ -660,6 +665,13 @@ class Dispatcher:
         the data and output as the backend takes them (NumPy or CuPy arrays for DLPack and
         CUDA-array-interface objects)."""
         if self.closed:
+            if not self.freed:  # closed by another thread's free() that is still looking
+                self._fenced_refusal = True
+                raise ClosedError(
+                    f"{spec.name} (rank {self.group.rank} of {self.group.size}): "
+                    f"communicator {self.group.name} is being freed by another thread (its "
+                    f"free() closed it to new calls)"
+                )
             raise ClosedError(
                 f"{spec.name} (rank {self.group.rank} of {self.group.size}): "
                 f"communicator {self.group.name} already freed"
@@ -2059,10 +2071,11 @@ class Dispatcher:
     def _collective(
         self, what: str, fn: Callable[..., Any], *args: Any, agree: dict[str, Any] | None = None
     ) -> Any:
-        if self.closed:
+        if self.closed:  # (not numbered: the others' next step pairs with this rank's next)
+            state = "already freed" if self.freed else "being freed by another thread"
             raise ClosedError(
                 f"{what} (rank {self.group.rank} of {self.group.size}): communicator "
-                f"{self.group.name} already freed"
+                f"{self.group.name} {state}"
             )
         group = self.group
         group.seq += 1
@@ -2138,8 +2151,37 @@ class Dispatcher:
             for ident, what in inside.items()
         ]
 
+    def fence(self) -> bool:
+        """Close the group to new calls for a free() that then looks for calls running;
+        True where this call closed it (reopen opens it again if that free() is refused)."""
+        if self.closed:
+            return False
+        self.closed = True
+        self.cache.clear()
+        self._fenced_refusal = False
+        return True
+
+    def reopen(self) -> None:
+        """A free() that closed the group (fence) was refused: calls are taken again. Not a
+        group freed meanwhile (by another thread's free(): its calls reached MPI on the
+        freed communicator). A collective refused here meanwhile took its number while its
+        peers may be inside it (this rank's next call would pair with theirs: wrong data,
+        silently, where not compared): the group is then unusable (a review)."""
+        if self.freed:
+            return
+        self.closed = False
+        if self._fenced_refusal and self.broken is None:
+            self.broken = (
+                "the group is unusable: a collective of it was refused here (ClosedError) "
+                "while another thread's free() had closed it, and that free() was refused: "
+                "its peers may be inside that call, out of step with this rank"
+            )
+            self._update_slow()
+        self._fenced_refusal = False
+
     def close(self) -> str | None:
         """Stop the worker thread; returns what is stuck in it, if anything."""
+        self.freed = True
         self.closed = True
         self.cache.clear()
         self._slow = True

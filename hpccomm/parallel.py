@@ -149,28 +149,18 @@ class ParallelGroups:
                 kept handles of freed groups: an outside hunt).
         """
         groups = [g for g in self._groups.values() if not g.freed]
-        # every group closed to new calls first, then looked at (as Communicator.free does
-        # for one): a call another thread started on a later group between the look and its
-        # free() made that free() raise after the earlier groups were freed (a review)
-        fenced = [d for g in groups for d in g._fence()]
-        try:
-            busy = [b for g in groups for b in g._running()]
-        except BaseException:
-            busy = None
-            raise
-        finally:
-            if busy != []:  # refused (or the look raised): nothing freed, open them again
-                for d in fenced:
-                    d.closed = False
-        if busy:
-            raise InvalidArgumentError(
-                f"free of the layout over {self.comm.name} (rank {self.comm.rank} of "
-                f"{self.comm.size}): {'; '.join(busy)}; wait() for them first (nothing was "
-                f"freed)"
-            )
+        # every group closed to new calls first, then looked at once (as Communicator.free
+        # does for one): a call another thread started on a later group between the look
+        # and its free() made that free() raise after the earlier groups were freed (a
+        # review); each group's free() looked again, and a thread refused by the closed
+        # group meanwhile still counted as inside it
+        here = (
+            f"free of the layout over {self.comm.name} (rank {self.comm.rank} of {self.comm.size})"
+        )
+        fenced = type(groups[0])._look(groups, here) if groups else []
         try:  # (a free() that raises leaves the groups not freed yet closed: ClosedError)
             for group in groups:
-                group.free()
+                group._free_after(fenced)
         finally:
             self._groups = {k: g for k, g in self._groups.items() if not g.freed}
 

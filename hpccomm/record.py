@@ -156,11 +156,14 @@ def _root(peer: Any) -> int | str | None:
     integer too: written as its repr, the analysis said the roots differ), else its repr."""
     if peer is None or type(peer) is int:
         return peer
-    try:
-        if not isinstance(peer, bool) and hasattr(type(peer), "__index__"):
+    if not isinstance(peer, bool) and hasattr(type(peer), "__index__"):
+        try:
             return operator.index(peer)
+        except Exception:  # noqa: BLE001 - an array of several values, a float tensor
+            pass
+    try:
         return f"{peer!r:.60}"
-    except Exception:  # noqa: BLE001 - a repr or __index__ that raises
+    except Exception:  # noqa: BLE001 - a repr that raises
         return f"a {type(peer).__name__}"
 
 

@@ -995,6 +995,8 @@ def _after_fork() -> None:
         # on world (thread ...) still running" (an outside review)
         for ident in [i for i in d._threads if i != me]:
             del d._threads[ident]
+        if d._inside is not None and d._inside[0] != me:
+            d._inside = None  # (its next collective was refused as "another thread inside")
         d.notices = None  # nothing goes out as the parent: no failure notices either
         c._notices = None
         if d.broken is None:

@@ -1892,6 +1892,10 @@ def test_a_fork_child_frees_a_group_its_parents_thread_was_inside(launch):
             time.sleep(0.5)  # the thread waits in the all_reduce
             pid = os.fork()
             if pid == 0:  # the child
+                try:  # (it said "another thread (?) is inside all_reduce #1", a review)
+                    g.all_reduce(np.ones(1))
+                except Exception as e:
+                    print(f"CHILD call raised {type(e).__name__}: {e}", flush=True)
                 try:
                     g.free()
                     print("CHILD freed", flush=True)
@@ -1910,6 +1914,10 @@ def test_a_fork_child_frees_a_group_its_parents_thread_was_inside(launch):
     )
     assert job.rc == 0, job.stderr[-3000:]
     assert "CHILD freed" in job.stdout, job.stdout
+    assert (
+        "CHILD call raised ClosedError: all_reduce #2 on world/dup (rank 0 of 2): the group is unusable: this process is a fork() child"
+        in job.stdout
+    ), job.stdout
     for rank in (0, 1):
         job.of(rank, "done")
 

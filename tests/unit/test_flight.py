@@ -940,6 +940,7 @@ class _BadRepr:  # a root whose repr raises: the refusal's record must not raise
         (np.ones(2), np.int64(1), "sum", ("float64", [2], 1, "ReduceOp.SUM")),
         (_Tensor(), None, None, ("float32", [2, 3], None, None)),
         (np.ones(1), _BadRepr(), None, ("float64", [1], "a _BadRepr", None)),
+        (np.ones(1), np.array([1, 2]), None, ("float64", [1], "array([1, 2])", None)),
     ],
 )
 def test_the_recorder_keeps_a_refusal_as_given(tmp_path, data, peer, redop, said):

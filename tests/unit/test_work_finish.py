@@ -94,3 +94,15 @@ def test_the_point_to_point_works_are_listed_while_another_thread_adds_one():
     d = object.__new__(Dispatcher)
     d._p2p = Changing()
     assert d.running_p2p() == ["<Work send #1>"]
+
+
+def test_a_group_freed_meanwhile_is_not_opened_again():
+    # a free() that had closed a group and was then refused opened it again even where
+    # another thread's free() had freed it meanwhile: its next call reached MPI on the
+    # freed communicator (a review)
+    from hpccomm.dispatch import Dispatcher
+
+    d = object.__new__(Dispatcher)
+    d.closed, d.freed, d._fenced_refusal, d.broken = True, True, False, None
+    d.reopen()
+    assert d.closed
