@@ -16,12 +16,13 @@ a CommTimeoutError names the op and its sequence number).
 from __future__ import annotations
 
 import contextlib
+import functools
 import heapq
 import math
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar, cast
 
 import numpy as np
 
@@ -134,6 +135,27 @@ class NotMember:
             f"a member of the group {self._what} made, and got a non-member handle (falsy: "
             f"test `if group:` before using it)"
         )
+
+
+_M = TypeVar("_M", bound=Callable[..., Any])
+
+
+def _creation(what: str) -> Callable[[_M], _M]:
+    """A group creation method counted inside its group from its start to the new group's
+    adoption (see Dispatcher.inside): another thread's free() of the group refuses
+    meanwhile. Counted only while its collective step ran, a free() between that step and
+    the adoption freed the group and left the new one outside the tree of groups that the
+    exit and a fork() child walk (a review)."""
+
+    def wrap(method: _M) -> _M:
+        @functools.wraps(method)
+        def counted(self: Communicator, *args: Any, **kwargs: Any) -> Any:
+            with self._dispatcher.inside(what):
+                return method(self, *args, **kwargs)
+
+        return cast(_M, counted)
+
+    return wrap
 
 
 def member_gid(base: str, members: Sequence[int]) -> str:
@@ -938,6 +960,7 @@ class Communicator:
         child._dup_number = number
         return child
 
+    @_creation("split")
     def split(
         self, color: int | None, *, key: int | None = None, expect: Any = None
     ) -> Communicator | NotMember:
@@ -990,6 +1013,7 @@ class Communicator:
             )
         return values  # type: ignore[return-value]
 
+    @_creation("new_group")
     def new_group(self, ranks: Sequence[int]) -> Communicator | NotMember:
         """A group of ``ranks`` (in that order); ranks outside get a :class:`NotMember`.
 
@@ -1005,6 +1029,7 @@ class Communicator:
             return NotMember(f"new_group({ranks})", self.rank, self.size, self.name)
         return child
 
+    @_creation("create_group")
     def create_group(
         self, ranks: Sequence[int], *, tag: int = 0, timeout: float | None = None
     ) -> Communicator:
@@ -1075,6 +1100,7 @@ class Communicator:
             raise HpccommError(f"{self._here('create_group')}: MPI returned no group")
         return child
 
+    @_creation("dup")
     def dup(self, *, device_backend: str | None = None) -> Communicator:
         """A new communicator with the same ranks and separate message space.
 
@@ -1219,6 +1245,7 @@ class Communicator:
             )
         return ParallelGroups(self, layout)
 
+    @_creation("node")
     def node(self) -> Communicator:
         """The ranks of this group on this node (MPI shared-memory split), ordered by rank.
 
@@ -1244,6 +1271,7 @@ class Communicator:
             raise HpccommError(f"{self._here('node')}: MPI returned no group")
         return self._node
 
+    @_creation("leaders")
     def leaders(self) -> Communicator | NotMember:
         """The group's node leaders (local rank 0 of each node), ordered by node; a
         :class:`NotMember` on ranks that are not leaders. Collective over the group on its

@@ -1549,3 +1549,41 @@ def test_receives_from_itself_with_another_thread_sending(comm):
     assert w2.wait(timeout=30) == me and (b == 9).all()
     assert w1.wait(timeout=30) == me and (a == 8).all()
     c.free()
+
+
+def test_free_from_another_thread_waits_for_a_creation_to_adopt_its_group(comm, monkeypatch):
+    # a split was counted inside its group only during its collective step: another
+    # thread's free() of the group between that step and the new group's adoption freed the
+    # group, and the new one hung off a freed parent, outside the tree the exit and a fork()
+    # child walk (a review). Now that free() is refused until the creation has ended.
+    import threading
+
+    from hpccomm import InvalidArgumentError
+
+    parent = comm.dup()
+    adopt = parent._adopt
+    said = []
+
+    def adopt_later(*args, **kwargs):
+        def free():
+            try:
+                parent.free()
+                said.append("freed")
+            except InvalidArgumentError as exc:
+                said.append(str(exc))
+
+        t = threading.Thread(target=free)
+        t.start()
+        t.join(30)
+        return adopt(*args, **kwargs)
+
+    monkeypatch.setattr(parent, "_adopt", adopt_later)
+    child = parent.split(0)
+    monkeypatch.undo()
+    assert len(said) == 1 and "split on " in said[0] and "still running" in said[0], said
+    assert child in parent._children and not parent.freed
+    x = np.ones(3)
+    child.all_reduce(x)
+    assert (x == comm.size).all()
+    parent.free()
+    assert child.freed
