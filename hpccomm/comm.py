@@ -1066,15 +1066,14 @@ class Communicator:
             return made, made.mpi.allgather(self._node_key)
 
         # the members only: not a step of this group's sequence, bounded by its timeout;
-        # counted inside the group (free() from another thread refuses meanwhile: it ran on
-        # the caller's thread unseen, and free() freed the communicator under it, an outside
-        # review), and refused if free() closed the group first
+        # counted inside the group (_creation: free() from another thread refuses meanwhile;
+        # it ran on the caller's thread unseen, and free() freed the communicator under it,
+        # an outside review), and refused if free() closed the group first
         d = self._dispatcher
-        # (its errors reach the flight recorder's dump, as an operation's do)
-        with record.reported(), d.inside("create_group"):
+        with record.reported():  # (the flight recorder's dump, as for an operation)
             if d.closed:
                 raise ClosedError(
-                    f"{self._here('create_group')}: communicator {self.name} already freed"
+                    f"{self._here('create_group')}: communicator {self.name} {d.closed_state()}"
                 )
             if d.broken is not None:  # (a fork() child's MPI, or a call stuck on the group)
                 raise ClosedError(f"{self._here('create_group')}: {d.broken}")
@@ -1304,18 +1303,18 @@ class Communicator:
         """
         if self._freed:
             return
-        self._free_after(Communicator._look([self], self._here("free")))
+        Communicator._look([self], self._here("free"))
+        self._free_after()
 
     @staticmethod
-    def _look(groups: list[Communicator], here: str) -> list[Dispatcher]:
+    def _look(groups: list[Communicator], here: str) -> None:
         """Close ``groups`` and the groups made from them to new calls, then look for calls
         running on them; InvalidArgumentError naming them where some run (the groups are
         opened again: nothing is freed). Closed first (no cached descriptions: a call
         starting now gets ClosedError from validation), since a thread could start a call
         from the cache after the look and reach MPI on the freed communicator (a segfault;
         MPI_ERR_COMM in MPI_Mprobe: an outside review, with another thread calling in a
-        loop); one that started before is inside the dispatch, where the look finds it.
-        Returns the dispatchers it closed."""
+        loop); one that started before is inside the dispatch, where the look finds it."""
         fenced: list[Dispatcher] = []
         busy: list[str] | None = None
         try:
@@ -1332,16 +1331,15 @@ class Communicator:
                 f"Work dropped unfinished does not hold up free(): hpccomm keeps its arrays "
                 f"alive until MPI is done with them)"
             )
-        return fenced
 
-    def _free_after(self, fenced: list[Dispatcher]) -> None:
+    def _free_after(self) -> None:
         """Free this group and those made from it, closed and looked at by _look (not
         looked at again: a thread refused by the closed group meanwhile is still counted
         inside it, and a second look made a layout's free() raise after freeing some)."""
         if self._freed:
             return
         for child in reversed(list(self._children)):
-            child._free_after(fenced)
+            child._free_after()
         self._children.clear()
         parent, self._parent = self._parent, None
         if parent is not None:  # (kept there, every freed group stayed in memory for good:

@@ -667,14 +667,9 @@ class Dispatcher:
         if self.closed:
             if not self.freed:  # closed by another thread's free() that is still looking
                 self._fenced_refusal = True
-                raise ClosedError(
-                    f"{spec.name} (rank {self.group.rank} of {self.group.size}): "
-                    f"communicator {self.group.name} is being freed by another thread (its "
-                    f"free() closed it to new calls)"
-                )
             raise ClosedError(
                 f"{spec.name} (rank {self.group.rank} of {self.group.size}): "
-                f"communicator {self.group.name} already freed"
+                f"communicator {self.group.name} {self.closed_state()}"
             )
         call = Call(
             spec,
@@ -2072,10 +2067,9 @@ class Dispatcher:
         self, what: str, fn: Callable[..., Any], *args: Any, agree: dict[str, Any] | None = None
     ) -> Any:
         if self.closed:  # (not numbered: the others' next step pairs with this rank's next)
-            state = "already freed" if self.freed else "being freed by another thread"
             raise ClosedError(
                 f"{what} (rank {self.group.rank} of {self.group.size}): communicator "
-                f"{self.group.name} {state}"
+                f"{self.group.name} {self.closed_state()}"
             )
         group = self.group
         group.seq += 1
@@ -2150,6 +2144,12 @@ class Dispatcher:
             f"{what} on {self.group.name} (thread {names.get(ident, ident)})"
             for ident, what in inside.items()
         ]
+
+    def closed_state(self) -> str:
+        """Why a closed group takes no call, as its ClosedError says after its name."""
+        if self.freed:
+            return "already freed"
+        return "is being freed by another thread (its free() closed it to new calls)"
 
     def fence(self) -> bool:
         """Close the group to new calls for a free() that then looks for calls running;

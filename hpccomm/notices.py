@@ -459,20 +459,12 @@ class NoticeBoard:
             return False
 
         wait_bounded(answered, wait)
-        if not completed and found_in_it is not None and stop is not None:
-            assert reached is not None  # (found_in_it is set only with it)
-
-            def still() -> bool:  # the notices read meanwhile: a peer's newer answer
-                nonlocal completed  # (it left, its call stuck) ends the wait
-                self.poll(force=True)
-                if stop():
-                    completed = True
-                    return True
-                return not all(reached(heard[w][1]) for w in others)
-
+        if not completed and found_in_it is not None:
+            # the same test on: the notices read, the call's completion, and a peer's newer
+            # answer that is not in it (it left, its call stuck) ends the wait
             rest = found_in_it + wait - time.monotonic()
             if rest > 0:
-                wait_bounded(still, rest)
+                wait_bounded(answered, rest)
         self._drop_sent()
         if not completed:  # (answers to a call that completed are no story for the next)
             self._asked[gid] = (time.monotonic(), since, frozenset(others))

@@ -157,10 +157,11 @@ class ParallelGroups:
         here = (
             f"free of the layout over {self.comm.name} (rank {self.comm.rank} of {self.comm.size})"
         )
-        fenced = type(groups[0])._look(groups, here) if groups else []
+        if groups:
+            type(groups[0])._look(groups, here)
         try:  # (a free() that raises leaves the groups not freed yet closed: ClosedError)
             for group in groups:
-                group._free_after(fenced)
+                group._free_after()
         finally:
             self._groups = {k: g for k, g in self._groups.items() if not g.freed}
 
