@@ -1199,14 +1199,19 @@ class Communicator:
         self, what: str, ranks: list[int], other: Communicator, *, here: Communicator | None = None
     ) -> list[int | None]:
         """Checked ``ranks`` of this group as ranks of ``other``; ClosedError where either
-        was freed (MPI raised its bare MPI_ERR_COMM). ``here``: the group whose call it is
-        (default this one), for the message."""
-        for c in (self, other):
-            if c._freed:
-                raise ClosedError(
-                    f"{(here or self)._here(what)}: communicator {c.name} already freed"
-                )
-        return self._backend.translate(ranks, other._backend)
+        was freed (MPI raised its bare MPI_ERR_COMM) or another thread's free() closed it.
+        ``here``: the group whose call it is (default this one), for the message. Counted
+        inside both groups (Dispatcher.inside) before they are checked: it reads their
+        communicators, which another thread's free() otherwise freed under it (checked
+        before and unseen by the free(), a review)."""
+        with self._dispatcher.inside(what), other._dispatcher.inside(what):
+            for c in (self, other):
+                d = c._dispatcher
+                if c._freed or d.closed:
+                    raise ClosedError(
+                        f"{(here or self)._here(what)}: communicator {c.name} {d.closed_state()}"
+                    )
+            return self._backend.translate(ranks, other._backend)
 
     def layout(
         self,

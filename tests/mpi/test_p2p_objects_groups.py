@@ -1587,3 +1587,53 @@ def test_free_from_another_thread_waits_for_a_creation_to_adopt_its_group(comm, 
     assert (x == comm.size).all()
     parent.free()
     assert child.freed
+
+
+@pytest.mark.parametrize("which", ["self", "other"])
+def test_free_from_another_thread_waits_for_a_translate(comm, monkeypatch, which):
+    # translate (and world_rank, group_rank) checked that neither group was freed, then
+    # read both communicators unseen by free(): another thread's free() in between freed
+    # one under it (a review). Now it is counted inside both groups: the free() is refused
+    # while it runs, and a translate on a group being freed is refused.
+    import threading
+
+    from hpccomm import ClosedError, InvalidArgumentError
+
+    a, b = comm.dup(), comm.dup()
+    target = a if which == "self" else b
+    translate = a._backend.translate
+    said = []
+
+    def translate_later(*args):
+        def free():
+            try:
+                target.free()
+                said.append("freed")
+            except InvalidArgumentError as exc:
+                said.append(str(exc))
+
+        t = threading.Thread(target=free)
+        t.start()
+        t.join(30)
+        return translate(*args)
+
+    monkeypatch.setattr(a._backend, "translate", translate_later)
+    got = a.translate(range(comm.size), b)
+    monkeypatch.undo()
+    assert got == list(range(comm.size))
+    assert len(said) == 1 and "translate on " in said[0] and "still running" in said[0], said
+    assert not target.freed
+    # a free() that has closed the group (still looking) refuses a translate on it
+    target._dispatcher.closed = True
+    try:
+        with pytest.raises(ClosedError, match="is being freed by another thread"):
+            a.translate([0], b)
+        with pytest.raises(ClosedError, match="is being freed by another thread"):
+            target.world_rank(0)
+    finally:
+        target._dispatcher.closed = False
+    assert a.translate([0], b) == [0] and target.world_rank(0) == comm.world_rank(0)
+    a.free()
+    b.free()
+    with pytest.raises(ClosedError, match="already freed"):
+        comm.translate([0], a)
