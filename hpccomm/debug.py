@@ -150,6 +150,8 @@ def fingerprint(call: Call | None, op: str, seq: int, site: str | None = None) -
         if call.info is not None:
             fp["dtype"] = call.info.name
             fp["device"] = "host" if call.device is None else "GPU"
+            if call.memory is not None:
+                fp["memory"] = call.memory
             shape = call.shape if call.shape is not None else call.out_shape
             full = spec.name in _FULL_SHAPE or (
                 not call.uneven and spec.name in ("all_gather", "gather", "all_to_all")
@@ -243,7 +245,18 @@ def disagreement(fps: Sequence[dict[str, Any]]) -> str:
     value."""
     refused = [(r, fp["refused"]) for r, fp in enumerate(fps) if "refused" in fp]
     parts = [f"rank {r} refused it: {why}" for r, why in refused]
-    fields = ["op", "seq", "dtype", "device", "shape", "row shape", "src", "dst", "reduce op"]
+    fields = [
+        "op",
+        "seq",
+        "dtype",
+        "device",
+        "memory",
+        "shape",
+        "row shape",
+        "src",
+        "dst",
+        "reduce op",
+    ]
     fields += ["sizes", "elements per rank", "ranks", "expect"]
     # one op on every rank (none refused): a field given on some ranks only is a difference
     # too (sizes= on one rank, none on another), said as "not given"

@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from operator import attrgetter
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -102,6 +102,9 @@ from .ops import (
 )
 from .record import Record, Refusal
 from .work import ORPHANS, Done, Work, batch_tags, reap, wait_watching, withdrawn_receive
+
+if TYPE_CHECKING:
+    from .backends.shm import ShmBackend
 
 __all__ = ["Dispatcher", "CACHE_LIMIT"]
 
@@ -249,7 +252,7 @@ class Dispatcher:
         self.current: tuple[int, Call] | None = None
         # The group's shared-memory fast path (set by the communicator when its ranks share
         # one node): large host reductions take it instead of the host backend.
-        self.shm: Backend | None = None
+        self.shm: ShmBackend | None = None
         self._timeout = timeout
         # refusals whose peers' word is still to be heard (see refused): seq, where, the
         # error's name and when
@@ -428,6 +431,7 @@ class Dispatcher:
         ):  # (no data: a barrier, a scatter's receiving rank; it validated every call)
             d: Any = data
             nodata = d is None
+            shm = self.shm
             key: tuple = (
                 spec,
                 None if nodata else d.dtype,
@@ -465,6 +469,9 @@ class Dispatcher:
                 # makes every rank raise (tests/mpi/test_shm.py), mpi4py refuses it before
                 # MPI, and the precise error follows
                 d.flags.writeable if spec.p2p and not nodata else None,
+                # a symmetric buffer (comm.empty) or not, once the group has any: the two
+                # take different paths (see prepare)
+                None if shm is None or not shm.allocs or nodata else shm.locate(d) is not None,
             )
             try:
                 call = self.cache.get(key)
@@ -703,13 +710,20 @@ class Dispatcher:
             ) from exc
         # the one place a call's backend is chosen (a cached Call keeps the choice)
         backend: Backend
+        shm = self.shm
         if call.device is not None:
             backend = self.device_backend(call)
-        elif self.shm is not None and self.shm.supports(call):
-            backend = self.shm
+        elif shm is not None and shm.supports(call):
+            backend = shm
         else:
             backend = self.backend
         backend.prepare(call)
+        if backend is shm and shm.symmetric_range(call):  # (shm: not None)
+            # a symmetric buffer takes the symmetric path; an ordinary array the single-copy
+            # or copy path, or MPI: ranks whose arrays differ so waited in different calls
+            # (a barrier against MPI's allreduce) until a timeout that said they were in the
+            # same call with the same arguments (an outside hunt). Their fingerprints differ
+            call.memory = "symmetric buffer" if shm.locate(data) is not None else "ordinary array"
         call.checked = (
             self.debug == "large"
             and (backend is self.backend or backend is self.shm)  # the fast path too: a

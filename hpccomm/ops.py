@@ -178,6 +178,7 @@ class Call:
         "deferred",
         "crc",
         "in_place",
+        "memory",
     )
 
     def __init__(
@@ -225,6 +226,9 @@ class Call:
         # all_gather, gather's destination, scatter's source: the array is exactly this
         # rank's block of out (scatter: out is exactly its block of the array): MPI_IN_PLACE
         self.in_place = False
+        # on the shared-memory path in the symmetric buffers' range: "symmetric buffer" or
+        # "ordinary array" (the two take different paths there: compared across ranks)
+        self.memory: str | None = None
 
     def piece(self, count: int) -> Call:
         """A copy of this call for a part of its buffer of ``count`` elements (the MPI

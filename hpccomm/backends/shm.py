@@ -404,14 +404,16 @@ class ShmBackend:
             call.device is None
             and call.spec in self._bodies
             and info is not None
-            and (
-                self._copies(call)
-                or self._directs(call)
-                or (self.allocated > 0 and call.nbytes >= self.sym_min)
-            )
+            and (self._copies(call) or self._directs(call) or self.symmetric_range(call))
             and (info.category, call.redop.name) in _UFUNCS
             and self.failed is None
         )
+
+    def symmetric_range(self, call: Call) -> bool:
+        """True when a call on a symmetric buffer would take the symmetric path (the group
+        has some, the size is in their range); the dispatch then compares across ranks
+        whether each passed one (see ops.Call.memory)."""
+        return self.allocated > 0 and call.nbytes >= self.sym_min
 
     def _copies(self, call: Call) -> bool:
         """True when the call's size is in the copy path's range."""

@@ -638,9 +638,19 @@ def test_symmetric_buffers_that_differ_raise_a_mismatch_on_every_rank(sym):
                        r"symmetric buffer \d+ at byte 0.*rank 1: all_reduce #\d+ of 8192 float32 "
                        r"\(SUM, symmetric buffer \d+ at byte 0"):  # fmt: skip
         comm.all_reduce(mine)
-    # a symmetric buffer on rank 0, an ordinary array (on the copy path) on the others
+    # a symmetric buffer on rank 0, an ordinary array (on the copy path) on the others: the
+    # debug check (default "large") compares it before the path runs; without it, the
+    # path's header check
     mine = a if comm.rank == 0 else np.ones(count, np.float32)
-    with pytest.raises(MismatchError, match=r"symmetric buffer \d+ at byte 0.*an ordinary array"):
+    with pytest.raises(
+        MismatchError,
+        match=r"memory is 'symmetric buffer' on rank 0 but 'ordinary array' on ranks? 1",
+    ):
+        comm.all_reduce(mine)
+    with (
+        at_debug(comm, "off"),
+        pytest.raises(MismatchError, match=r"symmetric buffer \d+ at byte 0.*an ordinary array"),
+    ):
         comm.all_reduce(mine)
     # another part of the same buffer on rank 0
     mine = a[4:] if comm.rank == 0 else a[: count - 4]
@@ -650,6 +660,42 @@ def test_symmetric_buffers_that_differ_raise_a_mismatch_on_every_rank(sym):
     a[...] = comm.rank + 1
     comm.all_reduce(a)
     assert (a == comm.size * (comm.size + 1) / 2).all()
+
+
+@pytest.mark.parametrize("debug", ["large", "check"])
+def test_a_symmetric_buffer_against_an_ordinary_array_that_mpi_runs(comm, debug):
+    # At the default sizes a symmetric buffer takes the symmetric path from 256 KiB, an
+    # ordinary array MPI where no other path takes it (pairs without single copy, 3 ranks
+    # below 1 MiB): a rank passing one against ranks passing the other waited in the path's
+    # barrier while they waited in MPI's allreduce, until a timeout that said every rank was
+    # in the call with the same arguments (an outside hunt). Now the debug check compares
+    # which kind each rank passed: MismatchError on every rank, and the group goes on.
+    comm, fast = with_fast_path(comm, threshold=None)
+    count = (256 << 10) // 4
+    a = comm.zeros(count, np.float32)
+    mine = a if comm.rank == 0 else np.zeros(count, np.float32)
+    with (
+        at_debug(comm, debug),
+        pytest.raises(
+            MismatchError,
+            match=r"memory is 'symmetric buffer' on rank 0 but 'ordinary array' on ranks? 1",
+        ),
+    ):
+        comm.all_reduce(mine)
+    # the group goes on: the same kinds on every rank, each on its path
+    a[...] = comm.rank + 1
+    comm.all_reduce(a)
+    assert (a == comm.size * (comm.size + 1) / 2).all() and fast.sym_calls == 1
+    x = np.full(count, comm.rank + 1, np.float32)
+    comm.all_reduce(x)
+    assert (x == comm.size * (comm.size + 1) / 2).all()
+    # below the symmetric range both kinds run on MPI: mixing them there is no mismatch
+    small = count // 4
+    mine = a[:small] if comm.rank == 0 else np.ones(small, np.float32)
+    mine[...] = 1
+    with at_debug(comm, debug):
+        comm.all_reduce(mine)
+    assert (mine == comm.size).all() and fast.sym_calls == 1
 
 
 def test_empty_with_different_shapes_is_a_mismatch_on_every_rank(sym):
