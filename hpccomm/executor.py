@@ -151,6 +151,10 @@ class Executor:
                         fn()
                     except Exception:  # a callback must not stop the worker: said
                         said_callback_failed(fut.what)
+            # the job, its arguments and result are the caller's now: kept here until the
+            # next job (or the idle exit, 5 s), a dropped symmetric buffer stayed mapped
+            # and registered that long (an outside hunt)
+            item = fut = fn = args = callbacks = None
 
     def oldest_submitted(self) -> float | None:
         """When the oldest unfinished job was submitted (time.monotonic()), if any."""

@@ -38,3 +38,28 @@ def test_a_busy_worker_is_not_ended_by_the_idle_bound(monkeypatch):
     gate.set()
     assert first.wait(5) and later.wait(5) and later.outcome() == 7
     assert ex.close(timeout=5)
+
+
+def test_the_worker_keeps_nothing_of_a_finished_job():
+    # the loop's locals held the last job's Future (its result), function and arguments
+    # until the next job or the idle exit: a dropped symmetric buffer returned by a bounded
+    # comm.empty stayed mapped and registered for up to 5 s (an outside hunt)
+    import gc
+    import weakref
+
+    class Thing:
+        pass
+
+    ex = Executor("keeps-test")
+    arg, result = Thing(), Thing()
+    refs = [weakref.ref(arg), weakref.ref(result)]
+    fut = ex.submit("job", lambda a: result, arg)
+    assert fut.wait(5) and fut.outcome() is result
+    del fut, arg, result
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while any(r() is not None for r in refs) and time.monotonic() < deadline:
+        time.sleep(0.01)  # (the worker clears its locals just after setting the Future)
+    assert [r() for r in refs] == [None, None]
+    assert _alive("keeps-test")  # still running, idle: nothing it holds keeps them
+    assert ex.close(timeout=5)
