@@ -701,6 +701,7 @@ class ShmBackend:
         self.allocs[alloc.id] = alloc
         # the array and its views keep the mapping; when the last is gone, so is the entry
         weakref.finalize(mine, self.allocs.pop, alloc.id, None)
+        _live_mapping(mine, mm, alloc.raws[0].ctypes.data, region * self.size)
         return mine.reshape(shape)
 
     def locate(self, x: Any) -> tuple[_Allocation, int] | None:
@@ -1032,6 +1033,94 @@ class ShmBackend:
                         _copy_in(plan, area[dst], flat[src])
         self.tick = tick + chunks
         return _delivered(out, private, lost)
+
+
+# Symmetric buffers mapped in this process (however their group ended), for a fork()
+# child: {key: (address, bytes, descriptor kept for it, -1: Python's mmap keeps one)}
+_LIVE: dict[int, tuple[int, int, int]] = {}
+_OWN_FD = sys.version_info >= (3, 13)  # the mapping keeps no descriptor there (_mmap)
+_live_keys = iter(range(1, 2**62))
+
+
+def _live_mapping(base: np.ndarray, mm: Any, addr: int, length: int) -> None:
+    """Keep a symmetric buffer's mapping (``addr``, ``length`` bytes) in _LIVE while
+    ``base``, the array its views share, lives. From Python 3.13 the mapping keeps no file
+    descriptor (_mmap): one is kept here, so that a fork() child can reopen the file."""
+    fd = -1
+    if _OWN_FD:
+        try:
+            fd = os.dup(_fd_of(addr))
+        except OSError:
+            fd = -1  # (the child then keeps the shared mapping: see _private_in_child)
+    key = next(_live_keys)
+    _LIVE[key] = (addr, length, fd)
+    weakref.finalize(base, _forget_mapping, key)
+
+
+def _forget_mapping(key: int) -> None:
+    entry = _LIVE.pop(key, None)
+    if entry is not None and entry[2] >= 0:
+        try:
+            os.close(entry[2])
+        except OSError:
+            pass
+
+
+def _fd_of(addr: int) -> int:
+    """A descriptor of this process open on the file mapped at ``addr`` (its device and
+    inode from /proc/self/maps, matched against /proc/self/fd); OSError where none is."""
+    ident = None
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            lo, _, hi = fields[0].partition("-")
+            if int(lo, 16) <= addr < int(hi, 16):
+                major, _, minor = fields[3].partition(":")
+                ident = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
+                break
+    if ident is None or ident[1] == 0:
+        raise OSError(errno.ENOENT, f"no file is mapped at {addr:#x}")
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            st = os.fstat(int(name))
+        except (OSError, ValueError):
+            continue
+        if (st.st_dev, st.st_ino) == ident:
+            return int(name)
+    raise OSError(errno.ENOENT, f"no descriptor of the file mapped at {addr:#x} is open")
+
+
+def _private_in_child() -> None:
+    """In a fork() child: every symmetric buffer mapped copy-on-write (MAP_PRIVATE of the
+    same file at the same address), as an ordinary array is after fork(): mapped shared, a
+    child's writes (a DataLoader worker's) landed in the parent's buffer and the group's
+    next reduction (an outside hunt: 2000 where 2 was right). Until the child writes a
+    page, it reads the file's current contents (the parent's later calls show there)."""
+    if not _LIVE:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = libc.mmap
+    fn.restype = ctypes.c_void_p
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                   ctypes.c_int, ctypes.c_long]  # fmt: skip
+    for addr, length, fd in list(_LIVE.values()):
+        try:
+            got = fn(addr, length, mmap.PROT_READ | mmap.PROT_WRITE,
+                     mmap.MAP_PRIVATE | _MAP_FIXED, fd if fd >= 0 else _fd_of(addr), 0)  # fmt: skip
+            if got != addr:
+                raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+        except OSError as exc:  # said, and left shared: the child must not write into it
+            print(
+                f"hpccomm: a fork() child (pid {os.getpid()}) could not make its symmetric "
+                f"buffer at {addr:#x} ({length} bytes) copy-on-write ({exc}): it stays shared "
+                f"with the parent, whose group's reductions see what the child writes there",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+_MAP_FIXED = 0x10  # (Linux, every architecture)
+os.register_at_fork(after_in_child=_private_in_child)
 
 
 def _mmap(fd: int, total: int) -> mmap.mmap:

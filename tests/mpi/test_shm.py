@@ -753,6 +753,51 @@ def test_a_buffer_that_cannot_be_mapped_is_an_ordinary_array_warned_at_the_users
     assert comm.is_symmetric(comm.empty(7, np.float64))  # the group goes on
 
 
+def open_files():
+    """This process's open descriptors and what each names."""
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            out[name] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            pass  # (listdir's own)
+    return out
+
+
+@pytest.mark.parametrize("own_fd", [False, True])
+def test_a_fork_childs_writes_to_a_symmetric_buffer_stay_its_own(sym, monkeypatch, own_fd):
+    # mapped shared, a fork() child's writes (a DataLoader worker's) landed in the parent's
+    # buffer and the group's next reduction: 2000 where 2 was right (an outside hunt). The
+    # child now maps every symmetric buffer copy-on-write, as an ordinary array is. From
+    # Python 3.13 the buffer's mapping keeps no descriptor: hpccomm keeps one (own_fd)
+    comm, fast = sym
+    monkeypatch.setattr(shm_mod, "_OWN_FD", own_fd)
+    comm.zeros(16)  # (the group's segment is made with its first buffer: made before)
+    gc.collect()
+    before = open_files()
+    a = comm.zeros(2 * PIECE, np.float32)
+    a[...] = 1
+    view = a[8:]
+    pid = os.fork()
+    if pid == 0:  # the child: reads the parent's values, writes its own
+        code = 0 if (a[0], view[0]) == (1, 1) else 7
+        a[...] = 1000
+        code = code or (0 if (a[5], view[0]) == (1000, 1000) else 8)
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert (a == 1).all()
+    comm.all_reduce(a)
+    assert (a == comm.size).all() and fast.sym_calls == 1
+    base = fast.locate(a)[0].raws[0].ctypes.data  # (the mapping's start)
+    kept = [e for e in shm_mod._LIVE.values() if e[0] == base]
+    assert len(kept) == 1 and (kept[0][2] >= 0) == own_fd
+    del a, view
+    gc.collect()
+    assert kept[0] not in shm_mod._LIVE.values()
+    assert open_files() == before  # its descriptor(s) closed
+
+
 def test_symmetric_array_outlives_free(sym):
     comm, fast = sym
     g = comm.dup()

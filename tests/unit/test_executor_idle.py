@@ -46,16 +46,18 @@ def test_the_worker_keeps_nothing_of_a_finished_job():
     # comm.empty stayed mapped and registered for up to 5 s (an outside hunt)
     import gc
     import weakref
+    from operator import attrgetter
 
     class Thing:
         pass
 
     ex = Executor("keeps-test")
-    arg, result = Thing(), Thing()
-    refs = [weakref.ref(arg), weakref.ref(result)]
-    fut = ex.submit("job", lambda a: result, arg)
-    assert fut.wait(5) and fut.outcome() is result
-    del fut, arg, result
+    arg = Thing()
+    arg.result = Thing()
+    refs = [weakref.ref(arg), weakref.ref(arg.result)]
+    fut = ex.submit("job", attrgetter("result"), arg)
+    assert fut.wait(5) and fut.outcome() is arg.result
+    del fut, arg
     gc.collect()
     deadline = time.monotonic() + 5
     while any(r() is not None for r in refs) and time.monotonic() < deadline:
