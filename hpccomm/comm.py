@@ -808,10 +808,15 @@ class Communicator:
                 raise InvalidArgumentError(f"{here}: shape is {shape!r}, expected integers >= 0")
             dims = tuple(int(d) for d in dims)
             nbytes = math.prod(dims) * dt.itemsize  # (Python ints: exact)
-            if nbytes > _MAX_BYTES:  # (NumPy's products wrapped: another size on each rank)
+            # NumPy refuses a shape whose nonzero dimensions' product overflows, with no
+            # element at all too ((0, 2**70): a raw OverflowError, an outside hunt)
+            spans = math.prod(d for d in dims if d) * dt.itemsize
+            if max(nbytes, spans) > _MAX_BYTES:  # (NumPy's products wrapped: another size
+                # on each rank)
+                size = f"is {nbytes:,} bytes" if nbytes else f"spans {spans:,} bytes (no element)"
                 raise InvalidArgumentError(
-                    f"{here}: shape {dims} of {dt} is {nbytes:,} bytes, more than any array "
-                    f"can hold ({_MAX_BYTES:,})"
+                    f"{here}: shape {dims} of {dt} {size}, more than any array can hold "
+                    f"({_MAX_BYTES:,})"
                 )
         shm = self._shm()
         mpi = self._backend.mpi

@@ -723,6 +723,14 @@ def test_empty_with_different_shapes_is_a_mismatch_on_every_rank(sym):
             hpccomm.InvalidArgumentError, match=r"bytes, more than any array can hold"
         ):
             comm.empty(shape, np.float32)
+    # no element, but dimensions NumPy refuses (a raw OverflowError or ValueError before)
+    for shape in ((0, 2**70), (2**32, 2**32, 0)):
+        with pytest.raises(
+            hpccomm.InvalidArgumentError,
+            match=r"bytes \(no element\), more than any array can hold",
+        ):
+            comm.zeros(shape, np.float32)
+    assert comm.zeros((0, 2**40), np.uint8).shape == (0, 2**40)
     assert comm.is_symmetric(comm.empty(7, np.float64))  # the group goes on
 
 
