@@ -471,7 +471,7 @@ class Dispatcher:
                 d.flags.writeable if spec.p2p and not nodata else None,
                 # a symmetric buffer (comm.empty) or not, once the group has any: the two
                 # take different paths (see prepare)
-                None if shm is None or not shm.allocs or nodata else shm.locate(d) is not None,
+                None if shm is None or not shm.allocs or nodata else shm.kind_of(spec, d),
             )
             try:
                 call = self.cache.get(key)
@@ -723,7 +723,7 @@ class Dispatcher:
             # or copy path, or MPI: ranks whose arrays differ so waited in different calls
             # (a barrier against MPI's allreduce) until a timeout that said they were in the
             # same call with the same arguments (an outside hunt). Their fingerprints differ
-            call.memory = "symmetric buffer" if shm.locate(data) is not None else "ordinary array"
+            call.memory = "symmetric buffer" if shm.holds(data) else "ordinary array"
         call.checked = (
             self.debug == "large"
             and (backend is self.backend or backend is self.shm)  # the fast path too: a

@@ -409,6 +409,20 @@ class ShmBackend:
             and self.failed is None
         )
 
+    def holds(self, x: Any) -> bool:
+        """Whether ``x`` lies in this rank's part of one of the group's symmetric buffers,
+        as a body finds it (_enter: any ndarray, subclasses too)."""
+        return bool(self.allocs) and isinstance(x, np.ndarray) and self._locate(x) is not None
+
+    def kind_of(self, spec: O.OpSpec, x: np.ndarray) -> bool | None:
+        """For the dispatch's validation cache: whether ``x`` is in a symmetric buffer where
+        that decides the path (a reduction of at least ``sym_min`` bytes of input while the
+        group has buffers: see symmetric_range); None elsewhere, without looking (a look
+        per call of every op cost 4.5-16 us, a review)."""
+        if not self.allocs or spec not in self._bodies or x.nbytes < self.sym_min:
+            return None
+        return self._locate(x) is not None
+
     def symmetric_range(self, call: Call) -> bool:
         """True when a call on a symmetric buffer would take the symmetric path (the group
         has some, the size is in their range); the dispatch then compares across ranks
@@ -691,7 +705,7 @@ class ShmBackend:
             return None
         count = int(np.prod(shape, dtype=np.int64))
         region = max(4096, _round_up(count * dtype.itemsize, 4096))
-        mm, why = _map_shared(self.node.mpi, self.rank, region * self.size)
+        mm, why = _map_shared(self.node.mpi, self.rank, region * self.size, keep_fd=True)
         if mm is None:  # the same on every rank (the reasons are agreed)
             return why
         self.allocated += 1  # alike on every rank: the allocation's id
@@ -701,7 +715,7 @@ class ShmBackend:
         self.allocs[alloc.id] = alloc
         # the array and its views keep the mapping; when the last is gone, so is the entry
         weakref.finalize(mine, self.allocs.pop, alloc.id, None)
-        _live_mapping(mine, mm, alloc.raws[0].ctypes.data, region * self.size)
+        _live_mapping(mine, alloc.raws[0].ctypes.data, region * self.size)
         return mine.reshape(shape)
 
     def locate(self, x: Any) -> tuple[_Allocation, int] | None:
@@ -1036,34 +1050,18 @@ class ShmBackend:
 
 
 # Symmetric buffers mapped in this process (however their group ended), for a fork()
-# child: {key: (address, bytes, descriptor kept for it, -1: Python's mmap keeps one)}
-_LIVE: dict[int, tuple[int, int, int]] = {}
-_OWN_FD = sys.version_info >= (3, 13)  # the mapping keeps no descriptor there (_mmap)
+# child: {key: (address, bytes)}
+_LIVE: dict[int, tuple[int, int]] = {}
 _live_keys = iter(range(1, 2**62))
 
 
-def _live_mapping(base: np.ndarray, mm: Any, addr: int, length: int) -> None:
+def _live_mapping(base: np.ndarray, addr: int, length: int) -> None:
     """Keep a symmetric buffer's mapping (``addr``, ``length`` bytes) in _LIVE while
-    ``base``, the array its views share, lives. From Python 3.13 the mapping keeps no file
-    descriptor (_mmap): one is kept here, so that a fork() child can reopen the file."""
-    fd = -1
-    if _OWN_FD:
-        try:
-            fd = os.dup(_fd_of(addr))
-        except OSError:
-            fd = -1  # (the child then keeps the shared mapping: see _private_in_child)
+    ``base``, the array its views share, lives (its mapping keeps a descriptor of the file:
+    _mmap's ``keep_fd``)."""
     key = next(_live_keys)
-    _LIVE[key] = (addr, length, fd)
-    weakref.finalize(base, _forget_mapping, key)
-
-
-def _forget_mapping(key: int) -> None:
-    entry = _LIVE.pop(key, None)
-    if entry is not None and entry[2] >= 0:
-        try:
-            os.close(entry[2])
-        except OSError:
-            pass
+    _LIVE[key] = (addr, length)
+    weakref.finalize(base, _LIVE.pop, key, None)
 
 
 def _fd_of(addr: int) -> int:
@@ -1095,7 +1093,9 @@ def _private_in_child() -> None:
     same file at the same address), as an ordinary array is after fork(): mapped shared, a
     child's writes (a DataLoader worker's) landed in the parent's buffer and the group's
     next reduction (an outside hunt: 2000 where 2 was right). Until the child writes a
-    page, it reads the file's current contents (the parent's later calls show there)."""
+    page, it reads the file's current contents (the parent's later calls show there); a
+    child of the child inherits these private pages (the list is emptied: remapped from the
+    file there, it lost what the child had written, a review)."""
     if not _LIVE:
         return
     libc = ctypes.CDLL(None, use_errno=True)
@@ -1103,10 +1103,12 @@ def _private_in_child() -> None:
     fn.restype = ctypes.c_void_p
     fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                    ctypes.c_int, ctypes.c_long]  # fmt: skip
-    for addr, length, fd in list(_LIVE.values()):
+    mappings = list(_LIVE.values())
+    _LIVE.clear()
+    for addr, length in mappings:
         try:
             got = fn(addr, length, mmap.PROT_READ | mmap.PROT_WRITE,
-                     mmap.MAP_PRIVATE | _MAP_FIXED, fd if fd >= 0 else _fd_of(addr), 0)  # fmt: skip
+                     mmap.MAP_PRIVATE | _MAP_FIXED, _fd_of(addr), 0)  # fmt: skip
             if got != addr:
                 raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
         except OSError as exc:  # said, and left shared: the child must not write into it
@@ -1123,25 +1125,26 @@ _MAP_FIXED = 0x10  # (Linux, every architecture)
 os.register_at_fork(after_in_child=_private_in_child)
 
 
-def _mmap(fd: int, total: int) -> mmap.mmap:
+def _mmap(fd: int, total: int, keep_fd: bool = False) -> mmap.mmap:
     """A shared mapping of ``total`` bytes of file ``fd``. Python's mmap keeps a duplicate of
     the descriptor for its size() and resize(), which nothing here uses: from Python 3.13
-    (``trackfd=False``) it keeps none, before that one per mapping (each symmetric buffer)."""
-    if sys.version_info >= (3, 13):
+    (``trackfd=False``) it keeps none, unless ``keep_fd`` (symmetric buffers: a fork() child
+    reopens the file through it, see _private_in_child); before 3.13 always one."""
+    if sys.version_info >= (3, 13) and not keep_fd:
         return mmap.mmap(fd, total, trackfd=False)
     return mmap.mmap(fd, total)
 
 
-def _map_shared(mpi: Any, rank: int, total: int) -> tuple[Any, str]:
+def _map_shared(mpi: Any, rank: int, total: int, keep_fd: bool = False) -> tuple[Any, str]:
     """Collective over ``mpi``: a zero-filled shared memory file of ``total`` bytes mapped by
     every rank. Returns the mapping, or None on every rank with the reasons when some rank
     failed. First a nameless file (:func:`_map_memfd`): nothing is left behind whatever
     happens to the job; where a rank cannot reach it, a named file in /dev/shm
     (:func:`_map_named`)."""
-    mm, why = _map_memfd(mpi, rank, total)
+    mm, why = _map_memfd(mpi, rank, total, keep_fd)
     if mm is not None:
         return mm, ""
-    mm, named = _map_named(mpi, rank, total)
+    mm, named = _map_named(mpi, rank, total, keep_fd)
     return mm, "" if mm is not None else f"{named} (nameless file: {why})"
 
 
@@ -1165,7 +1168,7 @@ def _room_for(total: int) -> None:
         )
 
 
-def _map_memfd(mpi: Any, rank: int, total: int) -> tuple[Any, str]:
+def _map_memfd(mpi: Any, rank: int, total: int, keep_fd: bool = False) -> tuple[Any, str]:
     """Rank 0 makes a nameless file (``memfd_create``, sized with ``posix_fallocate``: ENOSPC
     here, not SIGBUS on first touch) and keeps it open until every rank has mapped it; the
     others open it through ``/proc/<pid>/fd/<fd>`` and check that it is the same file (its
@@ -1199,7 +1202,7 @@ def _map_memfd(mpi: Any, rank: int, total: int) -> tuple[Any, str]:
                 try:
                     st = os.fstat(mine)
                     if (st.st_dev, st.st_ino) == (dev, ino):
-                        mm = _mmap(mine, total)
+                        mm = _mmap(mine, total, keep_fd)
                     else:
                         why = f"{path} is another file here (another PID namespace?)"
                 finally:
@@ -1229,7 +1232,7 @@ def _agreed(mm: Any, reasons: list[str]) -> tuple[Any, str]:
     return mm, ""
 
 
-def _map_named(mpi: Any, rank: int, total: int) -> tuple[Any, str]:
+def _map_named(mpi: Any, rank: int, total: int, keep_fd: bool = False) -> tuple[Any, str]:
     """Rank 0 creates a file of ``total`` bytes in /dev/shm (``posix_fallocate``), every
     rank maps it, rank 0 unlinks it once all have (the mappings stay)."""
     path = None
@@ -1255,7 +1258,7 @@ def _map_named(mpi: Any, rank: int, total: int) -> tuple[Any, str]:
             try:
                 fd = os.open(path, os.O_RDWR)
                 try:
-                    mm = _mmap(fd, total)
+                    mm = _mmap(fd, total, keep_fd)
                 finally:
                     os.close(fd)
             except OSError as exc:
