@@ -715,20 +715,23 @@ class ShmBackend:
         self.allocs[alloc.id] = alloc
         # the array and its views keep the mapping; when the last is gone, so is the entry
         weakref.finalize(mine, self.allocs.pop, alloc.id, None)
-        _live_mapping(mine, alloc.raws[0].ctypes.data, region * self.size)
+        _live_mapping(mine, alloc.start, region, self.rank * region)
         return mine.reshape(shape)
 
     def locate(self, x: Any) -> tuple[_Allocation, int] | None:
         """(allocation, byte offset) of a C-contiguous NumPy array lying inside this rank's
         part of one of the group's symmetric buffers; None otherwise."""
-        if not self.allocs or type(x) is not np.ndarray or not x.flags.c_contiguous:
-            return None
+        if not self.allocs or not isinstance(x, np.ndarray) or not x.flags.c_contiguous:
+            return None  # (a subclass's view of a buffer is one: its body finds it so)
         return self._locate(x)
 
     def _locate(self, x: np.ndarray) -> tuple[_Allocation, int] | None:
         addr = x.ctypes.data
-        # a copy of the entries: a buffer dropped on another thread (finalize) pops one
-        for alloc in tuple(self.allocs.values()):
+        # a copy of the entries: a buffer dropped on another thread (finalize) pops one, and
+        # so may one whose finalizer a garbage collection runs while tuple() allocates
+        # (dict.copy() allocates before it copies: "dictionary changed size during
+        # iteration" on Python 3.11 from tuple(values()), a review)
+        for alloc in self.allocs.copy().values():
             off = addr - alloc.start
             if 0 <= off and off + x.nbytes <= alloc.region:
                 return alloc, off
@@ -1049,18 +1052,18 @@ class ShmBackend:
         return _delivered(out, private, lost)
 
 
-# Symmetric buffers mapped in this process (however their group ended), for a fork()
-# child: {key: (address, bytes)}
-_LIVE: dict[int, tuple[int, int]] = {}
+# This rank's regions of the symmetric buffers mapped in this process (however their group
+# ended), for a fork() child: {key: (address, bytes, offset in the file)}
+_LIVE: dict[int, tuple[int, int, int]] = {}
 _live_keys = iter(range(1, 2**62))
 
 
-def _live_mapping(base: np.ndarray, addr: int, length: int) -> None:
-    """Keep a symmetric buffer's mapping (``addr``, ``length`` bytes) in _LIVE while
-    ``base``, the array its views share, lives (its mapping keeps a descriptor of the file:
-    _mmap's ``keep_fd``)."""
+def _live_mapping(base: np.ndarray, addr: int, length: int, offset: int) -> None:
+    """Keep this rank's region of a symmetric buffer (``length`` bytes at ``addr``, at
+    ``offset`` in its file) in _LIVE while ``base``, the array its views share, lives (the
+    buffer's mapping keeps a descriptor of the file: _mmap's ``keep_fd``)."""
     key = next(_live_keys)
-    _LIVE[key] = (addr, length)
+    _LIVE[key] = (addr, length, offset)
     weakref.finalize(base, _LIVE.pop, key, None)
 
 
@@ -1089,13 +1092,16 @@ def _fd_of(addr: int) -> int:
 
 
 def _private_in_child() -> None:
-    """In a fork() child: every symmetric buffer mapped copy-on-write (MAP_PRIVATE of the
-    same file at the same address), as an ordinary array is after fork(): mapped shared, a
-    child's writes (a DataLoader worker's) landed in the parent's buffer and the group's
-    next reduction (an outside hunt: 2000 where 2 was right). Until the child writes a
-    page, it reads the file's current contents (the parent's later calls show there); a
-    child of the child inherits these private pages (the list is emptied: remapped from the
-    file there, it lost what the child had written, a review)."""
+    """In a fork() child: this rank's region of every symmetric buffer mapped copy-on-write
+    (MAP_PRIVATE of the same file at the same address: the views a user holds; the peers'
+    regions are hpccomm's alone, and the child cannot communicate), as an ordinary array is
+    after fork(): mapped shared, a child's writes (a DataLoader worker's) landed in the
+    parent's buffer and the group's next reduction (an outside hunt: 2000 where 2 was
+    right). Until the child writes a page, it reads the file's current contents (the
+    parent's later calls show there). A child of the child inherits these private pages
+    (remapped from the file again, they lost what the child had written, a review): the
+    regions done leave the list. One that cannot be made private (no memory to commit, under
+    strict overcommit) is mapped shared again, said, and stays listed."""
     if not _LIVE:
         return
     libc = ctypes.CDLL(None, use_errno=True)
@@ -1103,22 +1109,35 @@ def _private_in_child() -> None:
     fn.restype = ctypes.c_void_p
     fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                    ctypes.c_int, ctypes.c_long]  # fmt: skip
-    mappings = list(_LIVE.values())
-    _LIVE.clear()
-    for addr, length in mappings:
+    rw = mmap.PROT_READ | mmap.PROT_WRITE
+    for key, (addr, length, offset) in list(_LIVE.items()):
         try:
-            got = fn(addr, length, mmap.PROT_READ | mmap.PROT_WRITE,
-                     mmap.MAP_PRIVATE | _MAP_FIXED, _fd_of(addr), 0)  # fmt: skip
-            if got != addr:
-                raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
-        except OSError as exc:  # said, and left shared: the child must not write into it
-            print(
-                f"hpccomm: a fork() child (pid {os.getpid()}) could not make its symmetric "
-                f"buffer at {addr:#x} ({length} bytes) copy-on-write ({exc}): it stays shared "
-                f"with the parent, whose group's reductions see what the child writes there",
-                file=sys.stderr,
-                flush=True,
-            )
+            fd = _fd_of(addr)
+        except OSError as exc:
+            _said_shared(addr, length, str(exc))
+            continue
+        if fn(addr, length, rw, mmap.MAP_PRIVATE | _MAP_FIXED, fd, offset) == addr:
+            _LIVE.pop(key, None)
+            continue
+        err = ctypes.get_errno()
+        # (a kernel before 6.12 unmaps the old mapping before it finds no memory to commit:
+        # map it shared again, or the child's buffer would be gone)
+        back = fn(addr, length, rw, mmap.MAP_SHARED | _MAP_FIXED, fd, offset) == addr
+        _said_shared(addr, length, os.strerror(err), back)
+
+
+def _said_shared(addr: int, length: int, why: str, mapped: bool = True) -> None:
+    state = (
+        "it stays shared with the parent, whose group's reductions see what the child writes there"
+        if mapped
+        else "and could not map it again: touching it ends this child (SIGSEGV)"
+    )
+    print(
+        f"hpccomm: a fork() child (pid {os.getpid()}) could not make its symmetric buffer "
+        f"at {addr:#x} ({length} bytes) copy-on-write ({why}): {state}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 _MAP_FIXED = 0x10  # (Linux, every architecture)

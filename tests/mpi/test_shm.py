@@ -809,13 +809,12 @@ def test_a_fork_childs_writes_to_a_symmetric_buffer_stay_its_own(sym, monkeypatc
     assert (a == 1).all()
     comm.all_reduce(a)
     assert (a == comm.size).all() and fast.sym_calls == 1
-    base = fast.locate(a)[0].raws[0].ctypes.data  # (the mapping's start)
-    assert [e for e in shm_mod._LIVE.values() if e[0] == base] == [
-        (base, len(fast.locate(a)[0].raws) * fast.locate(a)[0].region)
-    ]
-    del a, view
+    alloc = fast.locate(a)[0]  # (this rank's region of the mapping: the one remapped)
+    entry = (alloc.start, alloc.region, comm.rank * alloc.region)
+    assert [e for e in shm_mod._LIVE.values() if e[0] == alloc.start] == [entry]
+    del a, view, alloc
     gc.collect()
-    assert all(e[0] != base for e in shm_mod._LIVE.values())
+    assert entry not in shm_mod._LIVE.values()
     assert open_files() == before  # its descriptor closed
 
 
@@ -833,6 +832,7 @@ def test_a_subclass_view_of_a_symmetric_buffer_counts_as_one(sym):
     a = comm.zeros(count, np.float32)
     a[...] = comm.rank + 1
     mine = a.view(Sub) if comm.rank == 0 else a
+    assert comm.is_symmetric(mine) and comm.is_symmetric(a.view(Sub)[3:])
     with at_debug(comm, "check"):
         comm.all_reduce(mine)
     assert (a == comm.size * (comm.size + 1) / 2).all() and fast.sym_calls == 1
