@@ -723,7 +723,9 @@ class Dispatcher:
             # or copy path, or MPI: ranks whose arrays differ so waited in different calls
             # (a barrier against MPI's allreduce) until a timeout that said they were in the
             # same call with the same arguments (an outside hunt). Their fingerprints differ
-            call.memory = "symmetric buffer" if shm.holds(data) else "ordinary array"
+            # (validated: C-contiguous, so locate finds it as the body does)
+            found = shm.locate(data) is not None
+            call.memory = "symmetric buffer" if found else "ordinary array"
         call.checked = (
             self.debug == "large"
             and (backend is self.backend or backend is self.shm)  # the fast path too: a

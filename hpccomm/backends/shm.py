@@ -409,11 +409,6 @@ class ShmBackend:
             and self.failed is None
         )
 
-    def holds(self, x: Any) -> bool:
-        """Whether ``x`` lies in this rank's part of one of the group's symmetric buffers,
-        as a body finds it (_enter: any ndarray, subclasses too)."""
-        return bool(self.allocs) and isinstance(x, np.ndarray) and self._locate(x) is not None
-
     def kind_of(self, spec: O.OpSpec, x: np.ndarray) -> bool | None:
         """For the dispatch's validation cache: whether ``x`` is in a symmetric buffer where
         that decides the path (a reduction of at least ``sym_min`` bytes of input while the

@@ -1551,30 +1551,39 @@ def test_receives_from_itself_with_another_thread_sending(comm):
     c.free()
 
 
+def free_on_another_thread(group):
+    """``group.free()`` on a thread of its own, waited for: "freed", or its refusal's text."""
+    import threading
+
+    from hpccomm import InvalidArgumentError
+
+    said = []
+
+    def free():
+        try:
+            group.free()
+            said.append("freed")
+        except InvalidArgumentError as exc:
+            said.append(str(exc))
+
+    t = threading.Thread(target=free)
+    t.start()
+    t.join(30)
+    return said[0] if said else "free() did not end in 30 s"
+
+
 def test_free_from_another_thread_waits_for_a_creation_to_adopt_its_group(comm, monkeypatch):
     # a split was counted inside its group only during its collective step: another
     # thread's free() of the group between that step and the new group's adoption freed the
     # group, and the new one hung off a freed parent, outside the tree the exit and a fork()
     # child walk (a review). Now that free() is refused until the creation has ended.
-    import threading
-
-    from hpccomm import InvalidArgumentError
 
     parent = comm.dup()
     adopt = parent._adopt
     said = []
 
     def adopt_later(*args, **kwargs):
-        def free():
-            try:
-                parent.free()
-                said.append("freed")
-            except InvalidArgumentError as exc:
-                said.append(str(exc))
-
-        t = threading.Thread(target=free)
-        t.start()
-        t.join(30)
+        said.append(free_on_another_thread(parent))
         return adopt(*args, **kwargs)
 
     monkeypatch.setattr(parent, "_adopt", adopt_later)
@@ -1595,9 +1604,8 @@ def test_free_from_another_thread_waits_for_a_translate(comm, monkeypatch, which
     # read both communicators unseen by free(): another thread's free() in between freed
     # one under it (a review). Now it is counted inside both groups: the free() is refused
     # while it runs, and a translate on a group being freed is refused.
-    import threading
 
-    from hpccomm import ClosedError, InvalidArgumentError
+    from hpccomm import ClosedError
 
     a, b = comm.dup(), comm.dup()
     target = a if which == "self" else b
@@ -1605,16 +1613,7 @@ def test_free_from_another_thread_waits_for_a_translate(comm, monkeypatch, which
     said = []
 
     def translate_later(*args):
-        def free():
-            try:
-                target.free()
-                said.append("freed")
-            except InvalidArgumentError as exc:
-                said.append(str(exc))
-
-        t = threading.Thread(target=free)
-        t.start()
-        t.join(30)
+        said.append(free_on_another_thread(target))
         return translate(*args)
 
     monkeypatch.setattr(a._backend, "translate", translate_later)
