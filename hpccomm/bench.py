@@ -550,14 +550,6 @@ def _mpi4py_calls(m: Any, k: Case) -> Callable[[], Any]:
     return lambda: (m.Recv([out, t], p, 0), m.Send([x, t], p, 0))
 
 
-# What a torch peer cannot run here without hanging the job (a failure on one rank leaves
-# its partner waiting): hpccomm.torch (2.13) fails irecv on a group made by new_group.
-_TORCH_LACKS = {
-    ("torch", "send_recv"): "hpccomm.torch's irecv on a new_group group fails on the receiver "
-    "(MismatchError: 'got 0 elements from rank -1'), which would leave the sender waiting",
-}
-
-
 class _Torch:
     """torch.distributed in these processes: a default gloo group (a TCP store on world rank
     0, its port sent over MPI), and per benchmarked group a gloo group (``--peer gloo``)
@@ -611,9 +603,6 @@ class _Torch:
         return self.torch.from_numpy(a)
 
     def calls(self, g: Any, k: Case, peer: str) -> Callable[[], Any]:
-        lacks = _TORCH_LACKS.get((peer, k.op))
-        if lacks is not None:
-            raise HpccommError(lacks)
         dist, T = self.dist, self.tensor
         x, out, root, n, b = T(k.x), T(k.out), k.root, k.n, k.block
         op = k.op

@@ -1194,7 +1194,12 @@ class Communicator:
         InvalidArgumentError naming ``what``, the ``label``led value and the range (MPI
         crashes on a rank outside the group, and passes MPI_PROC_NULL through)."""
         r = as_int(value)
-        if r is None or not 0 <= r < size:
+        if r is None:  # (a bool is an int to Python: "rank True is not in 0..3" was false)
+            raise InvalidArgumentError(
+                f"{self._here(what)}: {label} is {value!r}, expected an integer in "
+                f"0..{size - 1}{context}"
+            )
+        if not 0 <= r < size:
             raise InvalidArgumentError(
                 f"{self._here(what)}: {label} {value!r} is not in 0..{size - 1}{context}"
             )

@@ -223,7 +223,11 @@ class Layout:
     def _check_rank(self, rank: int) -> int:
         """``rank`` as an int in 0..world_size-1 (NumPy integers too, bools not)."""
         value = as_int(rank)
-        if value is None or not 0 <= value < self.world_size:
+        if value is None:
+            raise InvalidArgumentError(
+                f"layout: rank is {rank!r}, expected an integer in 0..{self.world_size - 1}"
+            )
+        if not 0 <= value < self.world_size:
             raise InvalidArgumentError(f"layout: rank {rank!r} is not in 0..{self.world_size - 1}")
         return value
 
@@ -241,7 +245,11 @@ class Layout:
         for t in self.order:
             given = coords.pop(t, 0)
             i = as_int(given)  # NumPy integers too, bools not
-            if i is None or not 0 <= i < self.sizes[t]:
+            if i is None:
+                raise InvalidArgumentError(
+                    f"layout: {t} is {given!r}, expected an integer in 0..{self.sizes[t] - 1}"
+                )
+            if not 0 <= i < self.sizes[t]:
                 raise InvalidArgumentError(
                     f"layout: {t}={given!r} is not in 0..{self.sizes[t] - 1}"
                 )

@@ -656,12 +656,20 @@ def _v_scatter(call: Call, b: Buffer | None, o: Buffer | None) -> None:
                     f"array nor out"
                 )
             rows, rest, _ = _rows(tuple(b.array.shape))
-            guess = (rows // n, *rest) if sizes is None else (f"sizes[{me}]", *rest)
+            if sizes is not None:
+                hint = f"e.g. shape {(f'sizes[{me}]', *rest)} if it is the full array"
+            elif rows % n == 0:
+                hint = f"e.g. shape {(rows // n, *rest)} if it is the full array"
+            else:  # (a floor-divided shape was suggested, which the source then refuses)
+                hint = (
+                    f"shaped as this rank's block: as a full array its {rows} rows do not make "
+                    f"{n} equal blocks (uneven blocks: sizes= on every rank)"
+                )
             raise InvalidArgumentError(
                 f"{call}: non-source ranks need out= (the block to receive); got only an array "
                 f"of shape {tuple(b.array.shape)}, which could be the full array or this rank's "
-                f"block: pass out=<block>, e.g. shape {guess} if it is the full array (torch's "
-                f"scatter(tensor, src=) output tensor is hpccomm's out=)"
+                f"block: pass out=<block>, {hint} (torch's scatter(tensor, src=) output tensor "
+                f"is hpccomm's out=)"
             )
         info = _check_array(call, o, "out")
         call.info, call.device = info, o.device

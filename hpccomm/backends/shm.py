@@ -504,6 +504,14 @@ class ShmBackend:
         """One line for ``hpccomm info``: the path's form and whether ordinary arrays take
         the single-copy path here. Collective on a group that has not made its segment yet
         (it makes it, and probes, as a first call would; ``call`` names the step)."""
+        start = self.ranges[O.ALL_REDUCE][0]
+        if self.hier is not None and start == NEVER:
+            # (it named the hierarchical path, "from HPCCOMM_SHM_THRESHOLD only", where no
+            # call took it: an outside hunt; the threshold is alike on every rank)
+            return (
+                "off across nodes: HPCCOMM_SHM_THRESHOLD is not set (the hierarchical "
+                "all_reduce is not measured across real nodes: it runs only from a size given)"
+            )
         if self.hier is not None and self.node is None and self.failed is None:
             # (it said the hierarchical path runs where the layout refuses it at the first
             # call: one rank per node, 2 + 1: an outside hunt)
@@ -514,8 +522,8 @@ class ShmBackend:
             inside = "single copy where the first call's probe allows it, else the copy path"
             if not self.direct:
                 inside = f"the copy path (single copy off: {CMA_ENV}=0)"
-            return (f"hierarchical all_reduce across nodes (from HPCCOMM_SHM_THRESHOLD only); "
-                    f"inside each node {inside}")  # fmt: skip
+            return (f"hierarchical all_reduce across nodes from {start:,} bytes "
+                    f"(HPCCOMM_SHM_THRESHOLD); inside each node {inside}")  # fmt: skip
         if self._ensure(call) is None:
             return f"off: no shared segment ({self.failed})"
         if self.cma is not None:

@@ -166,8 +166,9 @@ def test_group_runs_every_group_at_once(world):
 def test_peers_side_by_side(world):
     peers = ["mpi4py"]
     if getattr(importlib.util.find_spec("torch"), "origin", None) is not None:
-        peers += ["gloo", "torch"]  # torch: hpccomm's own torch.distributed backend
-    doc = bench.run(world, small(ops=["all_reduce,broadcast"], peers=peers))
+        peers += ["gloo", "torch"]  # torch: hpccomm's own torch.distributed backend (send_recv
+        # too: its irecv on a new_group group works, once left out as failing)
+    doc = bench.run(world, small(ops=["all_reduce,broadcast,send_recv"], peers=peers))
     doc = world.mpi.bcast(doc, root=0)
     for r in rows(doc):
         for p in peers:

@@ -100,6 +100,15 @@ def test_scatter_block_on_non_source_is_refused(comm):
             + r": non-source ranks need out= .*got only an array of shape \(3,\)",
         ):
             comm.scatter(block, src=0)
+        # the hint: the block of a full array that splits evenly; none that the source would
+        # refuse (5 rows at 4 ranks suggested shape (1,))
+        with pytest.raises(InvalidArgumentError, match=rf"e.g. shape \({4 * comm.size - 4},\) if"):
+            comm.scatter(np.empty(4 * comm.size * (comm.size - 1)), src=0)
+        if 3 % comm.size:
+            with pytest.raises(InvalidArgumentError) as info:
+                comm.scatter(block, src=0)
+            assert f"its 3 rows do not make {comm.size} equal blocks" in str(info.value)
+            assert "e.g. shape" not in str(info.value)
 
 
 def test_scatter_torch_style_out_block(comm):

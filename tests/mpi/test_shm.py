@@ -1588,7 +1588,7 @@ def test_hierarchical_single_copy_failures_and_factors(comm, monkeypatch):
     if comm.rank == last:
         fail_read(fast, monkeypatch, 2)
     with pytest.raises(hpccomm.BackendError, match=rf"single-copy path failed: rank {last} "
-                       rf"could not reach rank {half}'s array \(process id \d+\): "
+                       rf"could not reach rank (\d+)'s array \(process id \d+\): "  # (which: the order)
                        r"process_vm_readv: No such process; the result is incomplete"):  # fmt: skip
         comm.all_reduce(np.full(count, 1.0))
     heal_reads(monkeypatch)
@@ -1620,6 +1620,30 @@ def test_hierarchical_single_copy_failures_and_factors(comm, monkeypatch):
     assert fast.direct_calls == mpi_before + 3  # counted as begun, then the one with
     # factors differing inside node 0 ran on MPI
     assert fast._held == []
+
+
+def test_hierarchical_info_says_off_without_a_threshold(comm, node_form, monkeypatch):
+    # Across nodes the path runs only from HPCCOMM_SHM_THRESHOLD; without it hpccomm info
+    # named the path all the same ("hierarchical all_reduce across nodes (from
+    # HPCCOMM_SHM_THRESHOLD only)") and no call took it (an outside hunt on the cluster)
+    if comm.size < 4 or comm.size % 2:
+        pytest.skip("needs an even number of 4 or more ranks (two pretend nodes of 2+)")
+    fast, node, half = on_pretend_nodes(comm, node_form, monkeypatch)
+    assert fast.describe("hpccomm info").startswith(
+        "hierarchical all_reduce across nodes from 1,024 bytes (HPCCOMM_SHM_THRESHOLD); inside "
+    )
+    local = (node, comm.rank - node * half, half)
+    unset = ShmBackend(comm._backend, None, CHUNK, direct=node_form == "single_copy", node=local)
+    comm._dispatcher.shm = unset
+    comm._dispatcher.cache.clear()
+    assert unset.describe("hpccomm info") == (
+        "off across nodes: HPCCOMM_SHM_THRESHOLD is not set (the hierarchical all_reduce is "
+        "not measured across real nodes: it runs only from a size given)"
+    )
+    x = np.full(1 << 20, comm.rank + 1, np.int32)  # 4 MiB
+    comm.all_reduce(x)
+    assert (x == comm.size * (comm.size + 1) // 2).all()
+    assert (unset.calls, unset.direct_calls) == (0, 0)  # (what the line says)
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int64, np.float32, np.float16, np.complex64,

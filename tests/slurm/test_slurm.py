@@ -298,3 +298,29 @@ def test_info_says_the_hierarchical_path_is_off_for_one_rank_per_node(cluster):
         "shared-memory fast path: off across nodes: ranks per node [1, 1]: not the same on "
         "every node, or < 2" in out.stdout
     ), out.stdout
+
+
+@pytest.mark.parametrize("threshold", [None, "256K"])
+def test_info_names_the_hierarchical_path_only_where_a_threshold_runs_it(cluster, threshold):
+    # Without HPCCOMM_SHM_THRESHOLD no call takes the hierarchical path; info named it all
+    # the same ("... across nodes (from HPCCOMM_SHM_THRESHOLD only)"), an outside hunt
+    env = {**cluster.env(), "HPCCOMM_SHM_THRESHOLD": threshold or ""}
+    if threshold is None:
+        del env["HPCCOMM_SHM_THRESHOLD"]
+    out = subprocess.run(
+        ["srun", "-N2", "-n4", "--mpi=pmix", str(cluster.bin / "hpccomm"), "info"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, f"{out.stdout}\n{out.stderr}"
+    line = next(t for t in out.stdout.splitlines() if t.startswith("shared-memory fast path: "))
+    if threshold is None:
+        assert line == (
+            "shared-memory fast path: off across nodes: HPCCOMM_SHM_THRESHOLD is not set (the "
+            "hierarchical all_reduce is not measured across real nodes: it runs only from a size "
+            "given)"
+        ), out.stdout
+    else:
+        assert line.startswith(
+            "shared-memory fast path: hierarchical all_reduce across nodes from 262,144 bytes "
+            "(HPCCOMM_SHM_THRESHOLD); inside each node "
+        ), out.stdout
