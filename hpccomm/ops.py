@@ -656,13 +656,23 @@ def _v_scatter(call: Call, b: Buffer | None, o: Buffer | None) -> None:
                     f"array nor out"
                 )
             rows, rest, _ = _rows(tuple(b.array.shape))
-            if sizes is not None:
-                hint = f"e.g. shape {(f'sizes[{me}]', *rest)} if it is the full array"
+            rows_said = f"{rows} row{'s' if rows != 1 else ''}"
+            if b.array.ndim == 0:
+                hint = "of at least one axis (a 0-d array is neither a full array nor a block)"
+            elif sizes is not None:
+                blocks = _check_sizes(call, sizes, "sizes", None)
+                if sum(blocks) == rows:
+                    hint = f"e.g. shape {(blocks[me], *rest)} if it is the full array"
+                else:  # (then it is no full array: the source would refuse it)
+                    hint = (
+                        f"of shape {(blocks[me], *rest)} (its {rows_said} are not the "
+                        f"{sum(blocks)} rows sizes= adds up to, so it is no full array)"
+                    )
             elif rows % n == 0:
                 hint = f"e.g. shape {(rows // n, *rest)} if it is the full array"
             else:  # (a floor-divided shape was suggested, which the source then refuses)
                 hint = (
-                    f"shaped as this rank's block: as a full array its {rows} rows do not make "
+                    f"shaped as this rank's block: as a full array its {rows_said} do not make "
                     f"{n} equal blocks (uneven blocks: sizes= on every rank)"
                 )
             raise InvalidArgumentError(

@@ -309,6 +309,7 @@ class ShmBackend:
         # among the ranks holding the same slice on every node (``cross``). Both
         # communicators are made by the first call (see _ensure).
         self.hier = node
+        self.threshold = threshold  # (HPCCOMM_SHM_THRESHOLD; None: not set)
         self.rank: int = host.rank if node is None else node[1]
         self.size: int = host.size if node is None else node[2]
         self.node: Any = host if node is None else None  # the segment's ranks (MPIBackend)
@@ -505,7 +506,7 @@ class ShmBackend:
         the single-copy path here. Collective on a group that has not made its segment yet
         (it makes it, and probes, as a first call would; ``call`` names the step)."""
         start = self.ranges[O.ALL_REDUCE][0]
-        if self.hier is not None and start == NEVER:
+        if self.hier is not None and self.threshold is None:
             # (it named the hierarchical path, "from HPCCOMM_SHM_THRESHOLD only", where no
             # call took it: an outside hunt; the threshold is alike on every rank)
             return (

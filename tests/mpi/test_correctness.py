@@ -109,6 +109,21 @@ def test_scatter_block_on_non_source_is_refused(comm):
                 comm.scatter(block, src=0)
             assert f"its 3 rows do not make {comm.size} equal blocks" in str(info.value)
             assert "e.g. shape" not in str(info.value)
+        # with sizes=: this rank's block by them; an array whose rows are not their sum is
+        # no full array (it said "e.g. shape ('sizes[1]',) if it is the full array")
+        sizes = list(range(1, comm.size + 1))
+        with pytest.raises(InvalidArgumentError, match=rf"e.g. shape \({comm.rank + 1}, 2\) if"):
+            comm.scatter(np.empty((sum(sizes), 2)), src=0, sizes=sizes)
+        with pytest.raises(InvalidArgumentError) as info:
+            comm.scatter(np.empty(sum(sizes) - 1), src=0, sizes=sizes)
+        assert (
+            f"pass out=<block>, of shape ({comm.rank + 1},) (its {sum(sizes) - 1} rows are not "
+            f"the {sum(sizes)} rows sizes= adds up to, so it is no full array)"
+        ) in str(info.value)
+        with pytest.raises(InvalidArgumentError, match=r"sizes has 1 entry, expected"):
+            comm.scatter(np.empty(4), src=0, sizes=[4])
+        with pytest.raises(InvalidArgumentError, match=r"of at least one axis \(a 0-d array is"):
+            comm.scatter(np.empty(()), src=0)
 
 
 def test_scatter_torch_style_out_block(comm):
