@@ -45,6 +45,7 @@ import numpy as np
 from .dtypes import SUPPORTED_DTYPES, ReduceOp, as_reduce_op, check_op, dtype_info
 from .errors import HpccommError, InvalidArgumentError
 from .layout import DEFAULT_ORDER, TOKENS, Layout
+from .ops import as_int
 
 __all__ = [
     "FACTORS",
@@ -319,8 +320,10 @@ class BenchOptions:
                     peers.append(p)
         for name, value, low in (("-n", self.iters, 0), ("-w", self.warmup, 0),
                                  ("--rounds", self.rounds, 1), ("--root", self.root, 0)):  # fmt: skip
-            if not isinstance(value, int) or value < low:
-                raise InvalidArgumentError(f"bench: {name} is {value!r}, expected >= {low}")
+            if as_int(value) is None or value < low:  # (bools: True ran as root 1)
+                raise InvalidArgumentError(
+                    f"bench: {name} is {value!r}, expected an integer >= {low}"
+                )
         if self.average not in _AVERAGE:
             raise InvalidArgumentError(f"bench: -a is {self.average!r}, expected 0, 1, 2 or 3")
         size_series(self.min_bytes, self.max_bytes, self.factor)

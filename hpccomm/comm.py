@@ -1010,11 +1010,15 @@ class Communicator:
 
     def _check_ranks(self, what: str, ranks: Sequence[int]) -> list[int]:
         values = [as_int(r) for r in ranks]
-        bad = [r for r, v in zip(ranks, values, strict=True) if v is None or not 0 <= v < self.size]
-        if bad or len(set(values)) != len(values) or not values:
+        pairs = list(zip(ranks, values, strict=True))
+        odd = [r for r, v in pairs if v is None]  # (bools too: True == 1 to Python)
+        out = [r for r, v in pairs if v is not None and not 0 <= v < self.size]
+        if odd or out or len(set(values)) != len(values) or not values:
             raise InvalidArgumentError(
                 f"{self._here(what)}: ranks {list(ranks)} must be distinct "
-                f"ranks in 0..{self.size - 1}, at least one" + (f"; bad: {bad}" if bad else "")
+                f"ranks in 0..{self.size - 1}, at least one"
+                + (f"; not integers: {odd}" if odd else "")
+                + (f"; out of range: {out}" if out else "")
             )
         return values  # type: ignore[return-value]
 

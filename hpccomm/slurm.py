@@ -45,6 +45,11 @@ _TIME_FORMS = (
 )
 
 
+def _integer(value: object) -> bool:
+    """An int, not a bool (True is 1 to isinstance: --nodes True made a 1-node script)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def parse_time(text: str) -> int | None:
     """Seconds in a Slurm time limit ("30", "1:00:00", "2-12", ...); None for unlimited.
 
@@ -174,13 +179,13 @@ def validate(opts: BatchOptions) -> None:
         _check_text(f"command word {i}", word)
     for name in ("nodes", "ntasks_per_node"):
         value = getattr(opts, name)
-        if not isinstance(value, int) or value < 1:
+        if not _integer(value) or value < 1:
             raise InvalidArgumentError(
                 f"sbatch: --{name.replace('_', '-')} is {value!r}, expected an integer >= 1"
             )
     for name in ("gpus_per_node", "gpus_per_task", "cpus_per_task"):
         value = getattr(opts, name)
-        if value is not None and (not isinstance(value, int) or value < 1):
+        if value is not None and (not _integer(value) or value < 1):
             raise InvalidArgumentError(
                 f"sbatch: --{name.replace('_', '-')} is {value!r}, expected an integer >= 1"
             )

@@ -325,6 +325,13 @@ def test_new_group_bad_ranks(comm):
         InvalidArgumentError, match=where(comm, "new_group") + r": ranks \[0, 0\] must be distinct"
     ):
         comm.new_group([0, 0])
+    # which entries are wrong, and how (it said "bad: [True]" of a bool, True == 1 to Python)
+    with pytest.raises(InvalidArgumentError) as info:
+        comm.new_group([True, 0.0, comm.size, 0])
+    assert str(info.value).endswith(
+        f"must be distinct ranks in 0..{comm.size - 1}, at least one; not integers: [True, 0.0]; "
+        f"out of range: [{comm.size}]"
+    ), info
 
 
 @pytest.mark.mpi(min_size=2)  # a peer that never sends

@@ -7,12 +7,14 @@ import dataclasses
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import hpccomm.cli as cli
 from hpccomm import bench
 from hpccomm.cli import build_parser, main
 from hpccomm.discovery import discover
+from hpccomm.errors import InvalidArgumentError
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -185,3 +187,12 @@ def test_symmetric_help_names_the_allocator_the_code_uses():
     assert "comm.zeros" in helps["symmetric"] and "comm.empty" not in helps["symmetric"]
     source = Path(bench.__file__).read_text()
     assert "case.x = hp.zeros(" in source
+
+
+@pytest.mark.parametrize("name", ["iters", "warmup", "rounds", "root"])
+def test_counts_are_integers_not_bools(name):
+    # (True is an int to isinstance: BenchOptions(root=True) ran with root 1, a review)
+    flag = {"iters": "-n", "warmup": "-w", "rounds": "--rounds", "root": "--root"}[name]
+    with pytest.raises(InvalidArgumentError, match=rf"bench: {flag} is True, expected an integer"):
+        bench.BenchOptions(**{name: True}).normalized()
+    assert bench.BenchOptions(**{name: np.int64(1)}).normalized()

@@ -97,6 +97,11 @@ def test_refusals_are_invalid_argument_errors():
         InvalidArgumentError, match=r"sbatch: --nodes is 0, expected an integer >= 1"
     ):
         validate(BatchOptions(command=["true"], nodes=0))
+    for name in ("nodes", "ntasks_per_node", "cpus_per_task", "gpus_per_node"):
+        # (True is an int to isinstance: nodes=True made a 1-node script, a review)
+        option = "--" + name.replace("_", "-")
+        with pytest.raises(InvalidArgumentError, match=rf"{option} is True, expected an integer"):
+            validate(BatchOptions(command=["true"], **{name: True}))
     with pytest.raises(InvalidArgumentError, match=r"sbatch: --time '1h' is not a Slurm time"):
         parse_time("1h")
     with pytest.raises(InvalidArgumentError, match=r"sbatch: --mpi 'x' is not a Slurm MPI plug-in"):
