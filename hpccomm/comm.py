@@ -67,6 +67,7 @@ from .ops import (
     P2POp,
     as_int,
     check_timeout,
+    index_in,
 )
 from .parallel import ParallelGroups
 
@@ -1197,17 +1198,7 @@ class Communicator:
         """``value`` as a rank in 0..size-1 (NumPy integers too, bools not), else an
         InvalidArgumentError naming ``what``, the ``label``led value and the range (MPI
         crashes on a rank outside the group, and passes MPI_PROC_NULL through)."""
-        r = as_int(value)
-        if r is None:  # (a bool is an int to Python: "rank True is not in 0..3" was false)
-            raise InvalidArgumentError(
-                f"{self._here(what)}: {label} is {value!r}, expected an integer in "
-                f"0..{size - 1}{context}"
-            )
-        if not 0 <= r < size:
-            raise InvalidArgumentError(
-                f"{self._here(what)}: {label} {value!r} is not in 0..{size - 1}{context}"
-            )
-        return r
+        return index_in(value, size, self._here(what), label, context)
 
     def _translated(
         self, what: str, ranks: list[int], other: Communicator, *, here: Communicator | None = None

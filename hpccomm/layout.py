@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .errors import InvalidArgumentError
-from .ops import as_int
+from .ops import as_int, index_in
 
 __all__ = ["Layout", "TOKENS", "DEFAULT_ORDER"]
 
@@ -222,14 +222,7 @@ class Layout:
 
     def _check_rank(self, rank: int) -> int:
         """``rank`` as an int in 0..world_size-1 (NumPy integers too, bools not)."""
-        value = as_int(rank)
-        if value is None:
-            raise InvalidArgumentError(
-                f"layout: rank is {rank!r}, expected an integer in 0..{self.world_size - 1}"
-            )
-        if not 0 <= value < self.world_size:
-            raise InvalidArgumentError(f"layout: rank {rank!r} is not in 0..{self.world_size - 1}")
-        return value
+        return index_in(rank, self.world_size, "layout", "rank")
 
     def coords(self, rank: int) -> dict[str, int]:
         """This rank's index along every dimension."""

@@ -312,6 +312,21 @@ def as_int(value: Any) -> int | None:
     return None
 
 
+def index_in(value: Any, size: int, where: str, label: str, context: str = "") -> int:
+    """``value`` as an int in 0..size-1 (NumPy integers too, bools not), else an
+    InvalidArgumentError: "{where}: {label} is True, expected an integer in 0..3{context}",
+    or for an integer outside, "{where}: {label} 4 is not in 0..3{context}" (a bool is an int
+    to Python: "rank True is not in 0..3" was false)."""
+    index = as_int(value)
+    if index is None:
+        raise InvalidArgumentError(
+            f"{where}: {label} is {value!r}, expected an integer in 0..{size - 1}{context}"
+        )
+    if not 0 <= index < size:
+        raise InvalidArgumentError(f"{where}: {label} {value!r} is not in 0..{size - 1}{context}")
+    return index
+
+
 def check_timeout(value: Any, what: str, zero: bool = False) -> float | None:
     """A timeout: None, or finite seconds > 0 (>= 0 where ``zero``: a wait that only polls).
 

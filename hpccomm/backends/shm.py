@@ -505,7 +505,6 @@ class ShmBackend:
         """One line for ``hpccomm info``: the path's form and whether ordinary arrays take
         the single-copy path here. Collective on a group that has not made its segment yet
         (it makes it, and probes, as a first call would; ``call`` names the step)."""
-        start = self.ranges[O.ALL_REDUCE][0]
         if self.hier is not None and self.threshold is None:
             # (it named the hierarchical path, "from HPCCOMM_SHM_THRESHOLD only", where no
             # call took it: an outside hunt; the threshold is alike on every rank)
@@ -523,6 +522,7 @@ class ShmBackend:
             inside = "single copy where the first call's probe allows it, else the copy path"
             if not self.direct:
                 inside = f"the copy path (single copy off: {CMA_ENV}=0)"
+            start = self.ranges[O.ALL_REDUCE][0]
             return (f"hierarchical all_reduce across nodes from {start:,} bytes "
                     f"(HPCCOMM_SHM_THRESHOLD); inside each node {inside}")  # fmt: skip
         if self._ensure(call) is None:
