@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 import ml_dtypes
 import numpy as np
 
-from . import memory, profiler
+from . import arena, memory, profiler
 from .backends.shm import settings as shm_settings
 from .comm import Communicator
 from .debug import EAGER_ENV, large_bytes
@@ -44,6 +44,7 @@ def gather_launch(comm: Communicator) -> list[dict] | None:
     info: dict[str, Any] = comm.launch.to_dict() if comm.launch is not None else {"rank": comm.rank}
     info["device"] = comm.device.describe()
     info["memory"] = f"freed memory kept mapped (reuse_memory): {memory.state()}"
+    info["arena"] = f"arena allocator ({arena.ENV}): {arena.state()}"
     info["checks"] = _checks(comm)
     info["shm"] = _shm(comm)
     return comm.gather_object(info, dst=0)
@@ -113,6 +114,7 @@ def format_launch_table(infos: list[dict]) -> str:
     devices = sorted({d["device"] for d in infos if "device" in d})
     lines.extend(devices)
     lines.extend(sorted({d["memory"] for d in infos if "memory" in d}))
+    lines.extend(sorted({d["arena"] for d in infos if "arena" in d}))
     lines.extend(sorted({d["checks"] for d in infos if "checks" in d}))
     lines.extend(sorted({d["shm"] for d in infos if "shm" in d}))
     notes = sorted({w for d in infos for w in d.get("warnings", ())})

@@ -18,8 +18,8 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
 
+from . import arena, flight, memory, profiler
 from . import debug as debug_mod
-from . import flight, memory, profiler
 from . import work as work_mod
 from .backends.shm import settings as shm_settings
 from .comm import Communicator, NodeInfo, member_gid
@@ -718,9 +718,11 @@ def init(
         warnings.warn(f"hpccomm: {note}", RuntimeWarning, stacklevel=3)  # (the user's line:
         # init is wrapped by _one_at_a_time)
     tune_open_mpi()
-    if _checked(problems, _reuse_memory, reuse_memory):  # (None: refused, below)
+    reuse = _checked(problems, _reuse_memory, reuse_memory)
+    if reuse:  # (None: refused, below)
         memory.keep_freed_memory()
     _checked(problems, shm_settings)  # HPCCOMM_SHM* (read once per process)
+    _checked(problems, arena.check_env)
     _checked(problems, _abort_on_exception, True)
     _checked(problems, sharing_allowed, os.environ, True)
     trace = trace_dir if trace_dir is not None else os.environ.get(flight.ENV)
@@ -834,6 +836,9 @@ def init(
     _watch_finalize(MPI)
     _init_args = args
     _init_failed = False
+    # large NumPy arrays allocated from here on (on this thread) in memory the node's peers
+    # map: the fast path reads and writes them in place (see hpccomm.arena)
+    arena.start(nodes.local_size, keep=bool(reuse))
     if trace:
         rec = flight.start(trace, _world.rank, _world.size)
         rec.departed = lambda: {w: why for w, (_, why) in list(notices.departed.items())}

@@ -84,8 +84,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import arena, record
 from .. import ops as O
-from .. import record
 from ..buffers import flat as _flat
 from ..dtypes import ARITHMETIC_UFUNCS, SUPPORTED_DTYPES, ReduceOp
 from ..errors import (
@@ -343,7 +343,10 @@ class ShmBackend:
         self.cma: _Cma | None = None
         self.cma_why = "" if self.direct else "off"  # why the single-copy path does not run
         self.pids: list[int] = []  # every rank's process id (single-copy path)
+        # every peer's arena mapped here (hpccomm.arena), or why not (a str); None: this rank
+        self.peers: list[arena.PeerArena | str | None] = []
         self.direct_calls = 0  # calls that ran on the single-copy path
+        self.mapped_calls = 0  # ... of which every peer's array was in its mapped arena
         # the sequence numbers of calls handed to MPI at run time, kept while someone
         # listens to the records (the last _KEPT of them): see ran_on
         self._on_mpi: dict[int, None] = {}
@@ -471,6 +474,7 @@ class ShmBackend:
         A call still queued behind a stuck one then raises instead of making a new one."""
         self.segment = None
         self.closed = True
+        self.peers = []  # (a peer's arena stays mapped while some group's path holds it)
         self.allocs = {}  # the arrays handed out keep their memory (their views map it)
 
     def free(self) -> None:
@@ -529,6 +533,14 @@ class ShmBackend:
             return f"off: no shared segment ({self.failed})"
         if self.cma is not None:
             single = "single copy (process_vm_readv/writev) for ordinary arrays"
+            unmapped = [f"rank {self.members[j]}: {p}" for j, p in enumerate(self.peers)
+                        if isinstance(p, str)]  # fmt: skip
+            if not unmapped:
+                single += ", in place for those in the peers' arenas (mapped here)"
+            elif all(p in (None, arena.NONE) for p in self.peers):
+                single += f"; arena allocator {arena.state()}"
+            else:
+                single += f"; peers' arenas not mapped ({'; '.join(unmapped)})"
         elif self.direct:
             single = f"copy path only: single copy refused ({self.cma_why})"
         else:
@@ -575,7 +587,11 @@ class ShmBackend:
             return None
         seg = self.segment = _Segment(mm, self.size, self.chunk)
         if self.direct:
-            self.cma, self.pids, self.cma_why = _probe_cma(self.node.mpi, self.rank, self.size)
+            self.cma, self.pids, self.cma_why, theirs = _probe_cma(self.node.mpi, self.rank,
+                                                                    self.size)  # fmt: skip
+            if self.cma is not None:  # the peers' arenas, mapped where they can be
+                self.peers = [None if j == self.rank else arena.map_peer(self.pids[j], t)
+                              for j, t in enumerate(theirs)]  # fmt: skip
             if self.hier is not None:  # every node single copy, or none (one slicing)
                 whys = self.host.mpi.allgather(self.cma_why)
                 if any(whys):  # each node's reasons (its own rank numbers), once
@@ -874,6 +890,10 @@ class ShmBackend:
                     self.tick = tick + 1
                     return self._fallback(call, x, out, None)
                 addrs = seg.headers[:, tick % 2, _ADDR].tolist()
+                try:  # peers' arrays in their arenas, read and written in place
+                    views = self._mapped(addrs, flat)
+                except Exception as exc:  # noqa: BLE001 - every rank must hear of it
+                    views, failed = [None] * self.size, failed or self._failure(exc)
                 cross = plan.cross  # across nodes: each piece's all_reduce among the nodes
                 for src, dst in parts:
                     m = src.stop - src.start
@@ -895,7 +915,7 @@ class ShmBackend:
                                 else:  # reduce_scatter has no other use for acc_buf
                                     own = acc_buf[:m]
                                     np.copyto(own, acc)
-                            _fold_direct(plan, lane, pids, addrs, at, rank, own,
+                            _fold_direct(plan, lane, pids, addrs, views, src, at, rank, own,
                                          (acc, acc_at), (tmp[:m], buf_b))  # fmt: skip
                         except Exception as exc:  # noqa: BLE001 - every rank must hear of it
                             failed = self._failure(exc)
@@ -908,7 +928,11 @@ class ShmBackend:
                         if keep and acc is not own:
                             np.copyto(own, acc)
                         for j in writes:
-                            lane.write(j, pids[j], addrs[j] + at, acc_at, acc.nbytes)
+                            view = views[j]
+                            if view is not None:
+                                np.copyto(view[src], acc)
+                            else:
+                                lane.write(j, pids[j], addrs[j] + at, acc_at, acc.nbytes)
                     except Exception as exc:  # noqa: BLE001 - every rank must hear of it
                         failed = self._failure(exc)
                 # the end: every rank has done its part, or some rank could not (then
@@ -932,6 +956,21 @@ class ShmBackend:
                 f"the single-copy path failed: {said}; the result is incomplete on every rank",
             )
         return out if scatter else x
+
+    def _mapped(self, addrs: list[int], flat: np.ndarray) -> list[np.ndarray | None]:
+        """Each peer's array of a single-copy call (``addrs``: every rank's address of it,
+        the same dtype and size as ``flat``, this rank's) as a view of the peer's arena
+        mapped here, where it lies in one (see hpccomm.arena); None for this rank and for
+        peers whose array the kernel moves (process_vm_readv/writev)."""
+        views: list[np.ndarray | None] = [None] * self.size
+        found = 0
+        for j, peer in enumerate(self.peers):
+            if isinstance(peer, arena.PeerArena) and peer.holds(addrs[j], flat.nbytes):
+                views[j] = np.frombuffer(peer.mm, flat.dtype, flat.size, addrs[j] - peer.base)
+                found += 1
+        if found and found == self.size - 1:
+            self.mapped_calls += 1
+        return views
 
     def _failure(self, exc: Exception) -> str:
         """What this rank says of its failure in a single-copy call (group rank numbers)."""
@@ -1435,13 +1474,14 @@ class _Lane:
             raise _Unreachable(rank, f"{fn.__name__}: {why}")
 
 
-def _probe_cma(mpi: Any, rank: int, size: int) -> tuple[_Cma | None, list[int], str]:
+def _probe_cma(mpi: Any, rank: int, size: int) -> tuple[_Cma | None, list[int], str, list[Any]]:
     """Collective over ``mpi``: can every rank read and write every other rank's memory
     (:class:`_Cma`)? Each rank publishes its process id, a random token and an inbox; each
     reads every peer's token and writes its own into the peer's inbox; then each checks its
     inbox. Returns (the mover, every rank's process id, "") when all of it worked on every
-    rank, else (None, [], the ranks' reasons), alike on every rank. The token also catches
-    ranks in different PID namespaces, where a process id names another process."""
+    rank, else (None, [], the ranks' reasons), alike on every rank; and every rank's arena
+    (:func:`hpccomm.arena.mine`: None where it has none). The token also catches ranks in
+    different PID namespaces, where a process id names another process."""
     token = np.frombuffer(os.urandom(8), np.int64).copy()
     inbox = np.zeros(size, np.int64)
     why = ""
@@ -1450,11 +1490,11 @@ def _probe_cma(mpi: Any, rank: int, size: int) -> tuple[_Cma | None, list[int], 
         cma = _Cma()
     except (OSError, AttributeError) as exc:  # AttributeError: no such function in libc
         why = f"no process_vm_readv here: {exc}"
-    me = (os.getpid(), token.ctypes.data, inbox.ctypes.data, int(token[0]))
+    me = (os.getpid(), token.ctypes.data, inbox.ctypes.data, int(token[0]), arena.mine())
     everyone = mpi.allgather(me)
     if cma is not None:
         got = np.zeros(1, np.int64)
-        for j, (pid, at, box, value) in enumerate(everyone):
+        for j, (pid, at, box, value, _) in enumerate(everyone):
             if j == rank:
                 continue
             try:
@@ -1473,8 +1513,8 @@ def _probe_cma(mpi: Any, rank: int, size: int) -> tuple[_Cma | None, list[int], 
         reasons = mpi.allgather(why)
     bad = "; ".join(f"rank {r}: {w}" for r, w in enumerate(reasons) if w)
     if bad:
-        return None, [], bad
-    return cma, [int(e[0]) for e in everyone], ""
+        return None, [], bad, []
+    return cma, [int(e[0]) for e in everyone], "", [e[4] for e in everyone]
 
 
 class _Allocation:
@@ -1575,11 +1615,13 @@ def _fold_from(plan: _Plan, arrays: list[np.ndarray], part: slice, acc: np.ndarr
     _fold_pieces(plan, len(arrays), lambda j, _: arrays[j][part], acc, tmp, acc)
 
 
-def _fold_direct(plan: _Plan, lane: _Lane, pids: list[int], addrs: list[int], at: int,
-                 rank: int, own: np.ndarray, acc: tuple[np.ndarray, int],
+def _fold_direct(plan: _Plan, lane: _Lane, pids: list[int], addrs: list[int],
+                 views: list[np.ndarray | None], src: slice, at: int, rank: int,
+                 own: np.ndarray, acc: tuple[np.ndarray, int],
                  tmp: tuple[np.ndarray, int]) -> None:  # fmt: skip
     """Reduce one piece of every rank's array into ``acc`` (:func:`_fold_pieces`): ``own``
-    is this rank's piece, the others are read from byte ``at`` of each rank's array
+    is this rank's piece; a peer's array mapped here (``views``) gives its piece ``src`` in
+    place; the others are read from byte ``at`` of each rank's array
     (``addrs``) into ``acc`` (rank 0's, where ``acc`` is not ``own``) or ``tmp``. ``acc``
     and ``tmp`` come with their addresses (the lane moves by address). ``acc`` may be
     ``own`` on rank 0, and on rank 1 without PREMUL_SUM (each step reads this rank's input
@@ -1591,6 +1633,9 @@ def _fold_direct(plan: _Plan, lane: _Lane, pids: list[int], addrs: list[int], at
     def piece(j: int, into: np.ndarray) -> np.ndarray:
         if j == rank:
             return own
+        view = views[j]
+        if view is not None:
+            return view[src]
         lane.read(j, pids[j], addrs[j] + at, acc_at if into is into_acc else tmp_at, n)
         return into
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import hpccomm
-from hpccomm import CommTimeoutError, MismatchError, ReduceOp
+from hpccomm import CommTimeoutError, MismatchError, ReduceOp, arena
 from hpccomm.backends import shm as shm_mod
 from hpccomm.backends.shm import ShmBackend
 from hpccomm.notices import ASK_WAIT
@@ -890,26 +890,62 @@ def ptrace_scope():
 
 
 @pytest.fixture
-def direct(comm, monkeypatch):
+def mapped():
+    """Every array from THRESHOLD bytes NumPy allocates on this thread during the test in
+    the arena (skipped where this process has none)."""
+    if arena.mine() is None:
+        pytest.skip(f"no arena in this process: {arena.state()}")
+    before = arena.retune(THRESHOLD)
+    try:
+        yield
+    finally:
+        arena.retune(before)
+
+
+@pytest.fixture
+def unmapped():
+    """No array NumPy allocates during the test in the arena (the kernel's copy only)."""
+    if arena.mine() is None:
+        yield
+        return
+    before = arena.retune(2**62)
+    try:
+        yield
+    finally:
+        arena.retune(before)
+
+
+@pytest.fixture(params=["cma", "mapped"])
+def form(request):
+    """How the single-copy path reaches the peers' ordinary arrays: "cma", the kernel's copy
+    (``unmapped``), or "mapped", the peers' arenas mapped here (``mapped``)."""
+    request.getfixturevalue("mapped" if request.param == "mapped" else "unmapped")
+    return request.param
+
+
+@pytest.fixture
+def direct(comm, monkeypatch, form):
     """``comm`` with the single-copy path from 1 KiB, pieces of 4 KiB and the copy path's
-    4 KiB chunk for anything the single-copy path cannot take (``with_fast_path``)."""
+    4 KiB chunk for anything the single-copy path cannot take (``with_fast_path``), in both
+    forms (``form``)."""
     return with_fast_path(comm, monkeypatch, direct=True)
 
 
 @pytest.mark.parametrize("dtype", ALL, ids=name)
-def test_direct_all_reduce_every_op_and_size(direct, dtype):
+def test_direct_all_reduce_every_op_and_size(direct, form, dtype):
     comm, fast = direct
     seed = 0
     check = Checks()
     for opname in ops_for(dtype):
         for count in sym_sizes(dtype, comm.size):
             seed += 1
-            before = fast.direct_calls
+            before = fast.direct_calls, fast.mapped_calls
             x = inputs(comm.rank, count, dtype, seed)
             got = comm.all_reduce(x, op=op_of(opname))
             what = f"{opname} {count}"
             check(what, x, expected(comm.size, count, dtype, opname, seed))
-            check.count(what, fast.direct_calls, before + 1)
+            check.count(what, fast.direct_calls, before[0] + 1)
+            check.count(f"{what} (mapped)", fast.mapped_calls, before[1] + (form == "mapped"))
             if got is not x:
                 check.bad.append(f"{what}: all_reduce did not return its array")
     check.done()
@@ -1058,19 +1094,28 @@ def heal_reads(monkeypatch):
     monkeypatch.setattr(shm_mod._Lane, "read", REAL_READ)
 
 
-def test_a_rank_that_cannot_reach_a_peer_fails_the_call_on_every_rank(direct, monkeypatch):
-    # One rank's read of a peer's array fails in the middle of the call: every rank gets a
-    # BackendError naming it (no rank returns a result with that rank's part missing), and the
-    # group goes on.
+def test_a_rank_that_cannot_reach_a_peer_fails_the_call_on_every_rank(direct, form, monkeypatch):
+    # One rank's read of a peer's array fails in the middle of the call (mapped: it cannot
+    # make its views of the peers' arrays): every rank gets a BackendError naming it (no
+    # rank returns a result with that rank's part missing), and the group goes on.
     comm, fast = direct
-    if comm.rank == 1:
+    real_mapped = fast._mapped
+    said = (r"rank 1 could not reach rank \d+'s array \(process id \d+\): process_vm_readv: "
+            r"No such process") if form == "cma" else r"rank 1 MemoryError: no views"  # fmt: skip
+    if comm.rank == 1 and form == "cma":
         fail_read(fast, monkeypatch, 3)
+    elif comm.rank == 1:
+
+        def no_views(addrs, flat):
+            raise MemoryError("no views")
+
+        monkeypatch.setattr(fast, "_mapped", no_views)
     x = np.full(5 * PIECE, comm.rank + 1.0)
     with pytest.raises(hpccomm.BackendError, match=r"all_reduce #\d+ on .*single-copy path "
-                       r"failed: rank 1 could not reach rank \d+'s array \(process id \d+\): "
-                       r"process_vm_readv: No such process; the result is incomplete"):  # fmt: skip
+                       rf"failed: {said}; the result is incomplete"):  # fmt: skip
         comm.all_reduce(x)
     heal_reads(monkeypatch)
+    monkeypatch.setattr(fast, "_mapped", real_mapped)
     y = np.full(5 * PIECE, comm.rank + 1.0)
     comm.all_reduce(y)
     assert (y == comm.size * (comm.size + 1) / 2).all()
@@ -1285,18 +1330,20 @@ class OnPath:
         )
 
 
-@pytest.fixture(params=["symmetric", "single_copy"])
+@pytest.fixture(params=["symmetric", "single_copy", "mapped"])
 def on_path(comm, monkeypatch, request):
-    single = request.param == "single_copy"
+    single = request.param != "symmetric"
+    request.getfixturevalue("mapped" if request.param == "mapped" else "unmapped")
     comm, fast = with_fast_path(comm, monkeypatch, direct=single)
     return OnPath(comm, fast, not single)
 
 
-@pytest.fixture(params=["copy", "symmetric", "single_copy"])
+@pytest.fixture(params=["copy", "symmetric", "single_copy", "mapped"])
 def every_path(comm, monkeypatch, request):
     """``on_path`` and the copy path (ordinary arrays through the segment's chunks)."""
     kind = request.param
-    comm, fast = with_fast_path(comm, monkeypatch, direct=kind == "single_copy")
+    request.getfixturevalue("mapped" if kind == "mapped" else "unmapped")
+    comm, fast = with_fast_path(comm, monkeypatch, direct=kind in ("single_copy", "mapped"))
     return OnPath(comm, fast, kind == "symmetric", copies=kind == "copy")
 
 
@@ -1496,7 +1543,7 @@ def on_pretend_nodes(comm, form="copy", monkeypatch=None):
     half = -(-n // 2)
     node = comm.rank // half
     local = [r for r in range(n) if r // half == node]
-    single = form == "single_copy"
+    single = form in SINGLE
     if single:
         monkeypatch.setattr(shm_mod, "SYM_PIECE", PIECE)
     fast = ShmBackend(comm._backend, THRESHOLD, CHUNK, direct=single,
@@ -1506,21 +1553,28 @@ def on_pretend_nodes(comm, form="copy", monkeypatch=None):
     return fast, node, half
 
 
-def ran_as(fast, form, calls, runs=True):
+def ran_as(fast, form, calls, runs=True, through=None):
     """The hierarchical path ran ``calls`` calls in ``form`` (the single-copy probe must
-    succeed where Yama allows it; elsewhere the test is skipped with the reason)."""
-    if form == "single_copy" and runs and fast.cma is None:
+    succeed where Yama allows it; elsewhere the test is skipped with the reason), of which
+    ``through`` (default: all) passed the header check (mapped: each made its views)."""
+    if form in SINGLE and runs and fast.cma is None:
         scope = ptrace_scope()
         if scope:
             pytest.skip(f"Yama's ptrace_scope is {scope} here: {fast.cma_why}")
         pytest.fail(f"the single-copy probe failed: {fast.cma_why}")
-    single = calls if form == "single_copy" and runs else 0
+    single = calls if form in SINGLE and runs else 0
     assert (fast.direct_calls, fast.calls) == (single, calls - single)
+    through = single if through is None else through
+    assert fast.mapped_calls == (through if form == "mapped" and runs else 0)
 
 
-@pytest.fixture(params=["copy", "single_copy"])
+SINGLE = ("single_copy", "mapped")  # the single-copy path's forms (see ``form``)
+
+
+@pytest.fixture(params=["copy", *SINGLE])
 def node_form(request):
     """The form of the hierarchical path inside each node."""
+    request.getfixturevalue("mapped" if request.param == "mapped" else "unmapped")
     return request.param
 
 
@@ -1560,7 +1614,7 @@ def test_hierarchical_a_check_failed_on_one_node_fails_every_node(comm, node_for
                 else:
                     check(case, x, np.full(count, total))
     check.done()
-    ran_as(fast, node_form, 5)
+    ran_as(fast, node_form, 5, through=3)  # (read-only and differ: refused by the check)
 
 
 def test_hierarchical_single_copy_failures_and_factors(comm, monkeypatch):
@@ -1634,7 +1688,7 @@ def test_hierarchical_info_says_off_without_a_threshold(comm, node_form, monkeyp
         "hierarchical all_reduce across nodes from 1,024 bytes (HPCCOMM_SHM_THRESHOLD); inside "
     )
     local = (node, comm.rank - node * half, half)
-    unset = ShmBackend(comm._backend, None, CHUNK, direct=node_form == "single_copy", node=local)
+    unset = ShmBackend(comm._backend, None, CHUNK, direct=node_form in SINGLE, node=local)
     comm._dispatcher.shm = unset
     comm._dispatcher.cache.clear()
     assert unset.describe("hpccomm info") == (
