@@ -36,6 +36,7 @@ memory is; the child allocates from NumPy's own allocator.
 
 from __future__ import annotations
 
+import importlib
 import mmap
 import os
 import sys
@@ -57,9 +58,9 @@ _mine: tuple[int, int, int, int, int] | None = None  # (fd, base, reserve, dev, 
 
 
 def _module() -> Any:
-    from . import _arena  # type: ignore[attr-defined]  # (C: may be missing, see start)
-
-    return _arena
+    """The C half, hpccomm._arena: an optional extension (ImportError where it was not
+    built: see start)."""
+    return importlib.import_module("hpccomm._arena")
 
 
 def _memory() -> int:

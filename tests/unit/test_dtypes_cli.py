@@ -173,7 +173,8 @@ def test_info_table_under_mpiexec_4_ranks(mpiexec, venv_bin, mpi_env):
     # the fast path, probed by the command itself (this machine allows single copy: no Yama)
     shm = [line for line in lines if line.startswith("shared-memory fast path: ")]
     assert shm == ["shared-memory fast path: on, 4 ranks on this node: single copy "
-                   "(process_vm_readv/writev) for ordinary arrays"] or (
+                   "(process_vm_readv/writev) for ordinary arrays, in place for those in the "
+                   "peers' arenas (mapped here)"] or (
         os.path.exists("/proc/sys/kernel/yama/ptrace_scope") and "refused" in shm[0]
     ), shm  # fmt: skip
     off = subprocess.run(
@@ -186,6 +187,28 @@ def test_info_table_under_mpiexec_4_ranks(mpiexec, venv_bin, mpi_env):
     assert off.returncode == 0, off.stderr
     assert ("shared-memory fast path: on, 2 ranks on this node: copy path only: single copy "
             "off (HPCCOMM_SHM_CMA=0)") in off.stdout.splitlines()  # fmt: skip
+    assert "arena allocator (HPCCOMM_SHM_ARENA): off (HPCCOMM_SHM_CMA=0)" in off.stdout
+    # the arena: on by default (the line above the fast path's), off on request
+    assert any(
+        line.startswith(
+            "arena allocator (HPCCOMM_SHM_ARENA): on: NumPy arrays from "
+            "1,048,576 bytes allocated after init"
+        )
+        for line in lines
+    ), lines
+    no_arena = subprocess.run(
+        [mpiexec, "--oversubscribe", "-n", "2", str(venv_bin / "hpccomm"), "info"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**mpi_env, "HPCCOMM_SHM_ARENA": "0"},
+    )
+    assert no_arena.returncode == 0, no_arena.stderr
+    said = no_arena.stdout.splitlines()
+    assert "arena allocator (HPCCOMM_SHM_ARENA): off (HPCCOMM_SHM_ARENA=0)" in said
+    assert ("shared-memory fast path: on, 2 ranks on this node: single copy "
+            "(process_vm_readv/writev) for ordinary arrays; arena allocator off "
+            "(HPCCOMM_SHM_ARENA=0)") in said or "refused" in no_arena.stdout, said  # fmt: skip
 
 
 @pytest.mark.usefixtures("mpiexec")  # skips without one
