@@ -31,8 +31,10 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -75,6 +77,7 @@ typedef struct {
     size_t off, len;
     int backed; /* every page of the range is allocated in the file */
     int dirty;  /* the range may hold data (calloc must clear it) */
+    int forked; /* in use when this process last forked: a child may still read it */
 } Range;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -93,9 +96,9 @@ static int in_child;   /* this process is a fork() child of the owner */
 static int child_errno; /* the child's copy-on-write remap: 0, or why it failed */
 static int child_shared; /* ... and then whether the arena is still mapped shared */
 
-static Range *freel, *used;
-static size_t nfree, capfree, nused, capused;
-static unsigned long long n_alloc, n_fallback, n_punched;
+static Range *freel, *used, *quar;
+static size_t nfree, capfree, nused, capused, nquar, capquar;
+static unsigned long long n_alloc, n_fallback, n_punched, n_quarantined;
 static size_t in_use, peak;
 
 #define PAGE 4096UL
@@ -163,27 +166,65 @@ static int give_back(Range r) {
     return insert_at(&freel, &nfree, &capfree, i, r);
 }
 
+/* bytes of free ranges that may keep pages (merged ranges count whole: an upper bound) */
 static size_t kept_bytes(void) {
     size_t s = 0;
     for (size_t i = 0; i < nfree; i++)
-        if (freel[i].backed) s += freel[i].len;
+        if (freel[i].dirty) s += freel[i].len;
     return s;
 }
+
+static void punch_or_keep(Range r);
+
+/* Whether this process has a child (any thread's, zombies included), from
+ * /proc/self/task/<tid>/children; 1 where that cannot be read (the safe answer). */
+static int have_children(void) {
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return 1;
+    int found = 0, read_any = 0;
+    struct dirent *e;
+    char path[64];
+    while (!found && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "/proc/self/task/%.20s/children", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        read_any = 1;
+        int c = fgetc(f);
+        if (c != EOF && c != '\n' && c != ' ') found = 1;
+        fclose(f);
+    }
+    closedir(d);
+    return found || !read_any;
+}
+
+/* Ranges freed while a fork() child that inherited them may still read them wait in
+ * quarantine: handed out again, a child would see the new array's data in its copy of
+ * the old one (its private mapping of the file shows the file's pages until it writes
+ * them). They go back to the free list once this process has no child. Lock held. */
+static void release_quarantine(void) {
+    if (!nquar || have_children()) return;
+    size_t n = nquar;
+    nquar = 0;
+    for (size_t i = 0; i < n; i++) punch_or_keep(quar[i]);
+}
+
 
 /* a range of `len` bytes (a page multiple), or NULL; *dirty says whether it may hold data.
  * Called with the lock held. */
 static char *take(size_t len, int *dirty) {
+    release_quarantine();
     size_t best = nfree;
     for (size_t i = 0; i < nfree; i++)
         if (freel[i].len >= len && (best == nfree || freel[i].len < freel[best].len)) best = i;
     Range r;
     if (best < nfree) {
         Range *f = &freel[best];
-        r = (Range){f->off, len, f->backed, f->dirty};
+        r = (Range){f->off, len, f->backed, f->dirty, 0};
         if (f->len == len) remove_at(freel, &nfree, best);
         else { f->off += len; f->len -= len; }
     } else if (len <= reserve - top) {
-        r = (Range){top, len, 0, 0};
+        r = (Range){top, len, 0, 0, 0};
         top += len;
     } else {
         return NULL;
@@ -256,16 +297,31 @@ static void h_free(void *ctx, void *ptr, size_t size) {
         remove_at(used, &nused, i);
         in_use -= r.len;
         r.dirty = 1;
-        if (kept_bytes() + r.len > keep_max &&
-            fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)r.off,
-                      (off_t)r.len) == 0) {
-            r.backed = 0;
-            r.dirty = 0;
-            n_punched++;
+        if (r.forked && have_children()) {
+            /* (neither handed out nor punched: a child may read it; a failed insert leaks
+             * the range, which is safe) */
+            r.forked = 0;
+            if (grow(&quar, &capquar, nquar + 1) == 0) quar[nquar++] = r;
+            n_quarantined++;
+        } else {
+            punch_or_keep(r);
         }
-        give_back(r); /* (a failed insert leaks the range: nothing else to do here) */
     }
     pthread_mutex_unlock(&lock);
+}
+
+/* a freed range back on the free list, its pages given back to the system beyond what may
+ * be kept (lock held) */
+static void punch_or_keep(Range r) {
+    r.forked = 0;
+    if (kept_bytes() + r.len > keep_max &&
+        fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)r.off, (off_t)r.len) ==
+            0) {
+        r.backed = 0;
+        r.dirty = 0;
+        n_punched++;
+    }
+    give_back(r); /* (a failed insert leaks the range: nothing else to do here) */
 }
 
 static void *h_realloc(void *ctx, void *ptr, size_t new_size) {
@@ -286,7 +342,11 @@ static void *h_realloc(void *ctx, void *ptr, size_t new_size) {
 }
 
 static void at_prepare(void) { pthread_mutex_lock(&lock); }
-static void at_parent(void) { pthread_mutex_unlock(&lock); }
+static void at_parent(void) {
+    /* every range in use now may be read by the new child until it exits */
+    for (size_t i = 0; i < nused; i++) used[i].forked = 1;
+    pthread_mutex_unlock(&lock);
+}
 
 static void at_child(void) {
     pthread_mutex_unlock(&lock); /* (locked by this thread in at_prepare) */
@@ -439,9 +499,10 @@ static PyObject *py_state(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
     pthread_mutex_lock(&lock);
-    size_t kept = kept_bytes();
+    size_t kept = kept_bytes(), held = 0;
+    for (size_t i = 0; i < nquar; i++) held += quar[i].len;
     PyObject *d = Py_BuildValue(
-        "{s:i,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:i,s:i,s:i,s:i,s:i}",
+        "{s:i,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:i,s:i,s:i,s:i,s:i,s:K,s:K}",
         "fd", fd, "base", (unsigned long long)(uintptr_t)base, "reserve",
         (unsigned long long)reserve, "min_bytes", (unsigned long long)min_bytes, "keep_max",
         (unsigned long long)keep_max, "top", (unsigned long long)top, "in_use",
@@ -449,7 +510,7 @@ static PyObject *py_state(PyObject *self, PyObject *args) {
         (unsigned long long)kept, "allocations", n_alloc, "fallbacks", n_fallback, "punched",
         n_punched, "free_ranges", (unsigned long long)nfree, "owner", (int)owner, "in_child",
         in_child, "child_errno", child_errno, "child_shared", child_shared, "prefault",
-        prefault);
+        prefault, "quarantined", (unsigned long long)held, "quarantines", n_quarantined);
     pthread_mutex_unlock(&lock);
     return d;
 }
@@ -461,7 +522,7 @@ static PyObject *py_owns(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "KK", &a, &n)) return NULL;
     char *p = (char *)(uintptr_t)a;
     int yes = 0;
-    if (ours(p) && !in_child) {
+    if (ours(p) && !in_child && n <= reserve) {
         size_t off = (size_t)(p - base);
         pthread_mutex_lock(&lock);
         size_t i = lower(used, nused, off + 1);

@@ -29,9 +29,15 @@ anonymous memory); its pages are shared memory (``Shmem`` in /proc/meminfo) and 
 transparent huge pages unless the system allows them for shared memory
 (``shmem_enabled``: "advise", which the arena asks for). Under strict overcommit
 (``vm.overcommit_memory`` = 2) a range's pages are allocated when it is handed out, so a
-lack of memory is a MemoryError instead of SIGBUS at first touch. After ``fork()`` the
-child's arrays are copy-on-write (the used part of the file mapped private), as ordinary
-memory is; the child allocates from NumPy's own allocator.
+lack of memory is a MemoryError instead of SIGBUS at first touch.
+
+``fork()``: the child's inherited arrays are mapped copy-on-write (the used part of the file
+mapped private at the same address): its writes stay its own, and it allocates from NumPy's
+own allocator. Unlike ordinary memory, a page the child has not written itself shows the
+file's current contents: the parent's (and its peers') later writes into an array that was
+live at the fork reach the child. A range live at the fork and freed by the parent while it
+has a child is not handed out again (nor given back) until it has none: otherwise the child
+would read the parent's next array, or zeros, in its copy of the old one (a review).
 """
 
 from __future__ import annotations

@@ -533,14 +533,14 @@ class ShmBackend:
             return f"off: no shared segment ({self.failed})"
         if self.cma is not None:
             single = "single copy (process_vm_readv/writev) for ordinary arrays"
-            unmapped = [f"rank {self.members[j]}: {p}" for j, p in enumerate(self.peers)
-                        if isinstance(p, str)]  # fmt: skip
+            unmapped = [f"rank {self.members[j]} ({p})" for j, p in enumerate(self.peers)
+                         if isinstance(p, str)]  # fmt: skip
             if not unmapped:
                 single += ", in place for those in the peers' arenas (mapped here)"
-            elif all(p in (None, arena.NONE) for p in self.peers):
-                single += f"; arena allocator {arena.state()}"
             else:
-                single += f"; peers' arenas not mapped ({'; '.join(unmapped)})"
+                single += f"; peers' arenas not mapped here: {', '.join(unmapped)}"
+            if arena.mine() is None:  # (the peers then move this rank's arrays by the kernel)
+                single += f"; this rank's arena allocator: {arena.state()}"
         elif self.direct:
             single = f"copy path only: single copy refused ({self.cma_why})"
         else:
