@@ -139,31 +139,46 @@ static void remove_at(Range *a, size_t *n, size_t i) {
     (*n)--;
 }
 
-/* put a range back on the free list, merged with its neighbours */
+static int same_state(const Range *a, const Range *b) {
+    return a->dirty == b->dirty && a->backed == b->backed;
+}
+
+/* put a range back on the free list, merged with its neighbours of the same state (pages
+ * kept or given back): a range that keeps its pages stays one, so that the next array of its
+ * size gets exactly it (merge_all joins the rest when nothing fits) */
 static int give_back(Range r) {
     size_t i = lower(freel, nfree, r.off);
-    if (i > 0 && freel[i - 1].off + freel[i - 1].len == r.off) {
+    if (i > 0 && freel[i - 1].off + freel[i - 1].len == r.off && same_state(&freel[i - 1], &r)) {
         Range *p = &freel[i - 1];
         p->len += r.len;
-        p->backed = p->backed && r.backed;
-        p->dirty = p->dirty || r.dirty;
-        if (i < nfree && p->off + p->len == freel[i].off) {
+        if (i < nfree && p->off + p->len == freel[i].off && same_state(p, &freel[i])) {
             p->len += freel[i].len;
-            p->backed = p->backed && freel[i].backed;
-            p->dirty = p->dirty || freel[i].dirty;
             remove_at(freel, &nfree, i);
         }
         return 0;
     }
-    if (i < nfree && r.off + r.len == freel[i].off) {
-        Range *q = &freel[i];
-        q->off = r.off;
-        q->len += r.len;
-        q->backed = q->backed && r.backed;
-        q->dirty = q->dirty || r.dirty;
+    if (i < nfree && r.off + r.len == freel[i].off && same_state(&freel[i], &r)) {
+        freel[i].off = r.off;
+        freel[i].len += r.len;
         return 0;
     }
     return insert_at(&freel, &nfree, &capfree, i, r);
+}
+
+/* join every run of adjacent free ranges, whatever their state (pages kept: any part's;
+ * allocated: every part's): before the arena grows for a request no range fits */
+static void merge_all(void) {
+    size_t k = 0;
+    for (size_t i = 0; i < nfree; i++) {
+        if (k > 0 && freel[k - 1].off + freel[k - 1].len == freel[i].off) {
+            freel[k - 1].len += freel[i].len;
+            freel[k - 1].backed = freel[k - 1].backed && freel[i].backed;
+            freel[k - 1].dirty = freel[k - 1].dirty || freel[i].dirty;
+        } else {
+            freel[k++] = freel[i];
+        }
+    }
+    nfree = k;
 }
 
 /* bytes of free ranges that may keep pages (merged ranges count whole: an upper bound) */
@@ -212,11 +227,20 @@ static void release_quarantine(void) {
 
 /* a range of `len` bytes (a page multiple), or NULL; *dirty says whether it may hold data.
  * Called with the lock held. */
-static char *take(size_t len, int *dirty) {
-    release_quarantine();
+static size_t best_fit(size_t len) {
     size_t best = nfree;
     for (size_t i = 0; i < nfree; i++)
         if (freel[i].len >= len && (best == nfree || freel[i].len < freel[best].len)) best = i;
+    return best;
+}
+
+static char *take(size_t len, int *dirty) {
+    release_quarantine();
+    size_t best = best_fit(len);
+    if (best == nfree && len > reserve - top) {
+        merge_all();
+        best = best_fit(len);
+    }
     Range r;
     if (best < nfree) {
         Range *f = &freel[best];
@@ -312,14 +336,33 @@ static void h_free(void *ctx, void *ptr, size_t size) {
 
 /* a freed range back on the free list, its pages given back to the system beyond what may
  * be kept (lock held) */
+static int punch(Range *r) {
+    if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)r->off,
+                  (off_t)r->len) != 0)
+        return -1;
+    r->backed = 0;
+    r->dirty = 0;
+    n_punched++;
+    return 0;
+}
+
+/* The range just freed is the likeliest to be asked for again (a loop's array of one
+ * size): it keeps its pages where it fits under keep_max, and older kept ranges give theirs
+ * back first, largest first; one larger than keep_max gives back its own. */
 static void punch_or_keep(Range r) {
     r.forked = 0;
-    if (kept_bytes() + r.len > keep_max &&
-        fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)r.off, (off_t)r.len) ==
-            0) {
-        r.backed = 0;
-        r.dirty = 0;
-        n_punched++;
+    if (r.len > keep_max) {
+        punch(&r);
+    } else {
+        size_t kept = kept_bytes();
+        while (kept + r.len > keep_max) {
+            size_t big = nfree;
+            for (size_t i = 0; i < nfree; i++)
+                if (freel[i].dirty && (big == nfree || freel[i].len > freel[big].len)) big = i;
+            if (big == nfree || punch(&freel[big]) != 0) break;
+            kept -= freel[big].len < kept ? freel[big].len : kept;
+        }
+        if (kept + r.len > keep_max) punch(&r);
     }
     give_back(r); /* (a failed insert leaks the range: nothing else to do here) */
 }

@@ -12,9 +12,10 @@ through hpccomm (``comm.empty``). The arena makes every large array NumPy alloca
 - ``hpccomm._arena`` (C) sets NumPy's data allocator (``PyDataMem_SetHandler``, NEP 49) in
   init's context: requests from ``MIN_BYTES`` go to ranges of a file made with
   ``memfd_create`` and mapped shared, the others (and what does not fit) to NumPy's own
-  allocator. Freed ranges keep their pages while ``HPCCOMM_REUSE_MEMORY`` is on (as glibc
-  keeps freed heap memory then), up to :func:`_kept_at_most` bytes, and are given back to
-  the system (a hole punched in the file) beyond that or when it is off.
+  allocator. Freed ranges keep their pages (the next array of that size reuses them) up to
+  2 GiB while ``HPCCOMM_REUSE_MEMORY`` is on, 64 MiB (as much as glibc keeps by default)
+  while it is off, and never more than :func:`_kept_at_most`; the rest are given back to
+  the system (a hole punched in the file).
 - Each peer of the node opens the file once, through ``/proc/<pid>/fd/<fd>`` (allowed
   where ``process_vm_readv`` is: the same ptrace check), and maps it whole; a call then
   reads and writes the peer's array in place, as on symmetric buffers.
@@ -56,6 +57,11 @@ __all__ = ["ENV", "MIN_BYTES", "check_env", "start", "state", "mine", "PeerArena
 ENV = "HPCCOMM_SHM_ARENA"
 MIN_BYTES = 1 << 20  # NumPy allocations from this size go to the arena
 KEEP_MAX = 2 << 30  # bytes of freed ranges a process keeps with their pages, at most
+# ... with HPCCOMM_REUSE_MEMORY off: as much as glibc keeps by default (its heap's top is
+# trimmed beyond twice its largest mmap threshold, 32 MiB on 64-bit); given back at every
+# free, a new 4 MiB array per call was 2.2x slower than on glibc's heap (pages faulted in
+# again on both sides of the mapping)
+KEEP_OFF = 64 << 20
 
 NONE = "it has no arena"  # map_peer's answer for a peer without one
 _state: str | None = None  # what start() did, once per process
@@ -82,12 +88,12 @@ def _memory() -> int:
 
 
 def _kept_at_most(local_size: int) -> int:
-    """Bytes of freed ranges kept with their pages (HPCCOMM_REUSE_MEMORY on): KEEP_MAX, and
-    no more than a quarter of the node's memory over its ranks. (Kept without a bound, the
+    """Bytes of freed ranges kept with their pages: no more than a quarter of the node's
+    memory over its ranks (and KEEP_MAX, or KEEP_OFF with HPCCOMM_REUSE_MEMORY off). (Kept without a bound, the
     arrays of a 4-rank benchmark, 4 to 256 MiB, filled the node's 24 GiB: each size's
     ranges stayed when the next size needed new ones; glibc, told to keep freed memory,
     still gives back its heap's top beyond 2 GiB.)"""
-    return min(KEEP_MAX, _memory() // (4 * max(1, local_size)))
+    return _memory() // (4 * max(1, local_size))
 
 
 def _reserve(local_size: int) -> int:
@@ -141,7 +147,7 @@ def start(local_size: int, keep: bool, env: Any = None) -> str:
         _state = f"not available: hpccomm._arena was not built ({exc})"
         return _state
     global _keep
-    _keep = _kept_at_most(local_size) if keep else 0
+    _keep = min(_kept_at_most(local_size), KEEP_MAX if keep else KEEP_OFF)
     try:
         fd, base = mod.enable(_reserve(local_size), MIN_BYTES, _keep, _strict_overcommit())
     except (OSError, RuntimeError) as exc:
@@ -152,7 +158,7 @@ def start(local_size: int, keep: bool, env: Any = None) -> str:
         _mine = (fd, base, mod.state()["reserve"], st.st_dev, st.st_ino)
         os.register_at_fork(after_in_child=_said_in_child)
     if _state is None or not _state.startswith("on"):
-        kept = f"kept up to {_keep:,} bytes" if keep else "given back"
+        kept = f"kept up to {_keep:,} bytes"
         _state = (f"on: NumPy arrays from {MIN_BYTES:,} bytes allocated after init on its "
                   f"thread live in a {_mine[2]:,}-byte sparse shared file the node's ranks "
                   f"map (freed pages {kept})")  # fmt: skip
