@@ -40,7 +40,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/stat.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef FALLOC_FL_KEEP_SIZE
@@ -191,26 +193,71 @@ static size_t kept_bytes(void) {
 
 static void punch_or_keep(Range r);
 
-/* Whether this process has a child (any thread's, zombies included), from
- * /proc/self/task/<tid>/children; 1 where that cannot be read (the safe answer). */
-static int have_children(void) {
-    DIR *d = opendir("/proc/self/task");
+static ino_t file_ino; /* the arena's inode (its private mappings in children are looked for) */
+
+/* Whether process `pid` maps the arena (a line with its inode in /proc/<pid>/maps: a fork()
+ * child's copy-on-write arrays, or, until its at_child has run or where that failed, the
+ * shared mapping it inherited); -1 where that cannot be read. */
+static int maps_arena(const char *pid) {
+    char path[64], line[512];
+    snprintf(path, sizeof path, "/proc/%.20s/maps", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f)) {
+        unsigned long long ino;
+        if (sscanf(line, "%*s %*s %*s %*s %llu", &ino) == 1 && (ino_t)ino == file_ino)
+            found = 1;
+        size_t n = strlen(line);
+        while (n && line[n - 1] != '\n' && fgets(line, sizeof line, f)) n = strlen(line);
+    }
+    fclose(f);
+    return found;
+}
+
+/* Whether a descendant of process `pid` (its children's, theirs, ... to `depth` levels; any
+ * thread's) still maps the arena. 1 where /proc cannot be read (the safe answer). */
+static int descendants_map(const char *pid, int depth) {
+    char path[96], child[24];
+    snprintf(path, sizeof path, "/proc/%.20s/task", pid);
+    DIR *d = opendir(path);
     if (!d) return 1;
-    int found = 0, read_any = 0;
+    int found = 0;
     struct dirent *e;
-    char path[64];
     while (!found && (e = readdir(d)) != NULL) {
         if (e->d_name[0] == '.') continue;
-        snprintf(path, sizeof path, "/proc/self/task/%.20s/children", e->d_name);
+        snprintf(path, sizeof path, "/proc/%.20s/task/%.20s/children", pid, e->d_name);
         FILE *f = fopen(path, "r");
         if (!f) continue;
-        read_any = 1;
-        int c = fgetc(f);
-        if (c != EOF && c != '\n' && c != ' ') found = 1;
+        while (!found && fscanf(f, "%23s", child) == 1) {
+            int m = maps_arena(child);
+            /* (a child gone meanwhile: -1, nothing of it to keep) */
+            if (m == 1 || (depth > 1 && descendants_map(child, depth - 1))) found = 1;
+        }
         fclose(f);
     }
     closedir(d);
-    return found || !read_any;
+    return found;
+}
+
+/* Whether some fork() child of this process, or a child of a child, still maps the arena:
+ * then a range it inherited must not be handed out or punched. The answer is
+ * kept 20 ms (a look opens a few /proc files per thread and child), until the next fork
+ * (at_parent forgets it: the new child maps the arena). A child that has
+ * called exec(), or exited, no longer maps it. A grandchild whose parent has exited is
+ * another process's child (init's, or a subreaper's) and is not found. */
+static struct timespec looked; /* when children_map last looked (zero: look now) */
+
+static int children_map(void) {
+    static int answer;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    long ms = (now.tv_sec - looked.tv_sec) * 1000 + (now.tv_nsec - looked.tv_nsec) / 1000000;
+    if (looked.tv_sec == 0 || ms >= 20 || ms < 0) {
+        answer = descendants_map("self", 4);
+        looked = now;
+    }
+    return answer;
 }
 
 /* Ranges freed while a fork() child that inherited them may still read them wait in
@@ -218,7 +265,7 @@ static int have_children(void) {
  * the old one (its private mapping of the file shows the file's pages until it writes
  * them). They go back to the free list once this process has no child. Lock held. */
 static void release_quarantine(void) {
-    if (!nquar || have_children()) return;
+    if (!nquar || children_map()) return;
     size_t n = nquar;
     nquar = 0;
     for (size_t i = 0; i < n; i++) punch_or_keep(quar[i]);
@@ -321,7 +368,7 @@ static void h_free(void *ctx, void *ptr, size_t size) {
         remove_at(used, &nused, i);
         in_use -= r.len;
         r.dirty = 1;
-        if (r.forked && have_children()) {
+        if (r.forked && children_map()) {
             /* (neither handed out nor punched: a child may read it; a failed insert leaks
              * the range, which is safe) */
             r.forked = 0;
@@ -388,6 +435,8 @@ static void at_prepare(void) { pthread_mutex_lock(&lock); }
 static void at_parent(void) {
     /* every range in use now may be read by the new child until it exits */
     for (size_t i = 0; i < nused; i++) used[i].forked = 1;
+    looked.tv_sec = 0;
+    looked.tv_nsec = 0;
     pthread_mutex_unlock(&lock);
 }
 
@@ -475,7 +524,16 @@ static PyObject *py_enable(PyObject *self, PyObject *args) {
             }
             registered = 1;
         }
+        struct stat st;
+        if (fstat(f, &st) != 0) {
+            int e = errno;
+            munmap(p, reserve);
+            close(f);
+            errno = e;
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
         pthread_mutex_lock(&lock);
+        file_ino = st.st_ino;
         fd = f;
         base = p;
         min_bytes = minb;

@@ -251,8 +251,41 @@ def test_a_range_a_fork_child_inherited_waits_until_the_child_is_gone(keep):
             _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0, "the child saw another array"
         assert moved and held == MiB, (moved, held)
+        import time
+        time.sleep(0.05)                            # (an answer kept 20 ms)
         c = np.empty(MiB // 8)                      # no child: the range is free again
         assert A.state()["quarantined"] == 0 and c.ctypes.data == addr
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"
+
+
+def test_a_child_that_has_called_exec_holds_nothing_back():
+    # (it no longer maps the arena; nor does a child that has exited and not been reaped)
+    out = run(
+        """
+        a = np.full(MiB // 8, 5.0)
+        addr = a.ctypes.data
+        pid = os.fork()
+        if pid == 0:
+            os.execv("/bin/sleep", ["sleep", "30"])
+        import time
+        for _ in range(200):                        # until the exec has happened
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().startswith(b"sleep"):
+                    break
+            time.sleep(0.01)
+        time.sleep(0.05)                            # (an answer kept 20 ms)
+        try:
+            del a
+            b = np.full(MiB // 8, 99.0)
+            again = b.ctypes.data == addr
+            held = A.state()["quarantined"]
+        finally:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        assert again and held == 0, (again, held)
         print("ok")
         """
     )
