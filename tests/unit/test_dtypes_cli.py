@@ -152,14 +152,19 @@ def test_cli_reports_bad_environment(monkeypatch, capsys):
 def test_info_table_under_mpiexec_4_ranks(mpiexec, venv_bin, mpi_env):
     for name in ("HPCCOMM_DEBUG", "OMPI_MCA_btl_sm_eager_limit", "OMPI_MCA_btl_vader_eager_limit"):
         mpi_env.pop(name, None)
-    out = subprocess.run(
-        [mpiexec, "--oversubscribe", "-n", "4", str(venv_bin / "hpccomm"), "info"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=mpi_env,
-    )
-    assert out.returncode == 0, out.stderr
+
+    def info(ranks, **env):
+        done = subprocess.run(
+            [mpiexec, "--oversubscribe", "-n", str(ranks), str(venv_bin / "hpccomm"), "info"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**mpi_env, **env},
+        )
+        assert done.returncode == 0, done.stderr
+        return done
+
+    out = info(4)
     lines = out.stdout.strip().splitlines()
     assert lines[0].split() == ["rank", "local", "node", "hostname", "launcher", "gpu", "job"]
     rows = [line.split() for line in lines[1:5]]
@@ -177,14 +182,7 @@ def test_info_table_under_mpiexec_4_ranks(mpiexec, venv_bin, mpi_env):
                    "peers' arenas (mapped here)"] or (
         os.path.exists("/proc/sys/kernel/yama/ptrace_scope") and "refused" in shm[0]
     ), shm  # fmt: skip
-    off = subprocess.run(
-        [mpiexec, "--oversubscribe", "-n", "2", str(venv_bin / "hpccomm"), "info"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**mpi_env, "HPCCOMM_SHM_CMA": "0"},
-    )
-    assert off.returncode == 0, off.stderr
+    off = info(2, HPCCOMM_SHM_CMA="0")
     assert ("shared-memory fast path: on, 2 ranks on this node: copy path only: single copy "
             "off (HPCCOMM_SHM_CMA=0)") in off.stdout.splitlines()  # fmt: skip
     assert "arena allocator (HPCCOMM_SHM_ARENA): off (HPCCOMM_SHM_CMA=0)" in off.stdout
@@ -196,14 +194,7 @@ def test_info_table_under_mpiexec_4_ranks(mpiexec, venv_bin, mpi_env):
         )
         for line in lines
     ), lines
-    no_arena = subprocess.run(
-        [mpiexec, "--oversubscribe", "-n", "2", str(venv_bin / "hpccomm"), "info"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**mpi_env, "HPCCOMM_SHM_ARENA": "0"},
-    )
-    assert no_arena.returncode == 0, no_arena.stderr
+    no_arena = info(2, HPCCOMM_SHM_ARENA="0")
     said = no_arena.stdout.splitlines()
     assert "arena allocator (HPCCOMM_SHM_ARENA): off (HPCCOMM_SHM_ARENA=0)" in said
     line = (
