@@ -193,7 +193,7 @@ static size_t kept_bytes(void) {
 
 static void punch_or_keep(Range r);
 
-static ino_t file_ino; /* the arena's inode (its private mappings in children are looked for) */
+static ino_t file_ino; /* the arena's inode (looked for in children's mappings) */
 
 /* Whether process `pid` maps the arena (a line with its inode in /proc/<pid>/maps: a fork()
  * child's copy-on-write arrays, or, until its at_child has run or where that failed, the
@@ -263,7 +263,8 @@ static int children_map(void) {
 /* Ranges freed while a fork() child that inherited them may still read them wait in
  * quarantine: handed out again, a child would see the new array's data in its copy of
  * the old one (its private mapping of the file shows the file's pages until it writes
- * them). They go back to the free list once this process has no child. Lock held. */
+ * them). They go back to the free list once no child maps the arena (children_map). Lock
+ * held. */
 static void release_quarantine(void) {
     if (!nquar || children_map()) return;
     size_t n = nquar;
@@ -271,9 +272,7 @@ static void release_quarantine(void) {
     for (size_t i = 0; i < n; i++) punch_or_keep(quar[i]);
 }
 
-
-/* a range of `len` bytes (a page multiple), or NULL; *dirty says whether it may hold data.
- * Called with the lock held. */
+/* the smallest free range of at least `len` bytes (the lowest of equals), or nfree */
 static size_t best_fit(size_t len) {
     size_t best = nfree;
     for (size_t i = 0; i < nfree; i++)
@@ -281,6 +280,8 @@ static size_t best_fit(size_t len) {
     return best;
 }
 
+/* a range of `len` bytes (a page multiple), or NULL; *dirty says whether it may hold data.
+ * Called with the lock held. */
 static char *take(size_t len, int *dirty) {
     release_quarantine();
     size_t best = best_fit(len);

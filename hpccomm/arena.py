@@ -52,7 +52,17 @@ from typing import Any
 
 from .switches import switch
 
-__all__ = ["ENV", "MIN_BYTES", "check_env", "start", "state", "mine", "PeerArena", "map_peer"]
+__all__ = [
+    "ENV",
+    "MIN_BYTES",
+    "check_env",
+    "start",
+    "state",
+    "mine",
+    "PeerArena",
+    "map_peer",
+    "open_file_of",
+]
 
 ENV = "HPCCOMM_SHM_ARENA"
 MIN_BYTES = 1 << 20  # NumPy allocations from this size go to the arena
@@ -88,11 +98,11 @@ def _memory() -> int:
 
 
 def _kept_at_most(local_size: int) -> int:
-    """Bytes of freed ranges kept with their pages: no more than a quarter of the node's
-    memory over its ranks (and KEEP_MAX, or KEEP_OFF with HPCCOMM_REUSE_MEMORY off). (Kept without a bound, the
-    arrays of a 4-rank benchmark, 4 to 256 MiB, filled the node's 24 GiB: each size's
-    ranges stayed when the next size needed new ones; glibc, told to keep freed memory,
-    still gives back its heap's top beyond 2 GiB.)"""
+    """The most bytes of freed ranges a process keeps with their pages, whatever the
+    setting (KEEP_MAX, KEEP_OFF): a quarter of the node's memory over its ranks. (Kept
+    without a bound, the arrays of a 4-rank benchmark, 4 to 256 MiB, filled the node's
+    24 GiB: each size's ranges stayed when the next size needed new ones; glibc, told to
+    keep freed memory, still gives back its heap's top beyond 2 GiB.)"""
     return _memory() // (4 * max(1, local_size))
 
 
@@ -118,20 +128,20 @@ def check_env(env: Any = None) -> bool:
     return switch(e, ENV, default=True, where="init", meaning=" (the arena allocator)")
 
 
-def start(local_size: int, keep: bool, env: Any = None) -> str:
+def start(local_size: int, keep: bool, shm: bool, single_copy: bool, env: Any = None) -> str:
     """Set the arena's allocator in the calling context where the path can use it: on
     (``HPCCOMM_SHM_ARENA``, default on), with the shared-memory path and its single copy on
-    (``HPCCOMM_SHM``, ``HPCCOMM_SHM_CMA``) and another rank on this node
-    (``local_size``). ``keep``: freed ranges keep their pages (HPCCOMM_REUSE_MEMORY).
-    Returns what was done, for ``hpccomm info`` (once per process; later calls set the
-    allocator in their context again and return the first answer)."""
-    global _state, _mine
+    (``shm``, ``single_copy``: the fast path's settings, HPCCOMM_SHM and HPCCOMM_SHM_CMA)
+    and another rank on this node (``local_size``). ``keep``: freed ranges keep their pages
+    (HPCCOMM_REUSE_MEMORY). Returns what was done, for ``hpccomm info`` (once per process;
+    later calls set the allocator in their context again and return the first answer)."""
+    global _state, _mine, _keep
     e = os.environ if env is None else env
     if not switch(e, ENV, default=True, where="init", lenient=True):
         why = f"off ({ENV}=0)"
-    elif not switch(e, "HPCCOMM_SHM", default=True, where="init", lenient=True):
+    elif not shm:
         why = "off (HPCCOMM_SHM=0)"
-    elif not switch(e, "HPCCOMM_SHM_CMA", default=True, where="init", lenient=True):
+    elif not single_copy:
         why = "off (HPCCOMM_SHM_CMA=0)"
     elif local_size < 2:
         why = "off (no other rank on this node)"
@@ -146,7 +156,6 @@ def start(local_size: int, keep: bool, env: Any = None) -> str:
     except ImportError as exc:
         _state = f"not available: hpccomm._arena was not built ({exc})"
         return _state
-    global _keep
     _keep = min(_kept_at_most(local_size), KEEP_MAX if keep else KEEP_OFF)
     try:
         fd, base = mod.enable(_reserve(local_size), MIN_BYTES, _keep, _strict_overcommit())
@@ -158,10 +167,9 @@ def start(local_size: int, keep: bool, env: Any = None) -> str:
         _mine = (fd, base, mod.state()["reserve"], st.st_dev, st.st_ino)
         os.register_at_fork(after_in_child=_said_in_child)
     if _state is None or not _state.startswith("on"):
-        kept = f"kept up to {_keep:,} bytes"
         _state = (f"on: NumPy arrays from {MIN_BYTES:,} bytes allocated after init on its "
                   f"thread live in a {_mine[2]:,}-byte sparse shared file the node's ranks "
-                  f"map (freed pages {kept})")  # fmt: skip
+                  f"map (freed pages kept up to {_keep:,} bytes)")  # fmt: skip
     return _state
 
 
@@ -223,6 +231,27 @@ class PeerArena:
 _peers: weakref.WeakValueDictionary[tuple[int, int, int], PeerArena] = weakref.WeakValueDictionary()
 
 
+def open_file_of(pid: int, fd: int, dev: int, ino: int) -> tuple[int, str]:
+    """Descriptor ``fd`` of process ``pid`` opened here, read and write, through
+    /proc/<pid>/fd/<fd>, and checked to be the file it named (``dev``, ``ino``: in another
+    PID namespace that path names another process's file): (the new descriptor, "") or
+    (-1, why). The shared-memory segment's ranks and the arena's peers open files so."""
+    path = f"/proc/{pid}/fd/{fd}"
+    try:
+        f = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as exc:
+        return -1, f"could not open {path}: {exc}"
+    try:
+        st = os.fstat(f)
+    except OSError as exc:
+        os.close(f)
+        return -1, f"could not open {path}: {exc}"
+    if (st.st_dev, st.st_ino) != (dev, ino):
+        os.close(f)
+        return -1, f"{path} is another file here (another PID namespace?)"
+    return f, ""
+
+
 def map_peer(pid: int, theirs: tuple[int, int, int, int, int] | None) -> PeerArena | str:
     """Process ``pid``'s arena (``theirs``: what its :func:`mine` said) mapped here, or why
     not (a str): opened through /proc/<pid>/fd/<fd> and checked to be the same file (its
@@ -234,21 +263,16 @@ def map_peer(pid: int, theirs: tuple[int, int, int, int, int] | None) -> PeerAre
     got = _peers.get(key)
     if got is not None:
         return got
-    path = f"/proc/{pid}/fd/{fd}"
+    f, why = open_file_of(pid, fd, dev, ino)
+    if f < 0:
+        return why
     try:
-        f = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    except OSError as exc:
-        return f"could not open {path}: {exc}"
-    try:
-        st = os.fstat(f)
-        if (st.st_dev, st.st_ino) != (dev, ino):
-            return f"{path} is another file here (another PID namespace?)"
         if sys.version_info >= (3, 13):
             mm = mmap.mmap(f, size, trackfd=False)
         else:
             mm = mmap.mmap(f, size)
     except (OSError, ValueError) as exc:
-        return f"could not map {path}: {exc}"
+        return f"could not map /proc/{pid}/fd/{fd}: {exc}"
     finally:
         os.close(f)
     peer = _peers[key] = PeerArena(base, size, mm)

@@ -838,7 +838,7 @@ def init(
     _init_failed = False
     # large NumPy arrays allocated from here on (on this thread) in memory the node's peers
     # map: the fast path reads and writes them in place (see hpccomm.arena)
-    arena.start(nodes.local_size, keep=bool(reuse))
+    arena.start(nodes.local_size, keep=bool(reuse), shm=shm.enabled, single_copy=shm.cma)
     if trace:
         rec = flight.start(trace, _world.rank, _world.size)
         rec.departed = lambda: {w: why for w, (_, why) in list(notices.departed.items())}

@@ -968,7 +968,7 @@ class ShmBackend:
             if isinstance(peer, arena.PeerArena) and peer.holds(addrs[j], flat.nbytes):
                 views[j] = np.frombuffer(peer.mm, flat.dtype, flat.size, addrs[j] - peer.base)
                 found += 1
-        if found and found == self.size - 1:
+        if found == self.size - 1:  # (every peer: a group here has two ranks or more)
             self.mapped_calls += 1
         return views
 
@@ -1258,20 +1258,15 @@ def _map_memfd(mpi: Any, rank: int, total: int, keep_fd: bool = False) -> tuple[
         where = mpi.bcast(where, root=0)
         if where is not None:
             pid, theirs, dev, ino = where
-            path = f"/proc/{pid}/fd/{theirs}"
-            try:
-                mine = fd if rank == 0 else os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            mine, why = (fd, "") if rank == 0 else arena.open_file_of(pid, theirs, dev, ino)
+            if mine >= 0:
                 try:
-                    st = os.fstat(mine)
-                    if (st.st_dev, st.st_ino) == (dev, ino):
-                        mm = _mmap(mine, total, keep_fd)
-                    else:
-                        why = f"{path} is another file here (another PID namespace?)"
+                    mm = _mmap(mine, total, keep_fd)
+                except OSError as exc:
+                    why = f"could not open /proc/{pid}/fd/{theirs}: {exc}"
                 finally:
                     if mine != fd:
                         os.close(mine)
-            except OSError as exc:
-                why = f"could not open {path}: {exc}"
         reasons = mpi.allgather(why if mm is None else "")
     except BaseException:  # a peer failed (ULFM) or the call was interrupted: keep nothing
         if mm is not None:

@@ -311,13 +311,15 @@ def test_disable_sets_numpys_allocator_back():
 def test_start_says_why_it_is_off(monkeypatch):
     # (start() in this process would set the allocator here: only its refusals run here)
     monkeypatch.setattr(arena, "_state", None)
-    assert arena.start(4, True, {"HPCCOMM_SHM_ARENA": "0"}) == "off (HPCCOMM_SHM_ARENA=0)"
+    assert (
+        arena.start(4, True, True, True, {"HPCCOMM_SHM_ARENA": "0"}) == "off (HPCCOMM_SHM_ARENA=0)"
+    )
     monkeypatch.setattr(arena, "_state", None)
-    assert arena.start(4, True, {"HPCCOMM_SHM_CMA": "off"}) == "off (HPCCOMM_SHM_CMA=0)"
+    assert arena.start(4, True, True, False, {}) == "off (HPCCOMM_SHM_CMA=0)"
     monkeypatch.setattr(arena, "_state", None)
-    assert arena.start(4, True, {"HPCCOMM_SHM": "0"}) == "off (HPCCOMM_SHM=0)"
+    assert arena.start(4, True, False, True, {}) == "off (HPCCOMM_SHM=0)"
     monkeypatch.setattr(arena, "_state", None)
-    assert arena.start(1, True, {}) == "off (no other rank on this node)"
+    assert arena.start(1, True, True, True, {}) == "off (no other rank on this node)"
     with pytest.raises(Exception, match="HPCCOMM_SHM_ARENA is 'maybe'"):
         arena.check_env({"HPCCOMM_SHM_ARENA": "maybe"})
 
@@ -328,7 +330,7 @@ def test_a_peer_maps_the_arena_and_sees_the_arrays():
     out = run(
         """
         from hpccomm import arena
-        assert arena.start(2, True).startswith("on"), arena.state()
+        assert arena.start(2, True, True, True).startswith("on"), arena.state()
         x = np.arange(MiB, dtype=np.int64)
         me = arena.mine()
         peer = arena.map_peer(os.getpid(), me)
