@@ -1305,16 +1305,32 @@ class Communicator:
         the group should free together. A group made unusable by a peer's failure or
         refusal is freed with its call still inside MPI (it never completes): its MPI
         communicators and worker thread stay, and the exit aborts the job, naming it.
+        A group's NCCL communicator is released once the GPU has finished the calls
+        enqueued on it (an ``async_op`` DeviceWork dropped without ``synchronize()``, say),
+        waiting at most the group's timeout.
 
         Raises:
             InvalidArgumentError: an ``async_op`` operation of the group (a collective, or a
                 point-to-point Work handed out) is still running (wait() for it first);
                 nothing is freed then.
+            CommTimeoutError: a device call on NCCL was not finished on the GPU within the
+                group's timeout; its NCCL communicator was aborted, and everything freed.
+            BackendError: NCCL or CUDA reported an error while the GPU finished them (the
+                communicator aborted, everything freed).
         """
         if self._freed:
             return
         Communicator._look([self], self._here("free"))
-        self._free_after()
+        Communicator._raise_late(self._free_after())
+
+    @staticmethod
+    def _raise_late(problems: list[HpccommError]) -> None:
+        """Raise what freeing met on the GPU (a device call still unfinished after the
+        group's timeout, an NCCL or CUDA error), once every group is freed."""
+        if problems:
+            if len(problems) == 1:
+                raise problems[0]
+            raise type(problems[0])("; ".join(str(p) for p in problems))
 
     @staticmethod
     def _look(groups: list[Communicator], here: str) -> None:
@@ -1342,14 +1358,17 @@ class Communicator:
                 f"alive until MPI is done with them)"
             )
 
-    def _free_after(self) -> None:
+    def _free_after(self) -> list[HpccommError]:
         """Free this group and those made from it, closed and looked at by _look (not
         looked at again: a thread refused by the closed group meanwhile is still counted
-        inside it, and a second look made a layout's free() raise after freeing some)."""
+        inside it, and a second look made a layout's free() raise after freeing some).
+        Returns what the NCCL communicators' release met (see DeviceBackends.close), for
+        the caller to raise once all are freed."""
+        problems: list[HpccommError] = []
         if self._freed:
-            return
+            return problems
         for child in reversed(list(self._children)):
-            child._free_after()
+            problems += child._free_after()
         self._children.clear()
         parent, self._parent = self._parent, None
         if parent is not None:  # (kept there, every freed group stayed in memory for good:
@@ -1363,7 +1382,9 @@ class Communicator:
             d = self._dispatcher  # (and its uncompared calls, compared at the program's end)
             self._notices.forget_group(d.gid, self._group.seq, d.members, d.unchecked())
         stuck = self._dispatcher.close()
-        self._devices.close()
+        problem = self._devices.close()
+        if problem is not None:
+            problems.append(problem)
         self._freed = True
         node, self._node_backend = self._node_backend, None  # (the world's, if node() never
         # took it: its four communicators were lost at every init / free() cycle)
@@ -1371,7 +1392,7 @@ class Communicator:
             # it can be freed; the exit still finds it (it aborts the job, see runtime)
             Communicator._abandoned.append(self)
             self._note_kept(f"a call stays inside MPI ({stuck})")
-            return
+            return problems
         if shm is not None:
             shm.free()
         if node is not None:
@@ -1382,6 +1403,7 @@ class Communicator:
             # message still coming to it would match a later group's call instead
             self._backend.close()
             self._note_kept(strays)
+        return problems
 
     # freed groups whose MPI communicators were kept (see free): how many, and the latest
     # reason, for the error of a group MPI could not create (_not_created)
@@ -1440,8 +1462,9 @@ class Communicator:
             return
         try:
             self.free()
-        except HpccommError as refused:
-            note = f"and leaving the `with` block, free() was refused: {refused}"
+        except HpccommError as refused:  # (or freed, and the GPU's calls failed: see free)
+            how = "was refused" if isinstance(refused, InvalidArgumentError) else "raised"
+            note = f"and leaving the `with` block, free() {how}: {refused}"
             if hasattr(exc, "add_note"):  # Python 3.11+
                 exc.add_note(note)
             else:  # pragma: no cover - Python 3.10

@@ -896,12 +896,11 @@ class Dispatcher:
                         return call.backend.device_work(call, seq, result, stream, rec)
                     pending = Done(result)
                 else:  # bounded (or behind queued calls): enqueued on the worker thread,
-                    # which waits on the host for the GPU; a synchronous call past its
-                    # timeout aborts the NCCL communicator (see NcclBackend.bounded)
+                    # which waits on the host for the GPU; a call past the group's timeout
+                    # (async_op too) aborts the NCCL communicator (see NcclBackend.bounded)
                     job = partial(self.verify, site=site) if checked else None
-                    limit = None if async_op else self._timeout
                     pending = call.backend.bounded(
-                        self.worker().submit, call, seq, data, out, stream, job, limit
+                        self.worker().submit, call, seq, data, out, stream, job, self._timeout
                     )
                     self._slow = True
         except Exception as exc:

@@ -147,6 +147,8 @@ class ParallelGroups:
             InvalidArgumentError: a call of one of them is still running (wait() for it
                 first); none is freed then (some were freed, the rest not, and the layout
                 kept handles of freed groups: an outside hunt).
+            CommTimeoutError, BackendError: as :meth:`Communicator.free`, raised once every
+                group is freed.
         """
         groups = [g for g in self._groups.values() if not g.freed]
         # every group closed to new calls first, then looked at once (as Communicator.free
@@ -159,11 +161,14 @@ class ParallelGroups:
         )
         if groups:
             type(groups[0])._look(groups, here)
+        problems = []
         try:  # (a free() that raises leaves the groups not freed yet closed: ClosedError)
             for group in groups:
-                group._free_after()
+                problems += group._free_after()
         finally:
             self._groups = {k: g for k, g in self._groups.items() if not g.freed}
+        if problems:  # (a device call unfinished on the GPU: see Communicator.free)
+            type(groups[0])._raise_late(problems)
 
 
 def placement_note(

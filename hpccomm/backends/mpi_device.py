@@ -323,7 +323,14 @@ class DeviceBackends:
             self._mpi = DeviceMPIBackend(self.host, self.config.path)
         return self._mpi
 
-    def close(self) -> None:
-        for backend in (self.nccl, self._mpi):
-            if backend is not None:
-                backend.close()
+    def close(self) -> HpccommError | None:
+        """Release the backends; the NCCL communicator once the GPU has finished its calls,
+        waiting at most the group's timeout (then it is aborted and the CommTimeoutError, or
+        the NCCL / CUDA error met meanwhile, is returned)."""
+        problem = None
+        if self.nccl is not None:
+            d = self.dispatcher
+            problem = self.nccl.release(None if d is None else d.timeout)
+        if self._mpi is not None:
+            self._mpi.close()
+        return problem

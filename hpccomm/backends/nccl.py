@@ -331,22 +331,36 @@ class _EventPending:
         return self.result
 
 
+def _gave_up(where: str, timeout: float | None) -> CommTimeoutError:
+    return CommTimeoutError(
+        f"{where}: not complete after {timeout:g} s on the GPU (the group's timeout); some "
+        f"rank of the group has not joined it, so the NCCL communicator was aborted (later "
+        f"device calls on this group raise)"
+    )
+
+
 class _HostWait:
     """A call of a bounded communicator: enqueued on the worker thread, which waits on the
-    host until the GPU has finished it. ``deadline`` (synchronous calls) is when the call
-    is given up: the NCCL communicator is aborted, so neither the GPU nor the worker thread
-    keep waiting for a rank that never comes, and CommTimeoutError is raised."""
+    host until the GPU has finished it. ``deadline`` (``timeout`` after the call; None:
+    none) is when the call is given up: the NCCL communicator is aborted, so neither the GPU
+    nor the worker thread keep waiting for a rank that never comes, and CommTimeoutError is
+    raised (the worker's, where it gave up first)."""
 
     __slots__ = ("future", "backend", "where", "timeout", "deadline")
 
     def __init__(
-        self, future: Any, backend: NcclBackend, where: str, timeout: float | None
+        self,
+        future: Any,
+        backend: NcclBackend,
+        where: str,
+        timeout: float | None,
+        deadline: float | None,
     ) -> None:
         self.future = future
         self.backend = backend
         self.where = where
         self.timeout = timeout
-        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.deadline = deadline
 
     def test(self) -> bool:
         return bool(self.future.test())
@@ -360,12 +374,11 @@ class _HostWait:
             return True
         if deadline is not None and time.monotonic() >= deadline:
             self.backend.abort(f"{self.where} did not complete in {self.timeout:g} s")
-            self.future.wait(1.0)  # the abort usually ends the worker's wait at once
-            raise CommTimeoutError(
-                f"{self.where}: not complete after {self.timeout:g} s on the GPU; some rank "
-                f"of the group has not joined it, so the NCCL communicator was aborted (later "
-                f"device calls on this group raise)"
-            )
+            # the abort ends the worker's wait at once (an enqueue blocked in NCCL's lazy
+            # connect too); where the worker itself gave up, its error is the call's
+            if self.future.wait(1.0) and isinstance(self.future.error, CommTimeoutError):
+                return True
+            raise _gave_up(self.where, self.timeout)
         return False
 
     def outcome(self) -> Any:
@@ -455,6 +468,9 @@ class NcclBackend:
         self._streams = WorkerStreams()
         self._lock = threading.RLock()  # the communicator between abort() and its users
         self._temps: list[Any] = []  # the running call's temporaries (held until completion)
+        # per stream (by handle): an event recorded after the last call enqueued there, and
+        # the call; release() waits for them before destroying the communicator
+        self._last: dict[int, tuple[Any, str]] = {}
         where = f"NCCL init (rank {self.rank} of {self.size})"
         mine: Any = None
         uid: Any = None
@@ -561,6 +577,7 @@ class NcclBackend:
                 self.check()
                 if post is not None:
                     post()
+                self._enqueued(call, stream)
         except self._nccl_mod.NcclError as exc:
             self.abort(f"{call.spec.name} failed: {exc}")
             raise BackendError(f"{call}: NCCL error {exc} (communicator aborted)") from exc
@@ -572,11 +589,27 @@ class NcclBackend:
             event.record(stream)
         return event
 
+    def _enqueued(self, call: Call, stream: Any) -> None:
+        """Note the call just enqueued on ``stream``: an event after it, which release() waits
+        for (done events of other streams are dropped, so the table stays small)."""
+        event = self._record(stream)
+        with self._lock:
+            last = self._last
+            if len(last) >= 8:
+                for ptr, (e, _) in list(last.items()):
+                    if self._runtime.eventQuery(e.ptr) != CUDA_NOT_READY:
+                        del last[ptr]
+            last[stream.ptr] = (event, str(call))
+
     def device_work(self, call: Call, seq: int, result: Any, stream: Any, rec: Any) -> DeviceWork:
-        """The Work of an async device call just enqueued on ``stream``."""
+        """The Work of an async device call just enqueued on ``stream`` (its event: the one
+        recorded after it there)."""
         stream = stream if stream is not None else self.stream_now()
         temps, self._temps = self._temps, []
-        return DeviceWork(call, seq, self._record(stream), self, result, rec, temps)
+        with self._lock:
+            noted = self._last.get(stream.ptr)
+        event = noted[0] if noted is not None else self._record(stream)
+        return DeviceWork(call, seq, event, self, result, rec, temps)
 
     def bounded(
         self,
@@ -591,35 +624,49 @@ class NcclBackend:
     ) -> _HostWait:
         """Run the call on the communicator's worker thread (``submit``: its Executor's
         submit): enqueue it (NCCL's lazy connect may block the host there), then wait on the
-        host until the GPU has finished it. The returned Pending gives up after ``timeout``
-        seconds (None: never), aborting the communicator."""
+        host until the GPU has finished it. The call gives up after ``timeout`` seconds (the
+        group's; None: never), aborting the communicator, and its error is CommTimeoutError:
+        the returned Pending does so where the worker is still in the enqueue, the worker
+        where it waits for the GPU. That bounds an ``async_op`` call too, whose Work may be
+        dropped unwaited, as PyTorch's NCCL watchdog bounds every call by the group's
+        timeout (such a call whose peer never came kept the worker waiting for good, and
+        free() of the group refused for good)."""
         where = call.where(seq)
         stream, _ = self.worker_stream(stream)  # the job waits for it on the host anyway
+        deadline = None if timeout is None else time.monotonic() + timeout
 
         def job() -> Any:
             if check is not None:
                 check(call, seq)  # the debug check, in the call's place in the order
             result = self._enqueue(call, data, out, stream)
             keep = self._temps  # alive until the GPU is done with them
-            self.host_wait(self._record(stream), where)
+            with self._lock:
+                event = self._last[stream.ptr][0]
+            if not self.host_wait(event, where, deadline):
+                self.abort(f"{where} did not complete in {timeout:g} s")
+                raise _gave_up(where, timeout)
             del keep
             return result
 
-        return _HostWait(submit(where, job), self, where, timeout)
+        return _HostWait(submit(where, job), self, where, timeout, deadline)
 
     def event_done(self, event: Any, where: object) -> bool:
         """Whether the event completed; a CUDA error the GPU reported raises BackendError."""
         return event_done(self._runtime, event, where)
 
-    def host_wait(self, event: Any, where: str) -> None:
-        """Block this thread until ``event`` completes, watching NCCL's asynchronous errors
-        and an abort from another thread (which ends the wait with BackendError)."""
+    def host_wait(self, event: Any, where: str, deadline: float | None = None) -> bool:
+        """Block this thread until ``event`` completes (True) or ``deadline`` (monotonic
+        time; None: none) passes (False), watching NCCL's asynchronous errors and an abort
+        from another thread (which ends the wait with BackendError)."""
         pause = 1e-5
         while not self.event_done(event, where):
             self.check()
+            if deadline is not None and time.monotonic() > deadline:
+                return False
             time.sleep(pause)
             pause = min(pause * 2, 1e-3)
         self.check()
+        return True
 
     def check(self) -> None:
         """Raise the NCCL communicator's asynchronous error, if any, as a BackendError (the
@@ -656,10 +703,47 @@ class NcclBackend:
                     pass
 
     def close(self) -> None:
+        """Release the communicator once the GPU has finished the calls enqueued on it
+        (no bound; see release); raise what release returns."""
+        problem = self.release(None)
+        if problem is not None:
+            raise problem
+
+    def release(self, timeout: float | None) -> HpccommError | None:
+        """Release the communicator once the GPU has finished the calls enqueued on it.
+
+        ncclCommDestroy finalizes the communicator, which waits for its unfinished operations
+        inside NCCL, without bound and deaf to Ctrl-C: an async call dropped without
+        synchronize() whose peer never came hung free() there. So the host waits first, here,
+        for the event after the last call on each stream, watching NCCL's asynchronous errors;
+        after ``timeout`` seconds (None: no bound, as the group's calls), or on an error, the
+        communicator is aborted instead of destroyed. Returns that error (the communicator is
+        released either way), None when all finished."""
         with self._lock:
-            if self._aborted is None and self.comm is not None:
+            if self._aborted is not None or self.comm is None:
+                return None
+            pending, self._last = list(self._last.values()), {}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        problem: HpccommError | None = None
+        try:
+            for event, what in pending:
+                where = f"free: NCCL (rank {self.rank} of {self.size}), {what}"
+                if not self.host_wait(event, where, deadline):
+                    raise CommTimeoutError(
+                        f"{where} was not complete on the GPU after {timeout:g} s (some "
+                        f"rank of the group has not joined it?), so the NCCL communicator "
+                        f"was aborted instead of destroyed; its results are not valid"
+                    )
+        except HpccommError as exc:
+            problem = exc
+        with self._lock:
+            if problem is not None:
+                self.abort(str(problem))
+                return problem
+            if self._aborted is None:
                 self.comm.destroy()
                 self._aborted = "closed"
+        return None
 
     # -- helpers ------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """GPU fault behaviour: NCCL's refusal of ranks sharing a GPU (and the "auto" fallback to the
 MPI device path), and a peer that never joins a bounded NCCL collective, which must end in
-CommTimeoutError with the NCCL communicator aborted. jobs/gpu-check.sh runs each in the
+CommTimeoutError with the NCCL communicator aborted (also where the call was an async one
+dropped unwaited, at free()). jobs/gpu-check.sh runs each in the
 configuration it needs, with HPCCOMM_GPU_STRICT=1: an unmet precondition then fails."""
 
 import os
@@ -9,6 +10,7 @@ import time
 import pytest
 
 from hpccomm import BackendError, CommTimeoutError, GpuBindingError
+from hpccomm.errors import UnwaitedWorkWarning
 
 cp = pytest.importorskip("cupy")
 
@@ -64,3 +66,29 @@ def test_missing_peer_times_out_and_aborts_nccl(gworld, nccl_usable):
     if comm.rank == 0:
         comm.nccl.abort()  # its peers aborted theirs: a destroy would wait for them
     comm.free()
+
+
+def test_missing_peer_of_a_dropped_async_call_bounds_free(gworld, nccl_usable):
+    """An async NCCL call that rank 0 never joins, dropped unwaited on the others: their
+    free() ends after the group's timeout with CommTimeoutError, the communicator aborted
+    (ncclCommDestroy would have waited inside NCCL for good)."""
+    need(gworld.size >= 2, "needs >= 2 ranks")
+    need(nccl_usable is None, f"needs a usable NCCL communicator ({nccl_usable})")
+    comm = gworld.dup(device_backend="nccl")
+    comm.enable_nccl()
+    x = cp.ones(1 << 12, dtype=cp.float32)
+    comm.all_reduce(x)  # connections made with every rank present
+    cp.cuda.get_current_stream().synchronize()
+    if comm.rank != 0:
+        with pytest.warns(UnwaitedWorkWarning):
+            comm.all_reduce(x, async_op=True)  # dropped; rank 0 never joins it
+        comm.timeout = 5
+        t0 = time.monotonic()
+        with pytest.raises(CommTimeoutError, match=r"^free: NCCL .* not complete on the GPU"):
+            comm.free()
+        assert time.monotonic() - t0 < 30
+        assert comm.freed
+    gworld.barrier()  # host MPI: every rank gets here once the others have freed theirs
+    if comm.rank == 0:
+        comm.nccl.abort()  # its peers aborted theirs: a destroy would wait for them
+        comm.free()

@@ -37,6 +37,7 @@ from hpccomm.errors import (
     GpuBindingError,
     HpccommError,
     InvalidArgumentError,
+    UnwaitedWorkWarning,
 )
 from hpccomm.gpuselect import choose_on_node, format_uuid
 from hpccomm.ops import Group, P2POp
@@ -319,6 +320,13 @@ class NcclCommunicator:
         self.gpu.comm_abort.set()
 
     def destroy(self):
+        # ncclCommDestroy finalizes the communicator: it waits inside NCCL (no bound) for
+        # the operations still unfinished on the GPU; an abort from another thread ends it
+        deadline = time.monotonic() + 30
+        while self.gpu.event_status == NOT_READY and time.monotonic() < deadline:
+            if self.gpu.comm_abort.wait(0.01):
+                break
+        self.gpu.log.append(("nccl_destroy",))
         self.destroyed = True
 
 
@@ -638,6 +646,124 @@ def test_async_error_aborts_and_raises(gpu):
     with pytest.raises(BackendError, match="asynchronous error"):
         work.synchronize(timeout=2)
     assert devices.nccl.aborted
+
+
+def nccl_communicator(gpu, timeout):
+    """A one-rank Communicator (MPI_COMM_SELF) whose device calls go to the fake NCCL."""
+    from mpi4py import MPI
+
+    from hpccomm.backends.mpi import MPIBackend
+    from hpccomm.comm import Communicator, NodeInfo
+
+    host = MPIBackend(MPI.COMM_SELF.Dup())
+    devices = DeviceBackends(host, DeviceConfig(0, "nccl", DevicePath(False, "test")))
+    c = Communicator(
+        host, devices, name="self", timeout=timeout, nodes=NodeInfo(0, 1, 0, 1), node_key=0
+    )
+    return c, devices
+
+
+def test_free_waits_on_the_host_for_a_dropped_async_device_call(gpu):
+    """An async NCCL call dropped without synchronize() is still on the GPU at free():
+    the communicator is destroyed only once it is done (ncclCommDestroy would wait for it
+    inside NCCL, without bound and deaf to Ctrl-C); free() returns then."""
+    c, devices = nccl_communicator(gpu, timeout=None)
+    x = dev(gpu, np.ones(8, np.float32))
+    with pytest.warns(UnwaitedWorkWarning):
+        c.all_reduce(x, async_op=True)  # dropped
+    gpu.event_status = NOT_READY
+    mark = len(gpu.log)
+    box: list = []
+    t = threading.Thread(target=lambda: box.append(c.free()), daemon=True)
+    t.start()
+    t.join(0.5)
+    assert t.is_alive() and ("nccl_destroy",) not in gpu.log[mark:], gpu.log[mark:]
+    gpu.event_status = 0  # the GPU finishes it
+    t.join(10)
+    assert not t.is_alive() and box == [None]
+    comm = NcclCommunicator.instances[-1]
+    assert comm.destroyed and not comm.aborted and c.freed
+
+
+def test_free_after_a_timeout_was_set_aborts_nccl_after_it(gpu):
+    """A peer that never joins the group's last async call (made unbounded; the group's
+    timeout set afterwards): free() ends after the timeout with CommTimeoutError naming
+    the call, the NCCL communicator aborted (not destroyed: that waited inside NCCL for
+    good) and the group freed."""
+    c, devices = nccl_communicator(gpu, timeout=None)
+    x = dev(gpu, np.ones(8, np.float32))
+    c.all_reduce(x)  # done on the GPU
+    gpu.event_status = NOT_READY
+    with pytest.warns(UnwaitedWorkWarning):
+        c.all_reduce(x, async_op=True)  # dropped
+    c.timeout = 0.3
+    t0 = time.monotonic()
+    finished, got = in_thread(c.free, 10)
+    assert finished, "free() hung in ncclCommDestroy"
+    assert isinstance(got, CommTimeoutError), got
+    assert str(got).startswith("free: NCCL (rank 0 of 1), all_reduce"), got
+    assert "not complete on the GPU after 0.3 s" in str(got) and "aborted" in str(got)
+    assert time.monotonic() - t0 < 5
+    comm = NcclCommunicator.instances[-1]
+    assert comm.aborted and not comm.destroyed and c.freed
+    assert c.free() is None  # idempotent: freed once
+
+
+@pytest.mark.parametrize("dropped", [True, False])
+def test_async_call_of_a_bounded_group_ends_at_the_group_timeout(gpu, dropped):
+    """On a group with a timeout an async NCCL call is waited for by the group's worker
+    thread; a peer that never joins: the worker gives up after the group's timeout and
+    aborts the communicator (as PyTorch's watchdog does), so free() is refused only until
+    then (it named the call), also where the Work was dropped unwaited. Before, the worker
+    waited for good and free() was refused for good."""
+    c, devices = nccl_communicator(gpu, timeout=0.3)
+    x = dev(gpu, np.ones(8, np.float32))
+    gpu.event_status = NOT_READY
+    t0 = time.monotonic()
+    work = c.all_reduce(x, async_op=True)
+    with pytest.raises(InvalidArgumentError, match=r"still running \(all_reduce #\d+ on self"):
+        c.free()
+    if dropped:
+        with pytest.warns(UnwaitedWorkWarning):
+            del work
+    else:
+        finished, got = in_thread(work.wait, 10)
+        assert finished and isinstance(got, CommTimeoutError), got
+        assert "(the group's timeout)" in str(got) and "aborted" in str(got), got
+    while True:
+        try:
+            c.free()
+            break
+        except InvalidArgumentError:
+            assert time.monotonic() - t0 < 5, "free() still refused long after the timeout"
+            time.sleep(0.05)
+    assert time.monotonic() - t0 >= 0.25
+    comm = NcclCommunicator.instances[-1]
+    assert comm.aborted and not comm.destroyed and c.freed
+
+
+def test_free_raises_an_async_nccl_error_met_while_the_gpu_finishes(gpu):
+    c, devices = nccl_communicator(gpu, timeout=None)
+    x = dev(gpu, np.ones(8, np.float32))
+    with pytest.warns(UnwaitedWorkWarning):
+        c.all_reduce(x, async_op=True)
+    gpu.event_status = NOT_READY
+    gpu.async_error = True
+    finished, got = in_thread(c.free, 10)
+    assert finished and isinstance(got, BackendError), got
+    assert "asynchronous error" in str(got) and c.freed
+    assert NcclCommunicator.instances[-1].aborted
+
+
+@pytest.mark.parametrize("timeout", [None, 5.0])
+def test_free_of_a_group_with_finished_device_calls_destroys_it(gpu, timeout):
+    c, devices = nccl_communicator(gpu, timeout=timeout)
+    x = dev(gpu, np.ones(8, np.float32))
+    c.all_reduce(x)
+    c.all_reduce(x, async_op=True).wait()
+    c.free()
+    comm = NcclCommunicator.instances[-1]
+    assert comm.destroyed and not comm.aborted
 
 
 # -- defect 7: streams ---------------------------------------------------------------------------
