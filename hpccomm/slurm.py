@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .errors import CommTimeoutError, HpccommError, InvalidArgumentError
+from .ops import as_int
 
 __all__ = [
     "BatchOptions",
@@ -46,8 +47,9 @@ _TIME_FORMS = (
 
 
 def _integer(value: object) -> bool:
-    """An int, not a bool (True is 1 to isinstance: --nodes True made a 1-node script)."""
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An integer, NumPy's too, not a bool (True is 1 to isinstance: --nodes True made a
+    1-node script); as ops.as_int, which the collectives' arguments use."""
+    return as_int(value) is not None
 
 
 def parse_time(text: str) -> int | None:

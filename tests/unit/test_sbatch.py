@@ -5,6 +5,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from hpccomm.cli import main
@@ -102,6 +103,11 @@ def test_refusals_are_invalid_argument_errors():
         option = "--" + name.replace("_", "-")
         with pytest.raises(InvalidArgumentError, match=rf"{option} is True, expected an integer"):
             validate(BatchOptions(command=["true"], **{name: True}))
+        with pytest.raises(InvalidArgumentError, match=rf"{option} is 2.0, expected an integer"):
+            validate(BatchOptions(command=["true"], **{name: 2.0}))
+    # NumPy's integers are integers (as in the collectives' arguments)
+    script = render(BatchOptions(command=["true"], nodes=np.int64(2), cpus_per_task=np.int32(4)))
+    assert "#SBATCH --nodes=2\n" in script and "#SBATCH --cpus-per-task=4\n" in script
     with pytest.raises(InvalidArgumentError, match=r"sbatch: --time '1h' is not a Slurm time"):
         parse_time("1h")
     with pytest.raises(InvalidArgumentError, match=r"sbatch: --mpi 'x' is not a Slurm MPI plug-in"):
