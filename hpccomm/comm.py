@@ -1306,15 +1306,18 @@ class Communicator:
         refusal is freed with its call still inside MPI (it never completes): its MPI
         communicators and worker thread stay, and the exit aborts the job, naming it.
         A group's NCCL communicator is released once the GPU has finished the calls
-        enqueued on it (an ``async_op`` DeviceWork dropped without ``synchronize()``, say),
-        waiting at most the group's timeout.
+        enqueued on it (an ``async_op`` DeviceWork dropped without ``synchronize()`` on a
+        group without a timeout, say): without a timeout this waits until they finish; a
+        timeout set after them bounds it. (A bounded group's calls are bounded by its
+        worker: free() is refused, naming the call, until the worker has given it up.)
 
         Raises:
             InvalidArgumentError: an ``async_op`` operation of the group (a collective, or a
                 point-to-point Work handed out) is still running (wait() for it first);
                 nothing is freed then.
             CommTimeoutError: a device call on NCCL was not finished on the GPU within the
-                group's timeout; its NCCL communicator was aborted, and everything freed.
+                group's timeout; its NCCL communicator was aborted, and everything freed
+                (where several groups failed so, one error of the first's type says all).
             BackendError: NCCL or CUDA reported an error while the GPU finished them (the
                 communicator aborted, everything freed).
         """
@@ -1327,10 +1330,11 @@ class Communicator:
     def _raise_late(problems: list[HpccommError]) -> None:
         """Raise what freeing met on the GPU (a device call still unfinished after the
         group's timeout, an NCCL or CUDA error), once every group is freed."""
-        if problems:
-            if len(problems) == 1:
-                raise problems[0]
-            raise type(problems[0])("; ".join(str(p) for p in problems))
+        if len(problems) == 1:
+            raise problems[0]
+        if problems:  # (the first chained as the cause)
+            said = "; and ".join(f"{type(p).__name__}: {p}" for p in problems[1:])
+            raise type(problems[0])(f"{problems[0]}; and {said}") from problems[0]
 
     @staticmethod
     def _look(groups: list[Communicator], here: str) -> None:

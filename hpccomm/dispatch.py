@@ -891,6 +891,7 @@ class Dispatcher:
                 if self._timeout is None and (ex is None or not ex.pending):
                     if checked:
                         self.verify(call, seq, site)
+                    call.backend.seq = seq  # (names the call in its release, see NcclBackend)
                     result = call.body(call, data, out, stream)
                     if async_op:
                         return call.backend.device_work(call, seq, result, stream, rec)
@@ -899,8 +900,17 @@ class Dispatcher:
                     # which waits on the host for the GPU; a call past the group's timeout
                     # (async_op too) aborts the NCCL communicator (see NcclBackend.bounded)
                     job = partial(self.verify, site=site) if checked else None
+                    bound = self._timeout
                     pending = call.backend.bounded(
-                        self.worker().submit, call, seq, data, out, stream, job, self._timeout
+                        self.worker().submit,
+                        call,
+                        seq,
+                        data,
+                        out,
+                        stream,
+                        job,
+                        None if async_op else bound,
+                        bound,
                     )
                     self._slow = True
         except Exception as exc:

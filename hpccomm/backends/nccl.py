@@ -341,12 +341,14 @@ def _gave_up(where: str, timeout: float | None) -> CommTimeoutError:
 
 class _HostWait:
     """A call of a bounded communicator: enqueued on the worker thread, which waits on the
-    host until the GPU has finished it. ``deadline`` (``timeout`` after the call; None:
-    none) is when the call is given up: the NCCL communicator is aborted, so neither the GPU
-    nor the worker thread keep waiting for a rank that never comes, and CommTimeoutError is
-    raised (the worker's, where it gave up first)."""
+    host until the GPU has finished it. ``deadline`` (``timeout`` after the call; an async
+    call's: the worker's, known once the job starts, see NcclBackend.bounded) is when the
+    call is given up:
+    the NCCL communicator is aborted, so neither the GPU nor the worker thread keep waiting
+    for a rank that never comes, and CommTimeoutError is raised (the worker's, where it gave
+    up first)."""
 
-    __slots__ = ("future", "backend", "where", "timeout", "deadline")
+    __slots__ = ("future", "backend", "where", "timeout", "deadline", "started")
 
     def __init__(
         self,
@@ -355,23 +357,31 @@ class _HostWait:
         where: str,
         timeout: float | None,
         deadline: float | None,
+        started: list[float | None],
     ) -> None:
         self.future = future
         self.backend = backend
         self.where = where
         self.timeout = timeout
         self.deadline = deadline
+        self.started = started  # the worker's deadline (an async call's), once it started
 
     def test(self) -> bool:
         return bool(self.future.test())
 
+    def _deadline(self) -> float | None:
+        if self.deadline is None and self.started:
+            return self.started[0]
+        return self.deadline
+
     def wait(self, timeout: float | None) -> bool:
-        deadline = self.deadline
+        deadline = self._deadline()
         if deadline is not None:
             left = max(0.0, deadline - time.monotonic())
             timeout = left if timeout is None else min(timeout, left)
         if self.future.wait(timeout):
             return True
+        deadline = self._deadline()  # (an async call's job may have started meanwhile)
         if deadline is not None and time.monotonic() >= deadline:
             self.backend.abort(f"{self.where} did not complete in {self.timeout:g} s")
             # the abort ends the worker's wait at once (an enqueue blocked in NCCL's lazy
@@ -468,9 +478,13 @@ class NcclBackend:
         self._streams = WorkerStreams()
         self._lock = threading.RLock()  # the communicator between abort() and its users
         self._temps: list[Any] = []  # the running call's temporaries (held until completion)
-        # per stream (by handle): an event recorded after the last call enqueued there, and
-        # the call; release() waits for them before destroying the communicator
-        self._last: dict[int, tuple[Any, str]] = {}
+        # per stream handle and thread (CuPy's per-thread default stream has one handle for
+        # every thread's own stream): an event recorded again after each call enqueued
+        # there, and the call; release() waits for them before destroying the communicator
+        self._tail: dict[tuple[int, int], tuple[Any, Call, int]] = {}
+        self._releasing = False
+        self._worker_free_at = 0.0  # when the worker's last call ended (see bounded)
+        self._pid = os.getpid()  # (a fork() child must not touch CUDA or NCCL)
         where = f"NCCL init (rank {self.rank} of {self.size})"
         mine: Any = None
         uid: Any = None
@@ -561,9 +575,10 @@ class NcclBackend:
     def _run(self, call: Call, data: Any, out: Any, stream: Any) -> Any:
         """Enqueue the call on ``stream`` (the current stream when None); returns the result,
         ordered on that stream."""
-        return self._enqueue(call, data, out, stream if stream is not None else self.stream_now())
+        stream = stream if stream is not None else self.stream_now()
+        return self._enqueue(call, self.seq, data, out, stream)
 
-    def _enqueue(self, call: Call, data: Any, out: Any, stream: Any) -> Any:
+    def _enqueue(self, call: Call, seq: int, data: Any, out: Any, stream: Any) -> Any:
         if self._aborted:
             raise BackendError(
                 f"{call}: the NCCL communicator was aborted earlier ({self._aborted})"
@@ -574,10 +589,12 @@ class NcclBackend:
             with self._cupy.cuda.Device(self.device), stream:
                 self._temps = []
                 result, post = self._table[call.spec](call, data, out, stream.ptr)
-                self.check()
-                if post is not None:
-                    post()
-                self._enqueued(call, stream)
+                try:
+                    self.check()
+                    if post is not None:
+                        post()
+                finally:  # (enqueued: release() must wait for it whatever came after)
+                    self._enqueued(call, seq, stream)
         except self._nccl_mod.NcclError as exc:
             self.abort(f"{call.spec.name} failed: {exc}")
             raise BackendError(f"{call}: NCCL error {exc} (communicator aborted)") from exc
@@ -589,27 +606,33 @@ class NcclBackend:
             event.record(stream)
         return event
 
-    def _enqueued(self, call: Call, stream: Any) -> None:
-        """Note the call just enqueued on ``stream``: an event after it, which release() waits
-        for (done events of other streams are dropped, so the table stays small)."""
-        event = self._record(stream)
+    def _enqueued(self, call: Call, seq: int, stream: Any) -> Any:
+        """Note call ``seq`` just enqueued on ``stream`` by this thread: the (stream, thread)'s
+        event, recorded again after it (created the first time), which release() waits
+        for; returned. Entries whose event completed are dropped once there are 16."""
+        key = (stream.ptr, threading.get_ident())
         with self._lock:
-            last = self._last
-            if len(last) >= 8:
-                for ptr, (e, _) in list(last.items()):
-                    if self._runtime.eventQuery(e.ptr) != CUDA_NOT_READY:
-                        del last[ptr]
-            last[stream.ptr] = (event, str(call))
+            noted = self._tail.get(key)
+        if noted is None:
+            event = self._record(stream)
+        else:  # (called inside _enqueue's device context)
+            event = noted[0]
+            event.record(stream)
+        with self._lock:
+            tail = self._tail
+            if noted is None and len(tail) >= 16:
+                for k, (e, _, _) in list(tail.items()):
+                    if self._runtime.eventQuery(e.ptr) == CUDA_SUCCESS:
+                        del tail[k]
+            tail[key] = (event, call, seq)  # (named only where release() must)
+        return event
 
     def device_work(self, call: Call, seq: int, result: Any, stream: Any, rec: Any) -> DeviceWork:
-        """The Work of an async device call just enqueued on ``stream`` (its event: the one
-        recorded after it there)."""
+        """The Work of an async device call just enqueued on ``stream`` (an event of its
+        own: the table's is recorded again by the next call)."""
         stream = stream if stream is not None else self.stream_now()
         temps, self._temps = self._temps, []
-        with self._lock:
-            noted = self._last.get(stream.ptr)
-        event = noted[0] if noted is not None else self._record(stream)
-        return DeviceWork(call, seq, event, self, result, rec, temps)
+        return DeviceWork(call, seq, self._record(stream), self, result, rec, temps)
 
     def bounded(
         self,
@@ -621,34 +644,46 @@ class NcclBackend:
         stream: Any,
         check: Callable[[Call, int], None] | None,
         timeout: float | None,
+        bound: float | None,
     ) -> _HostWait:
         """Run the call on the communicator's worker thread (``submit``: its Executor's
         submit): enqueue it (NCCL's lazy connect may block the host there), then wait on the
-        host until the GPU has finished it. The call gives up after ``timeout`` seconds (the
-        group's; None: never), aborting the communicator, and its error is CommTimeoutError:
-        the returned Pending does so where the worker is still in the enqueue, the worker
-        where it waits for the GPU. That bounds an ``async_op`` call too, whose Work may be
-        dropped unwaited, as PyTorch's NCCL watchdog bounds every call by the group's
-        timeout (such a call whose peer never came kept the worker waiting for good, and
-        free() of the group refused for good)."""
+        host until the GPU has finished it. A call not finished ``timeout`` seconds after it
+        was made (None: an ``async_op`` call) is given up: the communicator is aborted, and
+        the call's error is CommTimeoutError. The worker itself gives up after ``bound``
+        seconds from the job's start (the group's timeout; None: never), also on an
+        ``async_op`` call, whose Work may be dropped unwaited, as PyTorch's NCCL watchdog
+        bounds every call by the group's timeout (such a call whose peer never came kept the
+        worker waiting for good, and free() of the group refused for good); from the call,
+        or where it waited behind the worker's earlier calls, from their end: async calls
+        queued behind each other are not given up for the time they waited."""
         where = call.where(seq)
         stream, _ = self.worker_stream(stream)  # the job waits for it on the host anyway
-        deadline = None if timeout is None else time.monotonic() + timeout
+        submitted = time.monotonic()
+        deadline = None if timeout is None else submitted + timeout
+        started: list[float | None] = []  # the worker's deadline, once the job starts
 
         def job() -> Any:
-            if check is not None:
-                check(call, seq)  # the debug check, in the call's place in the order
-            result = self._enqueue(call, data, out, stream)
-            keep = self._temps  # alive until the GPU is done with them
-            with self._lock:
-                event = self._last[stream.ptr][0]
-            if not self.host_wait(event, where, deadline):
-                self.abort(f"{where} did not complete in {timeout:g} s")
-                raise _gave_up(where, timeout)
-            del keep
-            return result
+            # from the call, or where it waited behind earlier calls, from their end
+            began = max(submitted, self._worker_free_at)
+            started.append(None if bound is None else began + bound)
+            try:
+                if check is not None:
+                    check(call, seq)  # the debug check, in the call's place in the order
+                result = self._enqueue(call, seq, data, out, stream)
+                keep = self._temps  # alive until the GPU is done with them
+                with self._lock:  # (this thread's event of the stream, recorded after it)
+                    event = self._tail[(stream.ptr, threading.get_ident())][0]
+                if not self.host_wait(event, where, started[0]):
+                    self.abort(f"{where} did not complete in {bound:g} s")
+                    raise _gave_up(where, bound)
+                del keep
+                return result
+            finally:
+                self._worker_free_at = time.monotonic()
 
-        return _HostWait(submit(where, job), self, where, timeout, deadline)
+        limit = timeout if timeout is not None else bound
+        return _HostWait(submit(where, job), self, where, limit, deadline, started)
 
     def event_done(self, event: Any, where: object) -> bool:
         """Whether the event completed; a CUDA error the GPU reported raises BackendError."""
@@ -715,19 +750,27 @@ class NcclBackend:
         ncclCommDestroy finalizes the communicator, which waits for its unfinished operations
         inside NCCL, without bound and deaf to Ctrl-C: an async call dropped without
         synchronize() whose peer never came hung free() there. So the host waits first, here,
-        for the event after the last call on each stream, watching NCCL's asynchronous errors;
-        after ``timeout`` seconds (None: no bound, as the group's calls), or on an error, the
-        communicator is aborted instead of destroyed. Returns that error (the communicator is
-        released either way), None when all finished."""
+        for the event after the last call of each stream and thread, watching NCCL's
+        asynchronous errors; after ``timeout`` seconds (None: no bound, as the group's calls),
+        or on an error, the communicator is aborted instead of destroyed. Returns that error
+        (the communicator is released either way), None when all finished. Interrupted
+        (KeyboardInterrupt), nothing is released and a later call waits again; in a fork()
+        child nothing is touched (the parent's communicator and GPU context are not its).
+        NCCL makes destroy and abort collective among a node's ranks: every rank of the
+        group should free it."""
         with self._lock:
-            if self._aborted is not None or self.comm is None:
+            if self._aborted is not None or self.comm is None or self._releasing:
+                return None  # (released, or being released by another thread)
+            if os.getpid() != self._pid:
+                self._aborted = "left to the parent process (this is a fork() child)"
                 return None
-            pending, self._last = list(self._last.values()), {}
+            self._releasing = True
+            pending = list(self._tail.values())
         deadline = None if timeout is None else time.monotonic() + timeout
         problem: HpccommError | None = None
         try:
-            for event, what in pending:
-                where = f"free: NCCL (rank {self.rank} of {self.size}), {what}"
+            for event, call, seq in pending:
+                where = f"free: NCCL (rank {self.rank} of {self.size}), {call.where(seq)}"
                 if not self.host_wait(event, where, deadline):
                     raise CommTimeoutError(
                         f"{where} was not complete on the GPU after {timeout:g} s (some "
@@ -736,7 +779,13 @@ class NcclBackend:
                     )
         except HpccommError as exc:
             problem = exc
+        except BaseException:  # interrupted: nothing released, a later free() waits again
+            with self._lock:
+                self._releasing = False
+            raise
         with self._lock:
+            self._releasing = False
+            self._tail = {}
             if problem is not None:
                 self.abort(str(problem))
                 return problem

@@ -77,6 +77,10 @@ class Gpu:
         self.driver = driver
         self.log: list[tuple] = []
         self.event_status = 0  # what eventQuery answers for events not yet released
+        self.stuck: set[int] = set()  # events (ptr) that never complete until an abort
+        self.recorded: list = []  # every Event recorded, in order
+        self.duration = 0.0  # seconds each NCCL call takes on its stream (in stream order)
+        self.stream_done: dict[int, float] = {}  # when each stream's NCCL work is done
         self.comm_abort = threading.Event()
         self.block_enqueue = False  # NCCL calls block the host (lazy connect, missing peer)
         self.block_init = False  # NcclCommunicator() blocks (a rank never joins)
@@ -95,6 +99,24 @@ class Gpu:
     def current(self) -> Stream:
         s = self.streams()
         return s[-1] if s else self.null
+
+    def query(self, event) -> int:
+        """What cudaEventQuery answers for ``event``."""
+        if event.ptr in self.stuck:  # (a peer that never comes: not even another
+            return NOT_READY  # communicator's abort ends it)
+        if self.comm_abort.is_set():
+            return 0
+        if time.monotonic() < getattr(event, "done_at", 0.0):
+            return NOT_READY
+        return self.event_status
+
+    def unfinished(self) -> bool:
+        """Whether some NCCL work is still running (what ncclCommDestroy waits for)."""
+        return (
+            bool(self.stuck)
+            or self.event_status == NOT_READY
+            or any(time.monotonic() < t for t in self.stream_done.values())
+        )
 
 
 class Stream:
@@ -130,14 +152,18 @@ class Event:
         self.ptr = next(gpu.ptrs)
 
     def record(self, stream=None) -> None:
-        self.gpu.log.append(("event", (stream or self.gpu.current()).ptr))
+        ptr = (stream or self.gpu.current()).ptr
+        self.gpu.log.append(("event", ptr))
+        self.gpu.recorded.append(self)
+        self.gpu.stuck.discard(self.ptr)  # recorded again: it marks the stream's work now
+        self.done_at = self.gpu.stream_done.get(ptr, 0.0)
 
     @property
     def done(self) -> bool:  # CuPy 14.2: runtime.eventQuery(self.ptr) == 0
         return self.gpu_runtime_query() == 0
 
     def gpu_runtime_query(self) -> int:
-        return 0 if self.gpu.comm_abort.is_set() else self.gpu.event_status
+        return self.gpu.query(self)
 
 
 class Device:
@@ -193,6 +219,9 @@ class Runtime(types.ModuleType):
         return 13020
 
     def eventQuery(self, ptr: int) -> int:  # CuPy: returns the status, never raises
+        events = [e for e in self.gpu.recorded if e.ptr == ptr]
+        if events:
+            return self.gpu.query(events[-1])
         return 0 if self.gpu.comm_abort.is_set() else self.gpu.event_status
 
     def check_status(self, status: int) -> None:
@@ -278,6 +307,9 @@ class NcclCommunicator:
 
     def _enqueue(self, op: str, stream: int) -> None:
         self.gpu.log.append(("nccl", op, stream))
+        if self.gpu.duration:
+            start = max(time.monotonic(), self.gpu.stream_done.get(stream, 0.0))
+            self.gpu.stream_done[stream] = start + self.gpu.duration
         if self.gpu.block_enqueue:
             self.gpu.comm_abort.wait(30)  # blocked on the host until the communicator aborts
 
@@ -322,11 +354,12 @@ class NcclCommunicator:
     def destroy(self):
         # ncclCommDestroy finalizes the communicator: it waits inside NCCL (no bound) for
         # the operations still unfinished on the GPU; an abort from another thread ends it
+        unfinished = self.gpu.unfinished()
         deadline = time.monotonic() + 30
-        while self.gpu.event_status == NOT_READY and time.monotonic() < deadline:
+        while self.gpu.unfinished() and time.monotonic() < deadline:
             if self.gpu.comm_abort.wait(0.01):
                 break
-        self.gpu.log.append(("nccl_destroy",))
+        self.gpu.log.append(("nccl_destroy", "waited" if unfinished else "at once"))
         self.destroyed = True
 
 
@@ -656,9 +689,16 @@ def nccl_communicator(gpu, timeout):
     from hpccomm.comm import Communicator, NodeInfo
 
     host = MPIBackend(MPI.COMM_SELF.Dup())
-    devices = DeviceBackends(host, DeviceConfig(0, "nccl", DevicePath(False, "test")))
+    config = DeviceConfig(0, "nccl", DevicePath(False, "test"))
+    devices = DeviceBackends(host, config)
     c = Communicator(
-        host, devices, name="self", timeout=timeout, nodes=NodeInfo(0, 1, 0, 1), node_key=0
+        host,
+        devices,
+        name="self",
+        timeout=timeout,
+        nodes=NodeInfo(0, 1, 0, 1),
+        node_key=0,
+        device=config,
     )
     return c, devices
 
@@ -677,12 +717,121 @@ def test_free_waits_on_the_host_for_a_dropped_async_device_call(gpu):
     t = threading.Thread(target=lambda: box.append(c.free()), daemon=True)
     t.start()
     t.join(0.5)
-    assert t.is_alive() and ("nccl_destroy",) not in gpu.log[mark:], gpu.log[mark:]
+    assert t.is_alive() and not [e for e in gpu.log[mark:] if e[0] == "nccl_destroy"]
     gpu.event_status = 0  # the GPU finishes it
     t.join(10)
     assert not t.is_alive() and box == [None]
     comm = NcclCommunicator.instances[-1]
     assert comm.destroyed and not comm.aborted and c.freed
+    assert ("nccl_destroy", "at once") in gpu.log  # the host waited, not NCCL
+
+
+def test_free_waits_for_each_threads_call_on_the_per_thread_default_stream(gpu):
+    """CuPy's per-thread default stream has one handle for every thread's own stream: a
+    call another thread made later on "the same" handle says nothing of this thread's
+    dropped call, which free() must still wait for."""
+    c, devices = nccl_communicator(gpu, timeout=None)
+    x = dev(gpu, np.ones(8, np.float32))
+    with Stream(gpu, ptr=PTDS):
+        with pytest.warns(UnwaitedWorkWarning):
+            c.all_reduce(x, async_op=True)  # dropped; its peer never comes
+    gpu.stuck = {e.ptr for e in gpu.recorded}
+
+    def other() -> None:
+        with Stream(gpu, ptr=PTDS):
+            c.all_reduce(dev(gpu, np.ones(4, np.float32)))  # done on the GPU
+
+    finished, got = in_thread(other, 10)
+    assert finished and got is None, got
+    c.timeout = 0.3
+    finished, got = in_thread(c.free, 10)
+    assert finished, "free() hung in ncclCommDestroy"
+    assert isinstance(got, CommTimeoutError) and "all_reduce #2 on self" in str(got), got
+    assert NcclCommunicator.instances[-1].aborted
+
+
+def test_queued_async_calls_of_a_bounded_group_are_timed_from_their_start(gpu):
+    """Three async calls of 0.3 s each on a group with a 0.5 s timeout: the worker runs
+    them one after another, each bounded from its own start (as PyTorch times a Work from
+    its enqueue on the GPU), so the third, started 0.6 s after it was made, is not given up
+    and the communicator not aborted."""
+    c, devices = nccl_communicator(gpu, timeout=0.5)
+    x = dev(gpu, np.ones(8, np.float32))
+    c.all_reduce(x)  # the communicator made
+    gpu.duration = 0.3
+    works = [c.all_reduce(x, async_op=True) for _ in range(3)]
+    for w in works:
+        w.wait()
+    assert not devices.nccl.aborted
+    c.free()
+    assert NcclCommunicator.instances[-1].destroyed
+
+
+def test_free_interrupted_waits_again_when_called_again(gpu, monkeypatch):
+    """Ctrl-C in free()'s wait for the GPU releases nothing: a later free() waits for the
+    same call again (it went straight to ncclCommDestroy, to wait there for good)."""
+    c, devices = nccl_communicator(gpu, timeout=None)
+    x = dev(gpu, np.ones(8, np.float32))
+    with pytest.warns(UnwaitedWorkWarning):
+        c.all_reduce(x, async_op=True)
+    gpu.stuck = {e.ptr for e in gpu.recorded}
+    backend = devices.nccl
+    real = backend.check
+    calls = iter([KeyboardInterrupt])
+
+    def interrupted() -> None:
+        for exc in calls:
+            raise exc
+        real()
+
+    monkeypatch.setattr(backend, "check", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        c.free()
+    assert not backend.comm.destroyed and not backend.comm.aborted
+    c.timeout = 0.3
+    finished, got = in_thread(c.free, 10)
+    assert finished, "free() hung in ncclCommDestroy"
+    assert isinstance(got, CommTimeoutError) and "all_reduce #2 on self" in str(got), got
+    assert c.freed and NcclCommunicator.instances[-1].aborted
+
+
+def test_release_in_a_fork_child_touches_neither_cuda_nor_nccl(gpu):
+    d, devices = nccl_dispatcher(gpu)
+    x = dev(gpu, np.ones(4, np.float32))
+    d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM)
+    backend = devices.nccl
+    backend._pid = -1  # as in a fork() child: the communicator is the parent's
+    gpu.stuck = {e.ptr for e in gpu.recorded}
+    mark = len(gpu.log)
+    assert devices.close() is None
+    assert gpu.log[mark:] == [] and not backend.comm.destroyed and not backend.comm.aborted
+
+
+def test_a_second_thread_freeing_meanwhile_does_not_destroy_under_the_first(gpu):
+    d, devices = nccl_dispatcher(gpu)
+    x = dev(gpu, np.ones(4, np.float32))
+    d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM)
+    gpu.stuck = {e.ptr for e in gpu.recorded}
+    backend = devices.nccl
+    t = threading.Thread(target=backend.release, args=(None,), daemon=True)
+    t.start()
+    time.sleep(0.2)  # the first waits for the GPU
+    finished, got = in_thread(lambda: backend.release(None), 2)
+    assert finished and got is None and not backend.comm.destroyed
+    gpu.stuck.clear()
+    t.join(10)
+    assert backend.comm.destroyed and ("nccl_destroy", "at once") in gpu.log
+
+
+def test_free_raises_a_sticky_cuda_error_met_while_the_gpu_finishes(gpu):
+    c, devices = nccl_communicator(gpu, timeout=None)
+    x = dev(gpu, np.ones(8, np.float32))
+    c.all_reduce(x)
+    gpu.event_status = ILLEGAL_ADDRESS
+    finished, got = in_thread(c.free, 10)
+    assert finished and isinstance(got, BackendError), got
+    assert "CUDA error on the GPU: cudaErrorIllegalAddress" in str(got) and c.freed
+    assert NcclCommunicator.instances[-1].aborted
 
 
 def test_free_after_a_timeout_was_set_aborts_nccl_after_it(gpu):
@@ -1138,3 +1287,22 @@ def test_an_in_place_gather_on_the_staged_path(gpu, spec):
         got = d.dispatch(O.SCATTER, whole, part, peer=0)
     assert list(got.a) == [0.0, 1.0, 2.0, 3.0] and list(whole.a) == [0.0, 1.0, 2.0, 3.0]
     d.close()
+
+
+def test_free_of_a_group_and_its_dup_both_unfinished_says_both(gpu):
+    """free() of a group frees the groups made from it; where two NCCL communicators
+    were not finished in time, one error says both (the first chained), after all is freed."""
+    c, devices = nccl_communicator(gpu, timeout=None)
+    d = c.dup()
+    x = dev(gpu, np.ones(8, np.float32))
+    for g in (c, d):
+        g.all_reduce(x)
+    gpu.stuck = {e.ptr for e in gpu.recorded}
+    c.timeout = d.timeout = 0.2
+    finished, got = in_thread(c.free, 10)
+    assert finished and isinstance(got, CommTimeoutError), got
+    text = str(got)
+    assert "all_reduce #2 on self/dup" in text and "; and CommTimeoutError: free: NCCL" in text
+    assert "all_reduce #3 on self (rank" in text, text
+    assert isinstance(got.__cause__, CommTimeoutError) and c.freed and d.freed
+    assert all(comm.aborted for comm in NcclCommunicator.instances[-2:])
