@@ -18,6 +18,7 @@ imported only when a backend is made.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 import time
@@ -242,6 +243,10 @@ def check_unique_gpus(
 
 CUDA_SUCCESS = 0
 CUDA_NOT_READY = 600  # cudaErrorNotReady: the event's work is still running
+
+# A call the worker took up within this many seconds of being made was not queued behind
+# others (the wait is the worker's wake-up): its bound counts from the call (NcclBackend.bounded)
+_PROMPT = 0.05
 
 
 def event_done(runtime: Any, event: Any, where: object) -> bool:
@@ -481,9 +486,14 @@ class NcclBackend:
         # per stream handle and thread (CuPy's per-thread default stream has one handle for
         # every thread's own stream): an event recorded again after each call enqueued
         # there, and the call; release() waits for them before destroying the communicator
-        self._tail: dict[tuple[int, int], tuple[Any, Call, int]] = {}
+        self._tail: dict[tuple[int, int], tuple[Any, Call, int, threading.Thread]] = {}
+        self._orphans: list[tuple[Any, Call, int, threading.Thread]] = []
         self._releasing = False
-        self._worker_free_at = 0.0  # when the worker's last call ended (see bounded)
+        # the watchdog of the worker's call (see bounded): its deadline and abort reason
+        self._watch_cv = threading.Condition()
+        self._watching: tuple[float, str] | None = None
+        self._watch_thread: threading.Thread | None = None
+        self._watch_stop = False
         self._pid = os.getpid()  # (a fork() child must not touch CUDA or NCCL)
         where = f"NCCL init (rank {self.rank} of {self.size})"
         mine: Any = None
@@ -576,9 +586,10 @@ class NcclBackend:
         """Enqueue the call on ``stream`` (the current stream when None); returns the result,
         ordered on that stream."""
         stream = stream if stream is not None else self.stream_now()
-        return self._enqueue(call, self.seq, data, out, stream)
+        return self._enqueue(call, self.seq, data, out, stream)[0]
 
-    def _enqueue(self, call: Call, seq: int, data: Any, out: Any, stream: Any) -> Any:
+    def _enqueue(self, call: Call, seq: int, data: Any, out: Any, stream: Any) -> tuple[Any, Any]:
+        """Enqueue the call on ``stream``: (its result, the event recorded after it)."""
         if self._aborted:
             raise BackendError(
                 f"{call}: the NCCL communicator was aborted earlier ({self._aborted})"
@@ -594,11 +605,11 @@ class NcclBackend:
                     if post is not None:
                         post()
                 finally:  # (enqueued: release() must wait for it whatever came after)
-                    self._enqueued(call, seq, stream)
+                    event = self._enqueued(call, seq, stream)
         except self._nccl_mod.NcclError as exc:
             self.abort(f"{call.spec.name} failed: {exc}")
             raise BackendError(f"{call}: NCCL error {exc} (communicator aborted)") from exc
-        return result
+        return result, event
 
     def _record(self, stream: Any) -> Any:
         with self._cupy.cuda.Device(self.device):
@@ -610,21 +621,27 @@ class NcclBackend:
         """Note call ``seq`` just enqueued on ``stream`` by this thread: the (stream, thread)'s
         event, recorded again after it (created the first time), which release() waits
         for; returned. Entries whose event completed are dropped once there are 16."""
-        key = (stream.ptr, threading.get_ident())
+        me = threading.current_thread()
+        key = (stream.ptr, me.ident or 0)
         with self._lock:
             noted = self._tail.get(key)
-        if noted is None:
-            event = self._record(stream)
-        else:  # (called inside _enqueue's device context)
+        if noted is not None and noted[3] is me:  # (inside _enqueue's device context)
             event = noted[0]
             event.record(stream)
+        else:
+            event = self._record(stream)
         with self._lock:
             tail = self._tail
-            if noted is None and len(tail) >= 16:
-                for k, (e, _, _) in list(tail.items()):
+            if noted is not None and noted[3] is not me:  # a dead thread's, its id reused:
+                self._orphans.append(noted)  # still waited for
+            elif noted is None and len(tail) >= 16:
+                for k, (e, _, _, _) in list(tail.items()):
                     if self._runtime.eventQuery(e.ptr) == CUDA_SUCCESS:
                         del tail[k]
-            tail[key] = (event, call, seq)  # (named only where release() must)
+                self._orphans = [
+                    o for o in self._orphans if self._runtime.eventQuery(o[0].ptr) != CUDA_SUCCESS
+                ]
+            tail[key] = (event, call, seq, me)  # (named only where release() must)
         return event
 
     def device_work(self, call: Call, seq: int, result: Any, stream: Any, rec: Any) -> DeviceWork:
@@ -649,14 +666,15 @@ class NcclBackend:
         """Run the call on the communicator's worker thread (``submit``: its Executor's
         submit): enqueue it (NCCL's lazy connect may block the host there), then wait on the
         host until the GPU has finished it. A call not finished ``timeout`` seconds after it
-        was made (None: an ``async_op`` call) is given up: the communicator is aborted, and
-        the call's error is CommTimeoutError. The worker itself gives up after ``bound``
-        seconds from the job's start (the group's timeout; None: never), also on an
-        ``async_op`` call, whose Work may be dropped unwaited, as PyTorch's NCCL watchdog
-        bounds every call by the group's timeout (such a call whose peer never came kept the
-        worker waiting for good, and free() of the group refused for good); from the call,
-        or where it waited behind the worker's earlier calls, from their end: async calls
-        queued behind each other are not given up for the time they waited."""
+        was made (None: an ``async_op`` call) is given up by its caller's wait: the
+        communicator is aborted, and the call's error is CommTimeoutError. The worker gives
+        it up too, ``bound`` seconds (the group's timeout; None: never) after the call, or
+        after its start where it waited behind the worker's earlier calls (async calls
+        queued behind each other are not charged that wait): also an ``async_op`` call, whose
+        Work may be dropped unwaited (such a call whose peer never came kept the worker
+        waiting for good, and free() of the group refused for good), and, through a watchdog
+        thread, a call blocked inside NCCL's lazy connect. PyTorch's NCCL watchdog likewise
+        aborts every Work past the group's timeout."""
         where = call.where(seq)
         stream, _ = self.worker_stream(stream)  # the job waits for it on the host anyway
         submitted = time.monotonic()
@@ -664,26 +682,70 @@ class NcclBackend:
         started: list[float | None] = []  # the worker's deadline, once the job starts
 
         def job() -> Any:
-            # from the call, or where it waited behind earlier calls, from their end
-            began = max(submitted, self._worker_free_at)
-            started.append(None if bound is None else began + bound)
+            now = time.monotonic()  # from the call where the worker took it at once (its
+            # wake-up), so that a caller's wait bounded alike never ends before it; from here
+            # where it waited behind the worker's earlier calls
+            began = submitted if now - submitted < _PROMPT else now
+            limit = None if bound is None else began + bound
+            started.append(limit)
+            why = f"{where} did not complete in {bound:g} s"
+            if limit is not None:  # (NCCL's lazy connect may block the enqueue: a watchdog)
+                self._watch(limit, why)
             try:
                 if check is not None:
                     check(call, seq)  # the debug check, in the call's place in the order
-                result = self._enqueue(call, seq, data, out, stream)
+                result, event = self._enqueue(call, seq, data, out, stream)
                 keep = self._temps  # alive until the GPU is done with them
-                with self._lock:  # (this thread's event of the stream, recorded after it)
-                    event = self._tail[(stream.ptr, threading.get_ident())][0]
-                if not self.host_wait(event, where, started[0]):
-                    self.abort(f"{where} did not complete in {bound:g} s")
+                if not self.host_wait(event, where, limit):
+                    self.abort(why)
                     raise _gave_up(where, bound)
                 del keep
                 return result
+            except BackendError as exc:
+                if limit is not None and self._aborted == why:  # the watchdog's abort
+                    raise _gave_up(where, bound) from exc
+                raise
             finally:
-                self._worker_free_at = time.monotonic()
+                if limit is not None:
+                    self._watch(None, why)
 
         limit = timeout if timeout is not None else bound
         return _HostWait(submit(where, job), self, where, limit, deadline, started)
+
+    def _watch(self, deadline: float | None, why: str) -> None:
+        """Have the watchdog abort the communicator (reason ``why``) at ``deadline``; None:
+        the worker's call ended. The thread is started on first use."""
+        with self._watch_cv:
+            self._watching = None if deadline is None else (deadline, why)
+            if self._watch_thread is None and deadline is not None:
+                self._watch_thread = threading.Thread(
+                    target=self._watchdog,
+                    name=f"hpccomm NCCL watchdog (rank {self.rank})",
+                    daemon=True,
+                )
+                self._watch_thread.start()
+            self._watch_cv.notify()
+
+    def _watchdog(self) -> None:
+        """Abort the communicator where the worker's call passes its deadline blocked where
+        the worker cannot look at the time (inside NCCL: its lazy connect to a peer that never
+        comes blocks the enqueue on the host)."""
+        cv = self._watch_cv
+        while True:
+            with cv:
+                while True:
+                    if self._watch_stop:
+                        return
+                    watching = self._watching
+                    if watching is None:
+                        cv.wait()
+                        continue
+                    left = watching[0] - time.monotonic()
+                    if left <= 0:
+                        self._watching = None
+                        break
+                    cv.wait(left)
+            self.abort(watching[1])
 
     def event_done(self, event: Any, where: object) -> bool:
         """Whether the event completed; a CUDA error the GPU reported raises BackendError."""
@@ -760,39 +822,51 @@ class NcclBackend:
         group should free it."""
         with self._lock:
             if self._aborted is not None or self.comm is None or self._releasing:
+                self._stop_watchdog()
                 return None  # (released, or being released by another thread)
             if os.getpid() != self._pid:
                 self._aborted = "left to the parent process (this is a fork() child)"
+                # CuPy's communicator object destroys its NCCL communicator when collected
+                # (the parent's, here): kept for the life of this process instead
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(self.comm))
+                return None
+            if getattr(self.comm, "comm", None) == 0:  # CuPy's handle: aborted or destroyed
+                self._aborted = "released through CuPy (comm.nccl) before free()"
+                self._stop_watchdog()
                 return None
             self._releasing = True
-            pending = list(self._tail.values())
+            pending = [*self._tail.values(), *self._orphans]
         deadline = None if timeout is None else time.monotonic() + timeout
         problem: HpccommError | None = None
         try:
-            for event, call, seq in pending:
-                where = f"free: NCCL (rank {self.rank} of {self.size}), {call.where(seq)}"
-                if not self.host_wait(event, where, deadline):
-                    raise CommTimeoutError(
-                        f"{where} was not complete on the GPU after {timeout:g} s (some "
-                        f"rank of the group has not joined it?), so the NCCL communicator "
-                        f"was aborted instead of destroyed; its results are not valid"
-                    )
-        except HpccommError as exc:
-            problem = exc
-        except BaseException:  # interrupted: nothing released, a later free() waits again
+            try:
+                for event, call, seq, _ in pending:
+                    where = f"free: NCCL (rank {self.rank} of {self.size}), {call.where(seq)}"
+                    if not self.host_wait(event, where, deadline):
+                        raise CommTimeoutError(
+                            f"{where} was not complete on the GPU after {timeout:g} s (some "
+                            f"rank of the group has not joined it?), so the NCCL communicator "
+                            f"was aborted instead of destroyed; its results are not valid"
+                        )
+            except HpccommError as exc:
+                problem = exc
+            with self._lock:
+                if problem is not None:
+                    self.abort(str(problem))
+                elif self._aborted is None:
+                    self.comm.destroy()
+                    self._aborted = "closed"
+                self._tail, self._orphans = {}, []
+            self._stop_watchdog()
+        finally:  # (interrupted, KeyboardInterrupt: nothing released, a later call waits again)
             with self._lock:
                 self._releasing = False
-            raise
-        with self._lock:
-            self._releasing = False
-            self._tail = {}
-            if problem is not None:
-                self.abort(str(problem))
-                return problem
-            if self._aborted is None:
-                self.comm.destroy()
-                self._aborted = "closed"
-        return None
+        return problem
+
+    def _stop_watchdog(self) -> None:
+        with self._watch_cv:
+            self._watch_stop = True
+            self._watch_cv.notify()
 
     # -- helpers ------------------------------------------------------------------------
 

@@ -300,6 +300,7 @@ class NcclCommunicator:
         self.gpu = gpu
         self.ndev, self.rank = ndev, rank
         self.aborted = self.destroyed = False
+        self.comm = 0x7F00  # the ncclComm_t handle: 0 once aborted or destroyed (as CuPy)
         gpu.log.append(("nccl_init", ndev, rank))
         if gpu.block_init:
             gpu.comm_abort.wait(30)  # no handle to abort: only the test's release ends it
@@ -343,11 +344,14 @@ class NcclCommunicator:
         self._enqueue("recv", stream)
 
     def check_async_error(self):
+        if self.comm == 0:  # ncclCommGetAsyncError(NULL): ncclInvalidArgument
+            raise NcclError(4)
         if self.gpu.async_error:
             raise NcclError(6)
 
     def abort(self):
         self.aborted = True
+        self.comm = 0
         self.gpu.log.append(("nccl_abort",))
         self.gpu.comm_abort.set()
 
@@ -361,6 +365,7 @@ class NcclCommunicator:
                 break
         self.gpu.log.append(("nccl_destroy", "waited" if unfinished else "at once"))
         self.destroyed = True
+        self.comm = 0
 
 
 def make_cupy(gpu: Gpu) -> dict[str, types.ModuleType]:
@@ -751,14 +756,14 @@ def test_free_waits_for_each_threads_call_on_the_per_thread_default_stream(gpu):
 
 
 def test_queued_async_calls_of_a_bounded_group_are_timed_from_their_start(gpu):
-    """Three async calls of 0.3 s each on a group with a 0.5 s timeout: the worker runs
-    them one after another, each bounded from its own start (as PyTorch times a Work from
-    its enqueue on the GPU), so the third, started 0.6 s after it was made, is not given up
-    and the communicator not aborted."""
-    c, devices = nccl_communicator(gpu, timeout=0.5)
+    """Three async calls of 0.4 s each on a group with a 1 s timeout: the worker runs them
+    one after another, each bounded from its own start where it waited behind the others,
+    so the third, done 1.2 s after it was made, is not given up and the communicator not
+    aborted."""
+    c, devices = nccl_communicator(gpu, timeout=1.0)
     x = dev(gpu, np.ones(8, np.float32))
     c.all_reduce(x)  # the communicator made
-    gpu.duration = 0.3
+    gpu.duration = 0.4
     works = [c.all_reduce(x, async_op=True) for _ in range(3)]
     for w in works:
         w.wait()
@@ -815,7 +820,9 @@ def test_a_second_thread_freeing_meanwhile_does_not_destroy_under_the_first(gpu)
     backend = devices.nccl
     t = threading.Thread(target=backend.release, args=(None,), daemon=True)
     t.start()
-    time.sleep(0.2)  # the first waits for the GPU
+    while not backend._releasing:  # the first waits for the GPU
+        assert t.is_alive()
+        time.sleep(0.01)
     finished, got = in_thread(lambda: backend.release(None), 2)
     assert finished and got is None and not backend.comm.destroyed
     gpu.stuck.clear()
@@ -1306,3 +1313,38 @@ def test_free_of_a_group_and_its_dup_both_unfinished_says_both(gpu):
     assert "all_reduce #3 on self (rank" in text, text
     assert isinstance(got.__cause__, CommTimeoutError) and c.freed and d.freed
     assert all(comm.aborted for comm in NcclCommunicator.instances[-2:])
+
+
+def test_free_after_the_communicator_was_aborted_through_cupy(gpu):
+    """``comm.nccl`` is CuPy's communicator: one aborted there (its handle 0) is released,
+    and free() says nothing (it asked NCCL for the errors of a NULL communicator:
+    BackendError, ncclInvalidArgument)."""
+    c, devices = nccl_communicator(gpu, timeout=5.0)
+    x = dev(gpu, np.ones(8, np.float32))
+    c.all_reduce(x)
+    c.nccl.abort()
+    c.free()
+    assert c.freed and not NcclCommunicator.instances[-1].destroyed
+
+
+def test_dropped_async_call_blocked_in_the_lazy_connect_is_given_up(gpu):
+    """The first call of a bounded group blocks the host inside NCCL until its peers connect
+    (NCCL's lazy connect); an async one whose Work is dropped has no caller to give it up:
+    the worker's watchdog aborts the communicator at the group's timeout, so free() is
+    refused only until then (it was refused while the connect blocked: for good)."""
+    c, devices = nccl_communicator(gpu, timeout=0.3)
+    c.enable_nccl()
+    gpu.block_enqueue = True
+    x = dev(gpu, np.ones(8, np.float32))
+    t0 = time.monotonic()
+    with pytest.warns(UnwaitedWorkWarning):
+        c.all_reduce(x, async_op=True)
+    while True:
+        try:
+            c.free()
+            break
+        except InvalidArgumentError:
+            assert time.monotonic() - t0 < 5, "free() still refused long after the timeout"
+            time.sleep(0.05)
+    assert c.freed and NcclCommunicator.instances[-1].aborted
+    assert "did not complete in 0.3 s" in devices.nccl.aborted
