@@ -22,6 +22,7 @@ import ctypes
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -454,6 +455,20 @@ class DeviceWork(Work):
         return self.wait()
 
 
+_backends: weakref.WeakSet[NcclBackend] = weakref.WeakSet()
+
+
+def _keep_in_child() -> None:
+    """In a fork() child: CuPy's communicator objects destroy their NCCL communicators
+    when collected (the parent's, here), so each is kept for the life of the process."""
+    for backend in list(_backends):
+        if backend.comm is not None:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(backend.comm))
+
+
+os.register_at_fork(after_in_child=_keep_in_child)
+
+
 class NcclBackend:
     """Runs device calls on one NCCL communicator over the ranks of an MPI communicator.
     Making one is collective over that MPI communicator.
@@ -533,6 +548,7 @@ class NcclBackend:
                 self.comm = nccl.NcclCommunicator(self.size, commid, self.rank)
             except nccl.NcclError as exc:
                 raise BackendError(f"{where}: {exc}") from exc
+        _backends.add(self)
         self._table: dict[O.OpSpec, Callable[..., Any]] = {
             O.ALL_REDUCE: self._all_reduce,
             O.REDUCE: self._reduce,
@@ -632,15 +648,17 @@ class NcclBackend:
             event = self._record(stream)
         with self._lock:
             tail = self._tail
-            if noted is not None and noted[3] is not me:  # a dead thread's, its id reused:
-                self._orphans.append(noted)  # still waited for
+            if noted is not None and noted[3] is not me:  # a dead thread's, its id reused
+                # (the worker thread ends after idling, and Linux gives the next its id):
+                # still waited for, until done
+                self._orphans = [
+                    o for o in self._orphans if self._runtime.eventQuery(o[0].ptr) != CUDA_SUCCESS
+                ]
+                self._orphans.append(noted)
             elif noted is None and len(tail) >= 16:
                 for k, (e, _, _, _) in list(tail.items()):
                     if self._runtime.eventQuery(e.ptr) == CUDA_SUCCESS:
                         del tail[k]
-                self._orphans = [
-                    o for o in self._orphans if self._runtime.eventQuery(o[0].ptr) != CUDA_SUCCESS
-                ]
             tail[key] = (event, call, seq, me)  # (named only where release() must)
         return event
 
@@ -688,7 +706,7 @@ class NcclBackend:
             began = submitted if now - submitted < _PROMPT else now
             limit = None if bound is None else began + bound
             started.append(limit)
-            why = f"{where} did not complete in {bound:g} s"
+            why = "" if bound is None else f"{where} did not complete in {bound:g} s"
             if limit is not None:  # (NCCL's lazy connect may block the enqueue: a watchdog)
                 self._watch(limit, why)
             try:
@@ -742,10 +760,16 @@ class NcclBackend:
                         continue
                     left = watching[0] - time.monotonic()
                     if left <= 0:
-                        self._watching = None
                         break
                     cv.wait(left)
-            self.abort(watching[1])
+            with self._lock:  # (the order release() takes them in)
+                with cv:
+                    if self._watch_stop:
+                        return
+                    if self._watching is not watching:  # that call ended meanwhile
+                        continue
+                    self._watching = None
+                self.abort(watching[1])
 
     def event_done(self, event: Any, where: object) -> bool:
         """Whether the event completed; a CUDA error the GPU reported raises BackendError."""
@@ -822,13 +846,11 @@ class NcclBackend:
         group should free it."""
         with self._lock:
             if self._aborted is not None or self.comm is None or self._releasing:
-                self._stop_watchdog()
+                if self._aborted is not None:
+                    self._stop_watchdog()
                 return None  # (released, or being released by another thread)
-            if os.getpid() != self._pid:
+            if os.getpid() != self._pid:  # (its CuPy object is kept: see _keep_in_child)
                 self._aborted = "left to the parent process (this is a fork() child)"
-                # CuPy's communicator object destroys its NCCL communicator when collected
-                # (the parent's, here): kept for the life of this process instead
-                ctypes.pythonapi.Py_IncRef(ctypes.py_object(self.comm))
                 return None
             if getattr(self.comm, "comm", None) == 0:  # CuPy's handle: aborted or destroyed
                 self._aborted = "released through CuPy (comm.nccl) before free()"

@@ -810,6 +810,13 @@ def test_release_in_a_fork_child_touches_neither_cuda_nor_nccl(gpu):
     mark = len(gpu.log)
     assert devices.close() is None
     assert gpu.log[mark:] == [] and not backend.comm.destroyed and not backend.comm.aborted
+    # and CuPy's object for it is kept for good (collected, CuPy destroys its communicator)
+    from hpccomm.backends import nccl as nccl_module
+
+    comm = backend.comm
+    before = sys.getrefcount(comm)
+    nccl_module._keep_in_child()  # (what os.register_at_fork runs in every child)
+    assert sys.getrefcount(comm) == before + 1
 
 
 def test_a_second_thread_freeing_meanwhile_does_not_destroy_under_the_first(gpu):
@@ -1348,3 +1355,24 @@ def test_dropped_async_call_blocked_in_the_lazy_connect_is_given_up(gpu):
             time.sleep(0.05)
     assert c.freed and NcclCommunicator.instances[-1].aborted
     assert "did not complete in 0.3 s" in devices.nccl.aborted
+
+
+def test_device_call_behind_a_worker_job_on_a_group_without_timeout(gpu):
+    """On a group without a timeout a device call waits behind the worker's queued jobs
+    (an async host call, say) and runs there, unbounded (a TypeError formatting the bound
+    None, in a review of the watchdog's first version)."""
+    d, devices = nccl_dispatcher(gpu)
+    x = dev(gpu, np.arange(4, dtype=np.float32))
+    d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM)  # the communicator made
+    gate = threading.Event()
+    d.worker().submit("a host job", gate.wait, 10)  # the worker busy
+    box: list = []
+    t = threading.Thread(
+        target=lambda: box.append(d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM)), daemon=True
+    )
+    t.start()
+    time.sleep(0.1)
+    gate.set()
+    t.join(10)
+    assert box and box[0] is x and list(x.a) == [0, 1, 2, 3], box
+    assert not devices.nccl.aborted
