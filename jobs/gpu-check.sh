@@ -269,7 +269,7 @@ step gpu-2 150 env NCCL_MULTI_RANK_GPU_ENABLE=1 HPCCOMM_ALLOW_GPU_SHARING=1 CUDA
   "${MPIRUN[@]}" -n 2 "$PY" "${PYTEST[@]}" tests/gpu/test_gpu_ops.py
 step refusal 45 env HPCCOMM_ALLOW_GPU_SHARING=1 CUDA_VISIBLE_DEVICES=0 \
   "${MPIRUN[@]}" -n 2 "$PY" "${PYTEST[@]}" tests/gpu/test_gpu_faults.py -k sharing
-step abort 60 env NCCL_MULTI_RANK_GPU_ENABLE=1 HPCCOMM_ALLOW_GPU_SHARING=1 CUDA_VISIBLE_DEVICES=0 \
+step abort 90 env NCCL_MULTI_RANK_GPU_ENABLE=1 HPCCOMM_ALLOW_GPU_SHARING=1 CUDA_VISIBLE_DEVICES=0 \
   "${MPIRUN[@]}" -n 2 "$PY" "${PYTEST[@]}" tests/gpu/test_gpu_faults.py -k missing_peer
 step bandwidth 60 env NCCL_MULTI_RANK_GPU_ENABLE=1 HPCCOMM_ALLOW_GPU_SHARING=1 CUDA_VISIBLE_DEVICES=0 \
   "${MPIRUN[@]}" -n 2 "$PY" benchmarks/bench_gpu.py --max-bytes $((16 << 20)) --max-iters 50
