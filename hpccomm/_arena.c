@@ -167,6 +167,21 @@ static int give_back(Range r) {
     return insert_at(&freel, &nfree, &capfree, i, r);
 }
 
+/* merge free range i with its adjacent neighbours in the same state (after its pages were
+ * given back where it lies: clean now, like its punched neighbours) */
+static void coalesce_at(size_t i) {
+    if (i + 1 < nfree && freel[i].off + freel[i].len == freel[i + 1].off &&
+        same_state(&freel[i], &freel[i + 1])) {
+        freel[i].len += freel[i + 1].len;
+        remove_at(freel, &nfree, i + 1);
+    }
+    if (i > 0 && freel[i - 1].off + freel[i - 1].len == freel[i].off &&
+        same_state(&freel[i - 1], &freel[i])) {
+        freel[i - 1].len += freel[i].len;
+        remove_at(freel, &nfree, i);
+    }
+}
+
 /* join every run of adjacent free ranges, whatever their state (pages kept: any part's;
  * allocated: every part's): before the arena grows for a request no range fits */
 static void merge_all(void) {
@@ -409,6 +424,7 @@ static void punch_or_keep(Range r) {
                 if (freel[i].dirty && (big == nfree || freel[i].len > freel[big].len)) big = i;
             if (big == nfree || punch(&freel[big]) != 0) break;
             kept -= freel[big].len < kept ? freel[big].len : kept;
+            coalesce_at(big);
         }
         if (kept + r.len > keep_max) punch(&r);
     }

@@ -154,6 +154,37 @@ def test_the_range_freed_last_keeps_its_pages_older_ones_give_theirs_back():
     assert out.strip() == "ok"
 
 
+def test_a_range_that_gives_its_pages_back_in_place_joins_its_clean_neighbours():
+    # a kept range punched where it lies (an older one making room) merged with nothing:
+    # free ranges that no request could take whole piled up (a review's point)
+    out = run(
+        """
+        A.enable(0, MiB, 8 * MiB, False)
+        a = np.ones(4 * MiB, np.uint8)
+        b = np.ones(4 * MiB, np.uint8)
+        g = np.ones(1 * MiB, np.uint8)
+        c = np.ones(8 * MiB, np.uint8)
+        base = a.ctypes.data
+        assert [x.ctypes.data - base for x in (b, g, c)] == [4 * MiB, 8 * MiB, 9 * MiB]
+        del a                  # kept
+        del c                  # kept; a's pages given back in place
+        del b                  # kept; c's given back in place
+        del g                  # kept, joined with b: [4, 9) MiB holds pages
+        d = np.ones(8 * MiB, np.uint8)   # c's clean range, exactly
+        assert d.ctypes.data - base == 9 * MiB
+        before = A.state()["punched"]
+        del d                  # kept; [4, 9) gives its pages back and joins a's [0, 4)
+        s = A.state()
+        assert s["punched"] == before + 1, s
+        assert s["free_ranges"] == 2, s   # [0, 9) clean and d's [9, 17) kept
+        e = np.ones(9 * MiB, np.uint8)   # fits the joined range, without merging all
+        assert e.ctypes.data == base, (e.ctypes.data - base) // MiB
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"
+
+
 def test_what_the_arena_cannot_hold_goes_to_numpy():
     out = run(
         """
