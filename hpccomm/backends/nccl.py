@@ -349,10 +349,9 @@ class _HostWait:
     """A call of a bounded communicator: enqueued on the worker thread, which waits on the
     host until the GPU has finished it. ``deadline`` (``timeout`` after the call; an async
     call's: the worker's, known once the job starts, see NcclBackend.bounded) is when the
-    call is given up:
-    the NCCL communicator is aborted, so neither the GPU nor the worker thread keep waiting
-    for a rank that never comes, and CommTimeoutError is raised (the worker's, where it gave
-    up first)."""
+    call is given up: the NCCL communicator is aborted, so neither the GPU nor the worker
+    thread keep waiting for a rank that never comes, and CommTimeoutError is raised (the
+    worker's, where it gave up first)."""
 
     __slots__ = ("future", "backend", "where", "timeout", "deadline", "started")
 
@@ -651,16 +650,19 @@ class NcclBackend:
             if noted is not None and noted[3] is not me:  # a dead thread's, its id reused
                 # (the worker thread ends after idling, and Linux gives the next its id):
                 # still waited for, until done
-                self._orphans = [
-                    o for o in self._orphans if self._runtime.eventQuery(o[0].ptr) != CUDA_SUCCESS
-                ]
+                self._orphans = [o for o in self._orphans if not self._finished(o[0])]
                 self._orphans.append(noted)
             elif noted is None and len(tail) >= 16:
                 for k, (e, _, _, _) in list(tail.items()):
-                    if self._runtime.eventQuery(e.ptr) == CUDA_SUCCESS:
+                    if self._finished(e):
                         del tail[k]
             tail[key] = (event, call, seq, me)  # (named only where release() must)
         return event
+
+    def _finished(self, event: Any) -> bool:
+        """Whether ``event`` completed without error (an entry release() need not wait for;
+        one with a CUDA error is kept, for release() to report)."""
+        return bool(self._runtime.eventQuery(event.ptr) == CUDA_SUCCESS)
 
     def device_work(self, call: Call, seq: int, result: Any, stream: Any, rec: Any) -> DeviceWork:
         """The Work of an async device call just enqueued on ``stream`` (an event of its

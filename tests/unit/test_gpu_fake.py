@@ -872,6 +872,18 @@ def test_free_after_a_timeout_was_set_aborts_nccl_after_it(gpu):
     assert c.free() is None  # idempotent: freed once
 
 
+def free_once_given_up(c, t0: float) -> None:
+    """free() ``c``, refused (a call still on its worker) until the worker has given the call
+    up: within 5 s of ``t0``."""
+    while True:
+        try:
+            c.free()
+            return
+        except InvalidArgumentError:
+            assert time.monotonic() - t0 < 5, "free() still refused long after the timeout"
+            time.sleep(0.05)
+
+
 @pytest.mark.parametrize("dropped", [True, False])
 def test_async_call_of_a_bounded_group_ends_at_the_group_timeout(gpu, dropped):
     """On a group with a timeout an async NCCL call is waited for by the group's worker
@@ -893,13 +905,7 @@ def test_async_call_of_a_bounded_group_ends_at_the_group_timeout(gpu, dropped):
         finished, got = in_thread(work.wait, 10)
         assert finished and isinstance(got, CommTimeoutError), got
         assert "(the group's timeout)" in str(got) and "aborted" in str(got), got
-    while True:
-        try:
-            c.free()
-            break
-        except InvalidArgumentError:
-            assert time.monotonic() - t0 < 5, "free() still refused long after the timeout"
-            time.sleep(0.05)
+    free_once_given_up(c, t0)
     assert time.monotonic() - t0 >= 0.25
     comm = NcclCommunicator.instances[-1]
     assert comm.aborted and not comm.destroyed and c.freed
@@ -1346,13 +1352,7 @@ def test_dropped_async_call_blocked_in_the_lazy_connect_is_given_up(gpu):
     t0 = time.monotonic()
     with pytest.warns(UnwaitedWorkWarning):
         c.all_reduce(x, async_op=True)
-    while True:
-        try:
-            c.free()
-            break
-        except InvalidArgumentError:
-            assert time.monotonic() - t0 < 5, "free() still refused long after the timeout"
-            time.sleep(0.05)
+    free_once_given_up(c, t0)
     assert c.freed and NcclCommunicator.instances[-1].aborted
     assert "did not complete in 0.3 s" in devices.nccl.aborted
 
