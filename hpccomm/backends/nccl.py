@@ -7,10 +7,12 @@ rank; then every rank creates ``NcclCommunicator`` on its bound GPU. Operations 
 ``stream=`` or the caller's current CuPy stream. Unbounded calls are enqueued inline: a
 synchronous call returns with its result ordered on that stream, as NCCL does, and
 ``async_op=True`` returns a :class:`DeviceWork` holding a CUDA event. On a communicator with a
-timeout every call is enqueued on the communicator's worker thread, which then waits on the
-host for the GPU; the caller waits for that at most the timeout, and on expiry the NCCL
-communicator is aborted (NCCL would spin forever for a rank that never joins, and its lazy
-connect on the first call blocks the host).
+timeout every call is enqueued on the communicator's worker thread (a synchronous one is then
+waited for there, on the host; an async one returns once enqueued, so calls reach the GPU in
+the program's order, and a watchdog thread looks at it on the GPU); past the timeout the
+NCCL communicator is aborted (NCCL would spin forever for a rank that never joins, and its
+lazy connect on the first call blocks the host). One thread at a time enters NCCL on a
+communicator, as NCCL requires.
 
 The tables and checks at the top of this module need no GPU (the CPU tests use them); CuPy is
 imported only when a backend is made.
@@ -38,6 +40,7 @@ from ..errors import (
     HpccommError,
     InvalidArgumentError,
 )
+from ..executor import on_worker
 from ..gpuselect import format_uuid
 from ..ops import Call
 from ..work import Work
@@ -248,6 +251,9 @@ CUDA_NOT_READY = 600  # cudaErrorNotReady: the event's work is still running
 # A call the worker took up within this many seconds of being made was not queued behind
 # others (the wait is the worker's wake-up): its bound counts from the call (NcclBackend.bounded)
 _PROMPT = 0.05
+# how often the watchdog looks at the async calls of a bounded communicator still on the GPU
+# (PyTorch's NCCL watchdog: every 100 ms)
+_WATCHDOG_POLL = 0.05
 
 
 def event_done(runtime: Any, event: Any, where: object) -> bool:
@@ -345,34 +351,96 @@ def _gave_up(where: str, timeout: float | None) -> CommTimeoutError:
     )
 
 
-class _HostWait:
-    """A call of a bounded communicator: enqueued on the worker thread, which waits on the
-    host until the GPU has finished it. ``deadline`` (``timeout`` after the call; an async
-    call's: the worker's, known once the job starts, see NcclBackend.bounded) is when the
-    call is given up: the NCCL communicator is aborted, so neither the GPU nor the worker
-    thread keep waiting for a rank that never comes, and CommTimeoutError is raised (the
-    worker's, where it gave up first)."""
+class _Expiry:
+    """An async call of a bounded communicator, on the GPU: the watchdog gives it up (aborts
+    the communicator) ``bound`` seconds after its start: its call, or, where earlier calls
+    on its stream were still running then, when the watchdog saw them done (queued work is
+    not charged the wait). ``seen_done``: the watchdog saw it complete before any abort."""
 
-    __slots__ = ("future", "backend", "where", "timeout", "deadline", "started")
+    __slots__ = ("event", "key", "start", "bound", "why", "seen_done")
+
+    def __init__(self, event: Any, key: int, start: float | None, bound: float, why: str) -> None:
+        self.event = event
+        self.key = key
+        self.start = start
+        self.bound = bound
+        self.why = why
+        self.seen_done = False
+
+
+class _HostWait:
+    """A call of a bounded communicator (or one queued behind the worker's jobs), run on
+    the worker thread: ``future`` is its job there.
+
+    A synchronous call's job waits on the host until the GPU has finished it; ``deadline``
+    (``timeout`` after the call) is when the call is given up: the NCCL communicator is
+    aborted, so neither the GPU nor the worker thread keep waiting for a rank that never
+    comes, and CommTimeoutError is raised (the worker's, where it gave up first).
+
+    An async call's job ends once the call is enqueued (``event``: recorded after it); the
+    caller waits for that, so calls reach the GPU in the program's order. Waiting for it
+    then waits for the event; the watchdog gives it up past the group's timeout
+    (``expiry``; see NcclBackend.bounded)."""
+
+    __slots__ = (
+        "future",
+        "backend",
+        "where",
+        "timeout",
+        "deadline",
+        "started",
+        "enqueued",
+        "event",
+        "keep",
+        "expiry",
+        "why",
+        "bound",
+    )
 
     def __init__(
         self,
-        future: Any,
         backend: NcclBackend,
         where: str,
         timeout: float | None,
         deadline: float | None,
-        started: list[float | None],
+        bound: float | None,
     ) -> None:
-        self.future = future
+        self.future: Any = None
         self.backend = backend
         self.where = where
         self.timeout = timeout
         self.deadline = deadline
-        self.started = started  # the worker's deadline (an async call's), once it started
+        self.bound = bound
+        self.started: list[float | None] = []  # the job's enqueue deadline, once it started
+        self.enqueued = threading.Event()  # the job enqueued the call (or failed)
+        self.event: Any = None  # an async call's, once enqueued
+        self.keep: Any = None  # its temporaries, alive until the GPU is done with them
+        self.expiry: _Expiry | None = None
+        self.why = "" if bound is None else f"{where} did not complete in {bound:g} s"
+
+    def _on_gpu(self) -> bool:
+        """Whether the job enqueued an async call (what is left is the GPU's)."""
+        return self.event is not None and self.future.test() and self.future.error is None
 
     def test(self) -> bool:
-        return bool(self.future.test())
+        if not self.future.test():
+            return False
+        if not self._on_gpu():
+            return True
+        if self.expiry is not None and self.expiry.seen_done:
+            return True
+        try:
+            if not self.backend.event_done(self.event, self.where):
+                return False
+            self.backend.check()  # (aborted meanwhile: the result is not valid)
+        except BackendError as exc:
+            raise self._given_up(exc) from exc
+        return True
+
+    def _given_up(self, exc: BackendError) -> HpccommError:
+        if self.why and self.backend.aborted == self.why:
+            return _gave_up(self.where, self.bound)
+        return exc
 
     def _deadline(self) -> float | None:
         if self.deadline is None and self.started:
@@ -380,6 +448,27 @@ class _HostWait:
         return self.deadline
 
     def wait(self, timeout: float | None) -> bool:
+        end = None if timeout is None else time.monotonic() + timeout
+        if not self._wait_job(timeout):
+            return False
+        if not self._on_gpu() or (self.expiry is not None and self.expiry.seen_done):
+            return True
+        try:
+            if self.backend.host_wait(self.event, self.where, end):
+                return True
+        except BackendError as exc:
+            raise self._given_up(exc) from exc
+        late = self.expiry
+        if (
+            late is not None
+            and late.start is not None
+            and time.monotonic() - late.start >= late.bound
+        ):
+            self.backend.give_up(self.why)  # (past its bound: the watchdog looks only every
+            raise _gave_up(self.where, self.bound)  # _WATCHDOG_POLL s)
+        return False
+
+    def _wait_job(self, timeout: float | None) -> bool:
         deadline = self._deadline()
         if deadline is not None:
             left = max(0.0, deadline - time.monotonic())
@@ -479,7 +568,6 @@ class NcclBackend:
     """
 
     name = "nccl"
-    seq = 0  # the blocking body running now (set by the dispatch)
 
     def __init__(self, mpi_comm: Any, device: int, *, host: str | None = None) -> None:
         import cupy
@@ -496,7 +584,12 @@ class NcclBackend:
         self._aborted: str | None = None
         self._streams = WorkerStreams()
         self._lock = threading.RLock()  # the communicator between abort() and its users
-        self._temps: list[Any] = []  # the running call's temporaries (held until completion)
+        # NCCL allows one thread at a time on a communicator (its "Thread safety" page):
+        # point-to-point calls of one group may come from several threads
+        self._issue = threading.Lock()
+        # per thread: the call's sequence number (set by the dispatch just before its body)
+        # and the running call's temporaries (held until the GPU is done with them)
+        self._local = threading.local()
         # per stream handle and thread (CuPy's per-thread default stream has one handle for
         # every thread's own stream): an event recorded again after each call enqueued
         # there, and the call; release() waits for them before destroying the communicator
@@ -507,6 +600,8 @@ class NcclBackend:
         self._watch_cv = threading.Condition()
         self._watching: tuple[float, str] | None = None
         self._watch_thread: threading.Thread | None = None
+        self._expiring: list[_Expiry] = []  # async calls on the GPU, in enqueue order
+        self._gave_up: str | None = None  # the reason of the watchdog's abort
         self._watch_stop = False
         self._pid = os.getpid()  # (a fork() child must not touch CUDA or NCCL)
         where = f"NCCL init (rank {self.rank} of {self.size})"
@@ -565,6 +660,26 @@ class NcclBackend:
 
     # -- the interface ------------------------------------------------------------------
 
+    @property
+    def seq(self) -> int:
+        """The sequence number of the call this thread runs (set by the dispatch)."""
+        return int(getattr(self._local, "seq", 0))
+
+    @seq.setter
+    def seq(self, value: int) -> None:
+        self._local.seq = value
+
+    @property
+    def _temps(self) -> list[Any]:
+        temps = getattr(self._local, "temps", None)
+        if temps is None:
+            temps = self._local.temps = []
+        return temps
+
+    @_temps.setter
+    def _temps(self, value: list[Any]) -> None:
+        self._local.temps = value
+
     def supports(self, call: Call) -> bool:
         return call.spec in self._table
 
@@ -612,7 +727,7 @@ class NcclBackend:
         try:
             # The stream is made current too, so hpccomm's own CuPy work (PREMUL_SUM's scaled
             # copy, local block copies, AVG's division) is ordered with the NCCL calls.
-            with self._cupy.cuda.Device(self.device), stream:
+            with self._issue, self._cupy.cuda.Device(self.device), stream:
                 self._temps = []
                 result, post = self._table[call.spec](call, data, out, stream.ptr)
                 try:
@@ -684,38 +799,59 @@ class NcclBackend:
         bound: float | None,
     ) -> _HostWait:
         """Run the call on the communicator's worker thread (``submit``: its Executor's
-        submit): enqueue it (NCCL's lazy connect may block the host there), then wait on the
-        host until the GPU has finished it. A call not finished ``timeout`` seconds after it
-        was made (None: an ``async_op`` call) is given up by its caller's wait: the
-        communicator is aborted, and the call's error is CommTimeoutError. The worker gives
-        it up too, ``bound`` seconds (the group's timeout; None: never) after the call, or
-        after its start where it waited behind the worker's earlier calls (async calls
-        queued behind each other are not charged that wait): also an ``async_op`` call, whose
-        Work may be dropped unwaited (such a call whose peer never came kept the worker
-        waiting for good, and free() of the group refused for good), and, through a watchdog
-        thread, a call blocked inside NCCL's lazy connect. PyTorch's NCCL watchdog likewise
-        aborts every Work past the group's timeout."""
+        submit), behind the worker's earlier jobs: the debug check, then the enqueue (NCCL's
+        lazy connect may block the host there).
+
+        A synchronous call (``timeout``: the caller's bound) is then waited for on the host
+        by the worker, until the GPU has finished it; one not finished ``timeout`` seconds
+        after it was made is given up by its caller's wait: the communicator is aborted, and
+        the call's error is CommTimeoutError. The worker gives it up too, ``bound`` seconds
+        (the group's timeout; None: never) after the call, or after its start where it
+        waited behind the worker's earlier jobs.
+
+        An ``async_op`` call (``timeout`` None) returns once it is enqueued: NCCL matches a
+        communicator's calls across ranks by their order, and two communicators' calls on a
+        stream run in the order enqueued, so ranks whose calls of two groups reached the GPU
+        in different orders waited for each other there for good; while the worker waited on
+        the host for each call before it enqueued the next, that order depended on how long
+        the GPU took on each rank. Its Work then waits for its event, and the watchdog gives
+        it up ``bound`` seconds after its start (the call, or where earlier calls on its
+        stream were still running then, their end), aborting the communicator: also where
+        the Work was dropped unwaited (it kept free() refused for good before the worker
+        gave such calls up) and, as for any call, where NCCL's lazy connect blocks the
+        enqueue. PyTorch's NCCL watchdog likewise aborts every Work past the group's
+        timeout."""
         where = call.where(seq)
         stream, _ = self.worker_stream(stream)  # the job waits for it on the host anyway
         submitted = time.monotonic()
         deadline = None if timeout is None else submitted + timeout
-        started: list[float | None] = []  # the worker's deadline, once the job starts
+        limit_of_call = timeout if timeout is not None else bound
+        wait = _HostWait(self, where, limit_of_call, deadline, bound)
 
         def job() -> Any:
             now = time.monotonic()  # from the call where the worker took it at once (its
             # wake-up), so that a caller's wait bounded alike never ends before it; from here
-            # where it waited behind the worker's earlier calls
+            # where it waited behind the worker's earlier jobs
             began = submitted if now - submitted < _PROMPT else now
             limit = None if bound is None else began + bound
-            started.append(limit)
-            why = "" if bound is None else f"{where} did not complete in {bound:g} s"
+            wait.started.append(limit)
+            why = wait.why
             if limit is not None:  # (NCCL's lazy connect may block the enqueue: a watchdog)
                 self._watch(limit, why)
             try:
-                if check is not None:
-                    check(call, seq)  # the debug check, in the call's place in the order
-                result, event = self._enqueue(call, seq, data, out, stream)
-                keep = self._temps  # alive until the GPU is done with them
+                try:
+                    if check is not None:
+                        check(call, seq)  # the debug check, in the call's place in the order
+                    result, event = self._enqueue(call, seq, data, out, stream)
+                    keep = self._temps  # alive until the GPU is done with them
+                    if timeout is None:  # async: its own event (the table's is recorded
+                        # again by the next call); the GPU goes on, watched
+                        wait.event, wait.keep = self._record(stream), keep
+                        if bound is not None:
+                            wait.expiry = self._expire(wait.event, stream.ptr, began, bound, why)
+                        return result
+                finally:
+                    wait.enqueued.set()
                 if not self.host_wait(event, where, limit):
                     self.abort(why)
                     raise _gave_up(where, bound)
@@ -729,49 +865,97 @@ class NcclBackend:
                 if limit is not None:
                     self._watch(None, why)
 
-        limit = timeout if timeout is not None else bound
-        return _HostWait(submit(where, job), self, where, limit, deadline, started)
+        wait.future = submit(where, job)
+        if timeout is None and not on_worker():  # async: back once enqueued (see above;
+            # not on a worker thread, a done-callback's call, which would wait for itself)
+            wait.enqueued.wait(bound)
+        return wait
 
     def _watch(self, deadline: float | None, why: str) -> None:
         """Have the watchdog abort the communicator (reason ``why``) at ``deadline``; None:
-        the worker's call ended. The thread is started on first use."""
+        the worker's call ended (its enqueue, for an async call)."""
         with self._watch_cv:
             self._watching = None if deadline is None else (deadline, why)
-            if self._watch_thread is None and deadline is not None:
-                self._watch_thread = threading.Thread(
-                    target=self._watchdog,
-                    name=f"hpccomm NCCL watchdog (rank {self.rank})",
-                    daemon=True,
-                )
-                self._watch_thread.start()
-            self._watch_cv.notify()
+            self._start_watchdog(deadline is not None)
+
+    def _expire(self, event: Any, key: int, called: float, bound: float, why: str) -> _Expiry:
+        """Have the watchdog give up the async call whose ``event`` was just recorded on
+        stream ``key``: ``bound`` seconds after ``called``, or, where an earlier call on the
+        stream is still running, after the watchdog sees those done."""
+        with self._watch_cv:
+            queued = any(e.key == key and not self._finished(e.event) for e in self._expiring)
+            expiry = _Expiry(event, key, None if queued else called, bound, why)
+            self._expiring.append(expiry)
+            self._start_watchdog(True)
+        return expiry
+
+    def _start_watchdog(self, needed: bool) -> None:
+        """(Under _watch_cv.) Start the watchdog thread where ``needed`` and not running;
+        wake it."""
+        if self._watch_thread is None and needed:
+            self._watch_thread = threading.Thread(
+                target=self._watchdog,
+                name=f"hpccomm NCCL watchdog (rank {self.rank})",
+                daemon=True,
+            )
+            self._watch_thread.start()
+        self._watch_cv.notify()
+
+    def _sweep(self, now: float) -> str | None:
+        """(Under _watch_cv.) Drop the async calls the GPU has finished, start the clocks of
+        those whose earlier calls on their stream are done; the reason of the first past its
+        bound, if any."""
+        running: set[int] = set()
+        left: list[_Expiry] = []
+        late = None
+        for e in self._expiring:
+            if e.start is None and e.key not in running:
+                e.start = now  # (its stream's earlier calls were seen done by now)
+            if self._finished(e.event):
+                e.seen_done = True
+                continue
+            running.add(e.key)
+            left.append(e)
+            if late is None and e.start is not None and now - e.start >= e.bound:
+                late = e.why
+        self._expiring = left
+        return late
 
     def _watchdog(self) -> None:
-        """Abort the communicator where the worker's call passes its deadline blocked where
-        the worker cannot look at the time (inside NCCL: its lazy connect to a peer that never
-        comes blocks the enqueue on the host)."""
+        """Abort the communicator where a call passes its deadline where no thread of the
+        caller's looks at the time: the worker's call blocked inside NCCL (its lazy connect
+        to a peer that never comes blocks the enqueue on the host), and async calls on the
+        GPU (their Work may have been dropped). Async calls are looked at every
+        _WATCHDOG_POLL seconds while there are some."""
         cv = self._watch_cv
         while True:
             with cv:
                 while True:
                     if self._watch_stop:
                         return
+                    now = time.monotonic()
                     watching = self._watching
-                    if watching is None:
-                        cv.wait()
-                        continue
-                    left = watching[0] - time.monotonic()
-                    if left <= 0:
+                    why = None
+                    if watching is not None and watching[0] <= now:
+                        why = watching[1]
+                    elif self._expiring:
+                        why = self._sweep(now)
+                    if why is not None:
                         break
-                    cv.wait(left)
+                    naps = [_WATCHDOG_POLL] if self._expiring else []
+                    if watching is not None:
+                        naps.append(watching[0] - now)
+                    cv.wait(min(naps) if naps else None)
             with self._lock:  # (the order release() takes them in)
                 with cv:
                     if self._watch_stop:
                         return
-                    if self._watching is not watching:  # that call ended meanwhile
-                        continue
-                    self._watching = None
-                self.abort(watching[1])
+                    if watching is not None and why == watching[1]:
+                        if self._watching is not watching:  # that call ended meanwhile
+                            continue
+                        self._watching = None
+                    self._expiring = []
+                self.give_up(why)
 
     def event_done(self, event: Any, where: object) -> bool:
         """Whether the event completed; a CUDA error the GPU reported raises BackendError."""
@@ -813,6 +997,14 @@ class NcclBackend:
     def aborted(self) -> str | None:
         """Why the communicator was aborted (None: it was not)."""
         return self._aborted
+
+    def give_up(self, why: str) -> None:
+        """Abort the communicator because a call passed the group's timeout (``why``
+        names it): free() says so where it was waiting for that call."""
+        with self._lock:
+            if self._aborted is None:
+                self._gave_up = why
+            self.abort(why)
 
     def abort(self, why: str) -> None:
         """Abort the communicator so no rank is left spinning; later calls raise. Safe from
@@ -874,6 +1066,14 @@ class NcclBackend:
                         )
             except HpccommError as exc:
                 problem = exc
+                late = self._aborted
+                if late is not None and late == self._gave_up:  # the watchdog's, meanwhile
+                    problem = CommTimeoutError(
+                        f"free: NCCL (rank {self.rank} of {self.size}): {late} (the group's "
+                        f"timeout), so the NCCL communicator was aborted instead of "
+                        f"destroyed; its results are not valid"
+                    )
+                    problem.__cause__ = exc
             with self._lock:
                 if problem is not None:
                     self.abort(str(problem))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import re
 import sys
 import threading
 import time
@@ -84,6 +85,9 @@ class Gpu:
         self.comm_abort = threading.Event()
         self.block_enqueue = False  # NCCL calls block the host (lazy connect, missing peer)
         self.block_init = False  # NcclCommunicator() blocks (a rank never joins)
+        self.issued: list[tuple[int, str]] = []  # (communicator's id, op) in enqueue order
+        self.enqueue_time = 0.0  # seconds each NCCL call keeps the host inside NCCL
+        self.overlaps = 0  # NCCL calls entered on a communicator another thread was inside
         self.async_error = False
         self.device_calls = 0  # device queries made (binding must make none when told not to)
         self.ptrs = itertools.count(0x1000, 0x10)
@@ -301,6 +305,7 @@ class NcclCommunicator:
         self.ndev, self.rank = ndev, rank
         self.aborted = self.destroyed = False
         self.comm = 0x7F00  # the ncclComm_t handle: 0 once aborted or destroyed (as CuPy)
+        self.inside = 0  # threads inside an NCCL call on it
         gpu.log.append(("nccl_init", ndev, rank))
         if gpu.block_init:
             gpu.comm_abort.wait(30)  # no handle to abort: only the test's release ends it
@@ -308,6 +313,12 @@ class NcclCommunicator:
 
     def _enqueue(self, op: str, stream: int) -> None:
         self.gpu.log.append(("nccl", op, stream))
+        self.gpu.issued.append((id(self), op))
+        self.inside += 1  # NCCL: one thread at a time on a communicator
+        if self.inside > 1:
+            self.gpu.overlaps += 1
+        time.sleep(self.gpu.enqueue_time)
+        self.inside -= 1
         if self.gpu.duration:
             start = max(time.monotonic(), self.gpu.stream_done.get(stream, 0.0))
             self.gpu.stream_done[stream] = start + self.gpu.duration
@@ -756,10 +767,10 @@ def test_free_waits_for_each_threads_call_on_the_per_thread_default_stream(gpu):
 
 
 def test_queued_async_calls_of_a_bounded_group_are_timed_from_their_start(gpu):
-    """Three async calls of 0.4 s each on a group with a 1 s timeout: the worker runs them
-    one after another, each bounded from its own start where it waited behind the others,
-    so the third, done 1.2 s after it was made, is not given up and the communicator not
-    aborted."""
+    """Three async calls of 0.4 s each on a group with a 1 s timeout: the GPU runs them one
+    after another, each bounded from its own start where it waited behind the others on its
+    stream, so the third, done 1.2 s after it was made, is not given up and the communicator
+    not aborted."""
     c, devices = nccl_communicator(gpu, timeout=1.0)
     x = dev(gpu, np.ones(8, np.float32))
     c.all_reduce(x)  # the communicator made
@@ -886,29 +897,47 @@ def free_once_given_up(c, t0: float) -> None:
 
 @pytest.mark.parametrize("dropped", [True, False])
 def test_async_call_of_a_bounded_group_ends_at_the_group_timeout(gpu, dropped):
-    """On a group with a timeout an async NCCL call is waited for by the group's worker
-    thread; a peer that never joins: the worker gives up after the group's timeout and
-    aborts the communicator (as PyTorch's watchdog does), so free() is refused only until
-    then (it named the call), also where the Work was dropped unwaited. Before, the worker
-    waited for good and free() was refused for good."""
+    """On a group with a timeout an async NCCL call whose peer never joins is given up at
+    the group's timeout: the communicator is aborted (as PyTorch's watchdog does), also
+    where the Work was dropped unwaited, so free() then releases the group at once. Before,
+    the worker waited on the host for good, and free() was refused for good."""
     c, devices = nccl_communicator(gpu, timeout=0.3)
     x = dev(gpu, np.ones(8, np.float32))
     gpu.event_status = NOT_READY
     t0 = time.monotonic()
     work = c.all_reduce(x, async_op=True)
-    with pytest.raises(InvalidArgumentError, match=r"still running \(all_reduce #\d+ on self"):
-        c.free()
     if dropped:
         with pytest.warns(UnwaitedWorkWarning):
             del work
+        while not devices.nccl.aborted:
+            assert time.monotonic() - t0 < 5, "the dropped call was never given up"
+            time.sleep(0.02)
+        assert "did not complete in 0.3 s" in devices.nccl.aborted
     else:
         finished, got = in_thread(work.wait, 10)
         assert finished and isinstance(got, CommTimeoutError), got
         assert "(the group's timeout)" in str(got) and "aborted" in str(got), got
-    free_once_given_up(c, t0)
     assert time.monotonic() - t0 >= 0.25
+    c.free()  # (already aborted: nothing more to wait for or say)
     comm = NcclCommunicator.instances[-1]
     assert comm.aborted and not comm.destroyed and c.freed
+
+
+def test_free_while_an_async_call_of_a_bounded_group_is_on_the_gpu(gpu):
+    """free() waits for it (the worker's job ended once it was enqueued) at most the
+    group's timeout, then aborts the communicator and says which call did not complete."""
+    c, devices = nccl_communicator(gpu, timeout=0.3)
+    x = dev(gpu, np.ones(8, np.float32))
+    gpu.event_status = NOT_READY
+    work = c.all_reduce(x, async_op=True)
+    finished, got = in_thread(c.free, 10)
+    assert finished and isinstance(got, CommTimeoutError), got
+    # (free()'s own wait or the watchdog, whichever looks first)
+    assert re.match(r"free: NCCL \(rank 0 of 1\)[,:] all_reduce #\d+ on self", str(got)), got
+    assert re.search(r"(after|in) 0.3 s", str(got)) and "aborted instead of destroyed" in str(got)
+    assert c.freed and NcclCommunicator.instances[-1].aborted
+    with pytest.raises(HpccommError):
+        work.wait()
 
 
 def test_free_raises_an_async_nccl_error_met_while_the_gpu_finishes(gpu):
@@ -1376,3 +1405,77 @@ def test_device_call_behind_a_worker_job_on_a_group_without_timeout(gpu):
     t.join(10)
     assert box and box[0] is x and list(x.a) == [0, 1, 2, 3], box
     assert not devices.nccl.aborted
+
+
+# -- the order NCCL calls reach the GPU in ----------------------------------------------------
+
+
+def test_async_calls_of_two_bounded_groups_reach_the_gpu_in_the_program_order(gpu):
+    """NCCL matches a communicator's calls across ranks by their order, and two
+    communicators' kernels on one stream run in the order they were enqueued: ranks that
+    enqueue two groups' calls in different orders wait for each other on the GPU for good.
+    A bounded group's worker thread waited on the host for each call before enqueueing the
+    next, so a group whose earlier call was still running enqueued its next call after a
+    later call of another group: the order then depended on how long the GPU took on each
+    rank (here A, B, A where the program made A, A, B). Each async call is enqueued before
+    it returns now."""
+    a, _ = nccl_dispatcher(gpu, timeout=5)
+    b, _ = nccl_dispatcher(gpu, timeout=5)
+    x = dev(gpu, np.ones(8, np.float32))
+    a.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM)  # the communicators made
+    b.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM)
+    comm_a, comm_b = NcclCommunicator.instances[-2:]
+    gpu.issued.clear()
+    gpu.duration = 0.3
+    works = [
+        a.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM, async_op=True),
+        a.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM, async_op=True),
+        b.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM, async_op=True),
+    ]
+    for w in works:
+        w.wait()
+    assert gpu.issued == [
+        (id(comm_a), "allReduce"),
+        (id(comm_a), "allReduce"),
+        (id(comm_b), "allReduce"),
+    ]
+
+
+def test_an_async_call_queued_behind_a_worker_job_is_enqueued_before_it_returns(gpu):
+    """On a group without a timeout a device call made while the worker still has a job
+    (an async host call) is enqueued there, after it: it returned at once, and the
+    program's next call on another group reached the GPU first."""
+    a, _ = nccl_dispatcher(gpu)
+    b, _ = nccl_dispatcher(gpu)
+    x = dev(gpu, np.ones(8, np.float32))
+    a.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM)
+    b.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM)
+    comm_a, comm_b = NcclCommunicator.instances[-2:]
+    gpu.issued.clear()
+    a.worker().submit("a host job", time.sleep, 0.3)  # the worker busy
+    work = a.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM, async_op=True)
+    b.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM)
+    work.wait()
+    assert gpu.issued == [(id(comm_a), "allReduce"), (id(comm_b), "allReduce")]
+
+
+def test_point_to_point_from_two_threads_enters_nccl_one_thread_at_a_time(gpu):
+    """NCCL allows one thread at a time on a communicator; point-to-point calls from two
+    threads of one group (allowed: they are not collectives) entered it together."""
+    mpi = FakeMPI(0, 2, [None, (("n2", format_uuid(U2), "0000:01:00.0"), None, False)])
+    d, devices = nccl_dispatcher(gpu, mpi=mpi)
+    devices.enable_nccl("enable_nccl (rank 0 of 2)")
+    gpu.enqueue_time = 0.002
+    x = dev(gpu, np.ones(8, np.float32))
+
+    def sends():
+        for _ in range(40):
+            d.dispatch(O.SEND, x, peer=1, tag=0)
+
+    threads = [threading.Thread(target=sends, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert len([e for e in gpu.issued if e[1] == "send"]) == 80
+    assert gpu.overlaps == 0
