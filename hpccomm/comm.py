@@ -1306,15 +1306,15 @@ class Communicator:
         refusal is freed with its call still inside MPI (it never completes): its MPI
         communicators and worker thread stay, and the exit aborts the job, naming it.
         A group's NCCL communicator is released once the GPU has finished the calls
-        enqueued on it (an ``async_op`` DeviceWork dropped without ``synchronize()`` on a
-        group without a timeout, say): without a timeout this waits until they finish; a
-        timeout set after them bounds it. (A bounded group's calls are bounded by its
-        worker: free() is refused, naming the call, until the worker has given it up.)
+        enqueued on it (an ``async_op`` Work dropped unwaited, say): without a timeout this
+        waits until they finish; with one at most that long (a call given up meanwhile, or
+        before, aborted the communicator instead).
 
         Raises:
             InvalidArgumentError: an ``async_op`` operation of the group (a collective, or a
                 point-to-point Work handed out) is still running (wait() for it first);
-                nothing is freed then.
+                nothing is freed then. (Device calls on NCCL once enqueued are waited for
+                instead, as above.)
             CommTimeoutError: a device call on NCCL was not finished on the GPU within the
                 group's timeout; its NCCL communicator was aborted, and everything freed
                 (where several groups failed so, one error of the first's type says all).

@@ -886,9 +886,13 @@ class Dispatcher:
                     body = call.body if async_op else (call.blocking_body or call.body)
                     pending = body(call, data, out, stream)
                 pending.seq = seq  # names the call in its errors
-            else:  # "stream": enqueued on a CUDA stream
+            else:  # "stream": enqueued on a CUDA stream, here where no debug check must
+                # wait for the worker's queued calls (NCCL's calls are not MPI's: only the
+                # order of a group's NCCL calls matters, and the caller's is the program's)
                 ex = self.executor
-                if self._timeout is None and (ex is None or not ex.pending):
+                behind = ex is not None and ex.pending > 0
+                bound = self._timeout
+                if bound is None and not (behind and checked):
                     if checked:
                         self.verify(call, seq, site)
                     call.backend.seq = seq  # (names the call in its release, see NcclBackend)
@@ -896,11 +900,13 @@ class Dispatcher:
                     if async_op:
                         return call.backend.device_work(call, seq, result, stream, rec)
                     pending = Done(result)
-                else:  # bounded (or behind queued calls): enqueued on the worker thread,
-                    # which waits on the host for the GPU; a call past the group's timeout
-                    # (async_op too) aborts the NCCL communicator (see NcclBackend.bounded)
-                    job = partial(self.verify, site=site) if checked else None
-                    bound = self._timeout
+                elif not checked:  # bounded: the host waits for the GPU, at most the
+                    # timeout, past which the NCCL communicator is aborted (async_op too:
+                    # the watchdog's; see NcclBackend.watched)
+                    pending = call.backend.watched(
+                        call, seq, data, out, stream, None if async_op else bound, bound
+                    )
+                else:  # checked, bounded or behind queued calls: on the worker thread
                     pending = call.backend.bounded(
                         self.worker().submit,
                         call,
@@ -908,9 +914,10 @@ class Dispatcher:
                         data,
                         out,
                         stream,
-                        job,
+                        partial(self.verify, site=site),
                         None if async_op else bound,
                         bound,
+                        not behind,
                     )
                     self._slow = True
         except Exception as exc:
@@ -945,6 +952,8 @@ class Dispatcher:
         if async_op:
             if call.spec.p2p:
                 self._p2p.add(work)
+            if call.mode == "stream":  # (an async NCCL call returns once enqueued, see
+                pending.until_enqueued()  # NcclBackend.bounded; a Ctrl-C here drops the Work)
             return work
         try:
             return work.wait(self._timeout)

@@ -40,7 +40,7 @@ from ..errors import (
     HpccommError,
     InvalidArgumentError,
 )
-from ..executor import on_worker
+from ..executor import Future, on_worker
 from ..gpuselect import format_uuid
 from ..ops import Call
 from ..work import Work
@@ -254,6 +254,7 @@ _PROMPT = 0.05
 # how often the watchdog looks at the async calls of a bounded communicator still on the GPU
 # (PyTorch's NCCL watchdog: every 100 ms)
 _WATCHDOG_POLL = 0.05
+_CLOSED = "closed"  # NcclBackend.aborted once free() destroyed the communicator
 
 
 def event_done(runtime: Any, event: Any, where: object) -> bool:
@@ -395,6 +396,7 @@ class _HostWait:
         "expiry",
         "why",
         "bound",
+        "caller_waits",
     )
 
     def __init__(
@@ -416,7 +418,19 @@ class _HostWait:
         self.event: Any = None  # an async call's, once enqueued
         self.keep: Any = None  # its temporaries, alive until the GPU is done with them
         self.expiry: _Expiry | None = None
-        self.why = "" if bound is None else f"{where} did not complete in {bound:g} s"
+        self.why = "" if timeout is None else f"{where} did not complete in {timeout:g} s"
+        self.caller_waits = False  # (an async call's: see until_enqueued)
+
+    def until_enqueued(self) -> None:
+        """An async call queued on an idle worker: return once it is enqueued (NCCL calls
+        reach the GPU in the program's order, see NcclBackend.watched), or once its job is
+        past its own deadline (it is given up then)."""
+        if not self.caller_waits:
+            return
+        while not self.enqueued.wait(_WATCHDOG_POLL):
+            limit = self.started[0] if self.started else None
+            if limit is not None and time.monotonic() > limit:
+                return
 
     def _on_gpu(self) -> bool:
         """Whether the job enqueued an async call (what is left is the GPU's)."""
@@ -425,9 +439,7 @@ class _HostWait:
     def test(self) -> bool:
         if not self.future.test():
             return False
-        if not self._on_gpu():
-            return True
-        if self.expiry is not None and self.expiry.seen_done:
+        if not self._on_gpu() or self._settled():
             return True
         try:
             if not self.backend.event_done(self.event, self.where):
@@ -436,6 +448,14 @@ class _HostWait:
         except BackendError as exc:
             raise self._given_up(exc) from exc
         return True
+
+    def _settled(self) -> bool:
+        """Whether the call is known complete without asking the GPU: the watchdog saw it
+        done before any abort, or the communicator was destroyed (free() waits for every
+        call first)."""
+        return (self.expiry is not None and self.expiry.seen_done) or (
+            self.backend.aborted == _CLOSED
+        )
 
     def _given_up(self, exc: BackendError) -> HpccommError:
         if self.why and self.backend.aborted == self.why:
@@ -451,7 +471,7 @@ class _HostWait:
         end = None if timeout is None else time.monotonic() + timeout
         if not self._wait_job(timeout):
             return False
-        if not self._on_gpu() or (self.expiry is not None and self.expiry.seen_done):
+        if not self._on_gpu() or self._settled():
             return True
         try:
             if self.backend.host_wait(self.event, self.where, end):
@@ -718,28 +738,49 @@ class NcclBackend:
         stream = stream if stream is not None else self.stream_now()
         return self._enqueue(call, self.seq, data, out, stream)[0]
 
-    def _enqueue(self, call: Call, seq: int, data: Any, out: Any, stream: Any) -> tuple[Any, Any]:
-        """Enqueue the call on ``stream``: (its result, the event recorded after it)."""
-        if self._aborted:
-            raise BackendError(
-                f"{call}: the NCCL communicator was aborted earlier ({self._aborted})"
-            )
+    def _enqueue(
+        self,
+        call: Call,
+        seq: int,
+        data: Any,
+        out: Any,
+        stream: Any,
+        limit: float | None = None,
+        why: str = "",
+        own: bool = False,
+    ) -> tuple[Any, Any, Any]:
+        """Enqueue the call on ``stream``: (its result, the event recorded after it, which
+        the thread's next call records again, and where ``own``, an event of its own, None
+        otherwise). ``limit``: where the enqueue blocks the host (NCCL's lazy connect to a
+        peer that never comes) past it, the watchdog aborts the communicator (``why``)."""
         try:
-            # The stream is made current too, so hpccomm's own CuPy work (PREMUL_SUM's scaled
-            # copy, local block copies, AVG's division) is ordered with the NCCL calls.
-            with self._issue, self._cupy.cuda.Device(self.device), stream:
-                self._temps = []
-                result, post = self._table[call.spec](call, data, out, stream.ptr)
+            with self._issue:  # (one thread at a time inside NCCL on this communicator)
+                if self._aborted:  # (looked at here: an abort while this thread waited)
+                    raise BackendError(
+                        f"{call}: the NCCL communicator was aborted earlier ({self._aborted})"
+                    )
+                if limit is not None:
+                    self._watch(limit, why)
                 try:
-                    self.check()
-                    if post is not None:
-                        post()
-                finally:  # (enqueued: release() must wait for it whatever came after)
-                    event = self._enqueued(call, seq, stream)
+                    # The stream is made current too, so hpccomm's own CuPy work (PREMUL_SUM's
+                    # scaled copy, local block copies, AVG's division) is ordered with NCCL's.
+                    with self._cupy.cuda.Device(self.device), stream:
+                        self._temps = []
+                        result, post = self._table[call.spec](call, data, out, stream.ptr)
+                        try:
+                            self.check()
+                            if post is not None:
+                                post()
+                        finally:  # (enqueued: release() must wait for it whatever came after)
+                            event = self._enqueued(call, seq, stream)
+                            mine = self._record(stream) if own else None
+                finally:
+                    if limit is not None:
+                        self._watch(None, why)
         except self._nccl_mod.NcclError as exc:
             self.abort(f"{call.spec.name} failed: {exc}")
             raise BackendError(f"{call}: NCCL error {exc} (communicator aborted)") from exc
-        return result, event
+        return result, event, mine
 
     def _record(self, stream: Any) -> Any:
         with self._cupy.cuda.Device(self.device):
@@ -786,6 +827,61 @@ class NcclBackend:
         temps, self._temps = self._temps, []
         return DeviceWork(call, seq, self._record(stream), self, result, rec, temps)
 
+    def watched(
+        self,
+        call: Call,
+        seq: int,
+        data: Any,
+        out: Any,
+        stream: Any,
+        timeout: float | None,
+        bound: float | None,
+    ) -> _HostWait:
+        """A call of a communicator with a timeout (``bound``) that needs no debug check:
+        enqueued here, in the caller's thread, so NCCL calls reach the GPU in the order the
+        program made them. NCCL matches a communicator's calls across ranks by their order,
+        and two communicators' calls on a stream run in the order enqueued: ranks whose calls
+        of two groups reached the GPU in different orders would wait for each other there
+        until the timeout (while the group's worker thread enqueued each call and waited on
+        the host for it before the next, async calls returned at once, and that order
+        depended on how long the GPU took on each rank).
+
+        The enqueue is bounded by the watchdog (NCCL's lazy connect may block the host
+        there). A synchronous call (``timeout``) is then waited for on the host by its Work,
+        given up ``timeout`` after the call: the communicator is aborted and the call's error
+        is CommTimeoutError. An async call's Work waits for its event; the watchdog gives it
+        up ``bound`` seconds after its start (the call, or where the calls before it on its
+        stream were still running, when it saw them done), also where the Work was dropped
+        unwaited. PyTorch's NCCL watchdog likewise aborts every Work past the timeout."""
+        where = call.where(seq)
+        stream = stream if stream is not None else self.stream_now()
+        called = time.monotonic()
+        limit = timeout if timeout is not None else bound
+        wait = _HostWait(self, where, limit, None if timeout is None else called + timeout, bound)
+        deadline = None if limit is None else called + limit
+        try:
+            result, _, event = self._enqueue(call, seq, data, out, stream, deadline, wait.why, True)
+        except BackendError as exc:
+            if deadline is not None and self._aborted == wait.why:  # the watchdog's abort
+                raise _gave_up(where, limit) from exc
+            raise
+        self._given(wait, result, event, stream, called, timeout)
+        done = Future(where)
+        done.value = result
+        done.done.set()
+        wait.future = done
+        return wait
+
+    def _given(
+        self, wait: _HostWait, result: Any, event: Any, stream: Any, called: float, timeout: Any
+    ) -> None:
+        """``wait``'s call enqueued, with its own ``event``: what its Work waits for."""
+        wait.event, wait.keep = event, self._temps  # (alive until the GPU is done with them)
+        if timeout is not None:  # synchronous: its caller waits, bounded (see _HostWait.wait)
+            wait.expiry = _Expiry(event, stream.ptr, called, timeout, wait.why)
+        elif wait.bound is not None:  # async: the watchdog looks
+            wait.expiry = self._expire(event, stream.ptr, called, wait.bound, wait.why)
+
     def bounded(
         self,
         submit: Callable[..., Any],
@@ -797,36 +893,25 @@ class NcclBackend:
         check: Callable[[Call, int], None] | None,
         timeout: float | None,
         bound: float | None,
+        idle: bool = True,
     ) -> _HostWait:
-        """Run the call on the communicator's worker thread (``submit``: its Executor's
-        submit), behind the worker's earlier jobs: the debug check, then the enqueue (NCCL's
-        lazy connect may block the host there).
-
-        A synchronous call (``timeout``: the caller's bound) is then waited for on the host
-        by the worker, until the GPU has finished it; one not finished ``timeout`` seconds
-        after it was made is given up by its caller's wait: the communicator is aborted, and
-        the call's error is CommTimeoutError. The worker gives it up too, ``bound`` seconds
-        (the group's timeout; None: never) after the call, or after its start where it
-        waited behind the worker's earlier jobs.
-
-        An ``async_op`` call (``timeout`` None) returns once it is enqueued: NCCL matches a
-        communicator's calls across ranks by their order, and two communicators' calls on a
-        stream run in the order enqueued, so ranks whose calls of two groups reached the GPU
-        in different orders waited for each other there for good; while the worker waited on
-        the host for each call before it enqueued the next, that order depended on how long
-        the GPU took on each rank. Its Work then waits for its event, and the watchdog gives
-        it up ``bound`` seconds after its start (the call, or where earlier calls on its
-        stream were still running then, their end), aborting the communicator: also where
-        the Work was dropped unwaited (it kept free() refused for good before the worker
-        gave such calls up) and, as for any call, where NCCL's lazy connect blocks the
-        enqueue. PyTorch's NCCL watchdog likewise aborts every Work past the group's
-        timeout."""
+        """A call the debug check compares first, on a communicator with a timeout or whose
+        worker thread has jobs queued: the check (an exchange over MPI, in the order of the
+        group's other calls on the worker) and the enqueue run on the worker (``submit``: its
+        Executor's submit). A synchronous call is then waited for on the host by the worker
+        until the GPU has finished it; one not finished ``timeout`` seconds after it was made
+        is given up by its caller's wait (the communicator aborted, CommTimeoutError), and by
+        the worker ``bound`` seconds (the group's timeout; None: never) after the call, or
+        after its start where it waited behind the worker's earlier jobs. An async call's
+        job ends once enqueued; where the worker was ``idle`` its caller waits for that
+        (``_HostWait.until_enqueued``, the NCCL order; see watched), and its Work and the
+        watchdog go on as there."""
         where = call.where(seq)
         stream, _ = self.worker_stream(stream)  # the job waits for it on the host anyway
         submitted = time.monotonic()
         deadline = None if timeout is None else submitted + timeout
-        limit_of_call = timeout if timeout is not None else bound
-        wait = _HostWait(self, where, limit_of_call, deadline, bound)
+        wait = _HostWait(self, where, timeout if timeout is not None else bound, deadline, bound)
+        wait.caller_waits = timeout is None and idle and not on_worker()
 
         def job() -> Any:
             now = time.monotonic()  # from the call where the worker took it at once (its
@@ -836,24 +921,21 @@ class NcclBackend:
             limit = None if bound is None else began + bound
             wait.started.append(limit)
             why = wait.why
-            if limit is not None:  # (NCCL's lazy connect may block the enqueue: a watchdog)
-                self._watch(limit, why)
             try:
                 try:
                     if check is not None:
                         check(call, seq)  # the debug check, in the call's place in the order
-                    result, event = self._enqueue(call, seq, data, out, stream)
+                    result, event, mine = self._enqueue(
+                        call, seq, data, out, stream, limit, why, timeout is None
+                    )
                     keep = self._temps  # alive until the GPU is done with them
-                    if timeout is None:  # async: its own event (the table's is recorded
-                        # again by the next call); the GPU goes on, watched
-                        wait.event, wait.keep = self._record(stream), keep
-                        if bound is not None:
-                            wait.expiry = self._expire(wait.event, stream.ptr, began, bound, why)
+                    if timeout is None:  # async: the GPU goes on, watched
+                        self._given(wait, result, mine, stream, began, None)
                         return result
                 finally:
                     wait.enqueued.set()
                 if not self.host_wait(event, where, limit):
-                    self.abort(why)
+                    self.give_up(why)
                     raise _gave_up(where, bound)
                 del keep
                 return result
@@ -861,19 +943,13 @@ class NcclBackend:
                 if limit is not None and self._aborted == why:  # the watchdog's abort
                     raise _gave_up(where, bound) from exc
                 raise
-            finally:
-                if limit is not None:
-                    self._watch(None, why)
 
         wait.future = submit(where, job)
-        if timeout is None and not on_worker():  # async: back once enqueued (see above;
-            # not on a worker thread, a done-callback's call, which would wait for itself)
-            wait.enqueued.wait(bound)
         return wait
 
     def _watch(self, deadline: float | None, why: str) -> None:
         """Have the watchdog abort the communicator (reason ``why``) at ``deadline``; None:
-        the worker's call ended (its enqueue, for an async call)."""
+        the enqueue ended. (Under _issue: one enqueue at a time.)"""
         with self._watch_cv:
             self._watching = None if deadline is None else (deadline, why)
             self._start_watchdog(deadline is not None)
@@ -905,6 +981,9 @@ class NcclBackend:
         """(Under _watch_cv.) Drop the async calls the GPU has finished, start the clocks of
         those whose earlier calls on their stream are done; the reason of the first past its
         bound, if any."""
+        if self._aborted is not None:  # (aborted elsewhere: an event done now may be the
+            self._expiring = []  # abort's, its call cut short)
+            return None
         running: set[int] = set()
         left: list[_Expiry] = []
         late = None
@@ -1079,7 +1158,7 @@ class NcclBackend:
                     self.abort(str(problem))
                 elif self._aborted is None:
                     self.comm.destroy()
-                    self._aborted = "closed"
+                    self._aborted = _CLOSED
                 self._tail, self._orphans = {}, []
             self._stop_watchdog()
         finally:  # (interrupted, KeyboardInterrupt: nothing released, a later call waits again)

@@ -1053,13 +1053,15 @@ def test_per_thread_default_stream_is_not_handed_to_the_worker(gpu, backend):
     handle means the calling thread's own stream: a bounded call run on the worker thread on
     it ran on the worker's stream, unordered with the caller's kernels. It runs on a stream
     of hpccomm's own that first waits for an event recorded on the caller's, and is done
-    on the GPU before the call returns."""
+    on the GPU before the call returns. (A bounded NCCL call is enqueued in the caller's
+    thread, on its own stream, unless the debug check must run on the worker first.)"""
     from mpi4py import MPI
 
     from hpccomm.backends.mpi import MPIBackend
 
     if backend == "nccl":
         d, devices = nccl_dispatcher(gpu, timeout=30)
+        d.debug = "check"  # (the check runs on the worker, and the enqueue after it)
     else:
         host = MPIBackend(MPI.COMM_SELF.Dup())
         devices = DeviceBackends(host, DeviceConfig(0, "mpi", DevicePath(False, "test")))
@@ -1369,19 +1371,21 @@ def test_free_after_the_communicator_was_aborted_through_cupy(gpu):
     assert c.freed and not NcclCommunicator.instances[-1].destroyed
 
 
-def test_dropped_async_call_blocked_in_the_lazy_connect_is_given_up(gpu):
+def test_async_call_blocked_in_the_lazy_connect_is_given_up(gpu):
     """The first call of a bounded group blocks the host inside NCCL until its peers connect
-    (NCCL's lazy connect); an async one whose Work is dropped has no caller to give it up:
-    the worker's watchdog aborts the communicator at the group's timeout, so free() is
-    refused only until then (it was refused while the connect blocked: for good)."""
+    (NCCL's lazy connect); an async one too, enqueued in the caller's thread (the NCCL order
+    is the program's): the watchdog aborts the communicator at the group's timeout and the
+    call raises CommTimeoutError, after which free() releases the group. (On the worker,
+    with its Work dropped, free() was refused while the connect blocked: for good.)"""
     c, devices = nccl_communicator(gpu, timeout=0.3)
     c.enable_nccl()
     gpu.block_enqueue = True
     x = dev(gpu, np.ones(8, np.float32))
     t0 = time.monotonic()
-    with pytest.warns(UnwaitedWorkWarning):
-        c.all_reduce(x, async_op=True)
-    free_once_given_up(c, t0)
+    finished, got = in_thread(lambda: c.all_reduce(x, async_op=True), 10)
+    assert finished and isinstance(got, CommTimeoutError), got  # (enqueued by the caller)
+    assert 0.25 <= time.monotonic() - t0 < 5
+    c.free()
     assert c.freed and NcclCommunicator.instances[-1].aborted
     assert "did not complete in 0.3 s" in devices.nccl.aborted
 
@@ -1410,7 +1414,8 @@ def test_device_call_behind_a_worker_job_on_a_group_without_timeout(gpu):
 # -- the order NCCL calls reach the GPU in ----------------------------------------------------
 
 
-def test_async_calls_of_two_bounded_groups_reach_the_gpu_in_the_program_order(gpu):
+@pytest.mark.parametrize("debug", ["large", "check"])
+def test_async_calls_of_two_bounded_groups_reach_the_gpu_in_the_program_order(gpu, debug):
     """NCCL matches a communicator's calls across ranks by their order, and two
     communicators' kernels on one stream run in the order they were enqueued: ranks that
     enqueue two groups' calls in different orders wait for each other on the GPU for good.
@@ -1421,6 +1426,7 @@ def test_async_calls_of_two_bounded_groups_reach_the_gpu_in_the_program_order(gp
     it returns now."""
     a, _ = nccl_dispatcher(gpu, timeout=5)
     b, _ = nccl_dispatcher(gpu, timeout=5)
+    a.debug = b.debug = debug  # ("check": on the worker, after the check; the caller waits)
     x = dev(gpu, np.ones(8, np.float32))
     a.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM)  # the communicators made
     b.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM)
@@ -1479,3 +1485,49 @@ def test_point_to_point_from_two_threads_enters_nccl_one_thread_at_a_time(gpu):
         t.join(20)
     assert len([e for e in gpu.issued if e[1] == "send"]) == 80
     assert gpu.overlaps == 0
+
+
+@pytest.mark.parametrize("debug", ["large", "check"])
+def test_an_async_device_call_does_not_wait_for_a_stuck_host_job(gpu, debug):
+    """An async device call made while the group's worker is inside an earlier host call
+    (whose peer may come only after this rank's next calls on other groups) returns at
+    once: waiting there for its enqueue could deadlock a correct program (a review)."""
+    d, _ = nccl_dispatcher(gpu)
+    d.debug = debug
+    x = dev(gpu, np.ones(8, np.float32))
+    d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM)
+    gate = threading.Event()
+    d.worker().submit("a host job", gate.wait, 10)
+    t0 = time.monotonic()
+    work = d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM, async_op=True)
+    assert time.monotonic() - t0 < 1
+    gate.set()
+    assert work.wait() is x
+
+
+def test_an_async_call_cut_short_by_another_abort_does_not_succeed(gpu):
+    """ncclCommAbort ends the GPU work, so the event of a call still running completes:
+    a Work that took that for its completion returned invalid results (a review)."""
+    c, devices = nccl_communicator(gpu, timeout=5)
+    x = dev(gpu, np.ones(8, np.float32))
+    c.all_reduce(x)
+    gpu.event_status = NOT_READY
+    work = c.all_reduce(x, async_op=True)
+    devices.nccl.abort("another call failed")  # (the fake's events complete)
+    time.sleep(0.2)  # the watchdog looks meanwhile
+    with pytest.raises(BackendError, match="another call failed"):
+        work.wait()
+    c.free()
+
+
+def test_an_async_work_waited_after_a_clean_free_has_its_result(gpu):
+    """free() destroys the communicator once every call is done on the GPU; a Work waited
+    afterwards completes with its result (it raised 'aborted (closed)' unless the
+    watchdog happened to have seen it done: a review)."""
+    c, devices = nccl_communicator(gpu, timeout=5)
+    x = dev(gpu, np.arange(4, dtype=np.float32))
+    c.all_reduce(x)
+    work = c.all_reduce(x, async_op=True)
+    c.free()
+    assert NcclCommunicator.instances[-1].destroyed
+    assert work.wait() is x and work.is_completed()
