@@ -44,6 +44,7 @@ class CommTimeoutError(HpccommError, TimeoutError):
     """An operation did not complete within its time bound."""
 
     stuck = False  # a collective past its group's bound (the explanation asks the peers)
+    final = False  # given up for good (an NCCL call whose communicator was aborted)
 
 
 class LaunchMismatchError(HpccommError, RuntimeError):

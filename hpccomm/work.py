@@ -365,8 +365,11 @@ class Work:
                 else:  # without a bound too: a peer's failure notice ends the wait
                     bound = math.inf if timeout is None else timeout
                     done = wait_watching(self._pending, bound, watch)
-            except CommTimeoutError:
-                raise
+            except CommTimeoutError as exc:
+                if not getattr(exc, "final", False):
+                    raise
+                self._finish(exc)  # (given up for good: an NCCL call whose communicator
+                done = True  # was aborted; dropped afterwards, it is no "unwaited" Work)
             except Exception as exc:  # the library failed while completing: final
                 self._finish(exc)
                 done = True

@@ -345,11 +345,13 @@ class _EventPending:
 
 
 def _gave_up(where: str, timeout: float | None) -> CommTimeoutError:
-    return CommTimeoutError(
+    err = CommTimeoutError(
         f"{where}: not complete after {timeout:g} s on the GPU (the group's timeout); some "
         f"rank of the group has not joined it, so the NCCL communicator was aborted (later "
         f"device calls on this group raise)"
     )
+    err.final = True  # (its Work is finished with it: it never completes)
+    return err
 
 
 class _Expiry:
@@ -959,7 +961,9 @@ class NcclBackend:
         stream ``key``: ``bound`` seconds after ``called``, or, where an earlier call on the
         stream is still running, after the watchdog sees those done."""
         with self._watch_cv:
-            queued = any(e.key == key and not self._finished(e.event) for e in self._expiring)
+            # (the stream runs its calls in order: the latest one on it says for all)
+            last = next((e for e in reversed(self._expiring) if e.key == key), None)
+            queued = last is not None and not self._finished(last.event)
             expiry = _Expiry(event, key, None if queued else called, bound, why)
             self._expiring.append(expiry)
             self._start_watchdog(True)
@@ -1117,14 +1121,16 @@ class NcclBackend:
         child nothing is touched (the parent's communicator and GPU context are not its).
         NCCL makes destroy and abort collective among a node's ranks: every rank of the
         group should free it."""
+        if os.getpid() != self._pid:  # (its CuPy object is kept: see _keep_in_child; no
+            # lock taken: another thread of the parent may have held one at the fork)
+            if self._aborted is None:
+                self._aborted = "left to the parent process (this is a fork() child)"
+            return None
         with self._lock:
             if self._aborted is not None or self.comm is None or self._releasing:
                 if self._aborted is not None:
                     self._stop_watchdog()
                 return None  # (released, or being released by another thread)
-            if os.getpid() != self._pid:  # (its CuPy object is kept: see _keep_in_child)
-                self._aborted = "left to the parent process (this is a fork() child)"
-                return None
             if getattr(self.comm, "comm", None) == 0:  # CuPy's handle: aborted or destroyed
                 self._aborted = "released through CuPy (comm.nccl) before free()"
                 self._stop_watchdog()

@@ -917,6 +917,11 @@ def test_async_call_of_a_bounded_group_ends_at_the_group_timeout(gpu, dropped):
         finished, got = in_thread(work.wait, 10)
         assert finished and isinstance(got, CommTimeoutError), got
         assert "(the group's timeout)" in str(got) and "aborted" in str(got), got
+        # final: the Work is finished with it (dropped, it is no "unwaited" Work)
+        assert work.is_completed() and work.exception() is got
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UnwaitedWorkWarning)
+            del work
     assert time.monotonic() - t0 >= 0.25
     c.free()  # (already aborted: nothing more to wait for or say)
     comm = NcclCommunicator.instances[-1]
