@@ -48,6 +48,7 @@ import ml_dtypes
 import numpy as np
 import torch
 import torch.distributed as dist
+from numpy.lib.array_utils import byte_bounds
 from torch.futures import Future
 
 from . import ops as O
@@ -184,6 +185,11 @@ def _usable(t: torch.Tensor, what: str) -> None:
             f"hpccomm torch backend: {what} is on {t.device}, expected a CPU tensor (use an "
             f"NCCL group for CUDA tensors: dist.new_group(backend='nccl'))"
         )
+    if t._is_zerotensor():  # (torch's internal zero tensor: no memory behind it)
+        raise TensorRefused(
+            f"hpccomm torch backend: {what} is a zero tensor (torch._efficientzerotensor, "
+            f"shape {tuple(t.shape)}), which has no memory; pass torch.zeros(...)"
+        )
     if t.layout != torch.strided:
         raise TensorRefused(
             f"hpccomm torch backend: {what} is {t.layout} (shape {tuple(t.shape)}), expected a "
@@ -217,6 +223,29 @@ def _outputs(
                 f"hpccomm torch backend: {what} {i} has {o.numel()} elements of {o.dtype}, "
                 f"expected {numel} of {mine} dtype ({dtype})"
             )
+
+
+def _stacked(tensors: Sequence[torch.Tensor], shape: tuple[int, ...]) -> np.ndarray:
+    """Input blocks (checked by _outputs: the output's element count and dtype) as one array
+    of blocks of ``shape``, the output's: a block of another shape (6 elements as (2, 3),
+    for a (6,) output) is its elements in order, as MPI sends them (NumPy's stack refused it
+    with a bare ValueError, on the root only)."""
+    return np.stack(
+        [as_numpy(t, f"input {i}", copied=True).reshape(shape) for i, t in enumerate(tensors)]
+    )
+
+
+def _overlapping(arrays: Sequence[np.ndarray]) -> bool:
+    """Whether two of ``arrays`` may share memory (their byte ranges overlap)."""
+    if len(arrays) < 2:
+        return False
+    spans = sorted(byte_bounds(a) for a in arrays if a.size)
+    end = None
+    for lo, hi in spans:
+        if end is not None and lo < end:
+            return True
+        end = hi if end is None else max(end, hi)
+    return False
 
 
 def _paired(
@@ -774,8 +803,22 @@ class HpccommProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> _TorchWork:
         op = _redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        works = [self.comm.all_reduce(as_numpy(t), op=op, async_op=True) for t in tensors]
-        return self._chain(works, list(tensors))
+        # every tensor taken before the first call: one refused after a call had gone out
+        # (all_reduce_coalesced) was not told to the peers, which completed the call without
+        # it and paired this rank's next call with it: wrong sums, silently, for good
+        xs = [as_numpy(t) for t in tensors]
+        post = None
+        if _overlapping(xs):  # (all_reduce_coalesced([t, t])): each reduced once, as gloo,
+            # which reads every input before it writes (reduced in place one after another,
+            # memory shared was reduced twice: 4 where 2, at 2 ranks)
+            views, xs = xs, [x.copy() for x in xs]
+
+            def post() -> None:
+                for view, x in zip(views, xs, strict=True):
+                    view[...] = x
+
+        works = [self.comm.all_reduce(x, op=op, async_op=True) for x in xs]
+        return self._chain(works, list(tensors), post)
 
     def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> _TorchWork:
         return self.allreduce(tensors, opts)
@@ -798,14 +841,14 @@ class HpccommProcessGroup(dist.ProcessGroup):
 
     def broadcast(self, tensors: Sequence[torch.Tensor], opts: Any) -> _TorchWork:
         root = opts.rootRank
-        works = [self.comm.broadcast(as_numpy(t), root, async_op=True) for t in tensors]
+        xs = [as_numpy(t) for t in tensors]  # (all before the first call: see allreduce)
+        works = [self.comm.broadcast(x, root, async_op=True) for x in xs]
         return self._chain(works, list(tensors))
 
     def reduce(self, tensors: Sequence[torch.Tensor], opts: Any) -> _TorchWork:
         op = _redop(opts.reduceOp)
-        works = [
-            self.comm.reduce(as_numpy(t), opts.rootRank, op=op, async_op=True) for t in tensors
-        ]
+        xs = [as_numpy(t) for t in tensors]  # (all before the first call: see allreduce)
+        works = [self.comm.reduce(x, opts.rootRank, op=op, async_op=True) for x in xs]
         return self._chain(works, list(tensors))
 
     def allgather(
@@ -860,6 +903,12 @@ class HpccommProcessGroup(dist.ProcessGroup):
                 f"{where('all_gather_coalesced', self.comm.rank, self.comm.size)}: "
                 f"{len(output_lists)} output lists, expected one per rank ({self.comm.size})"
             )
+        for r, outs in enumerate(output_lists):
+            if len(outs) != len(inputs):
+                raise TensorRefused(
+                    f"hpccomm torch backend: output list {r} has {len(outs)} tensors, "
+                    f"expected {len(inputs)} (one per input)"
+                )
         per_input = [[outs[j] for outs in output_lists] for j in range(len(inputs))]
         work = self.allgather(per_input, inputs, opts)
         work._result = [list(o) for o in output_lists]
@@ -918,7 +967,7 @@ class HpccommProcessGroup(dist.ProcessGroup):
         full = None
         if self.comm.rank == root:
             _outputs(input_lists[0], self.comm.size, out.size, out.dtype, "input")
-            full = np.stack([as_numpy(t, "input", copied=True) for t in input_lists[0]])
+            full = _stacked(input_lists[0], out.shape)
         work = self.comm.scatter(full, src=root, out=out.reshape(1, *out.shape), async_op=True)
         return self._work(work, list(outputs))
 
@@ -954,7 +1003,7 @@ class HpccommProcessGroup(dist.ProcessGroup):
             )
             return self._work(work, list(outputs))
         _outputs(inputs, n, out.size, out.dtype, "input")
-        full = np.stack([as_numpy(t, "input", copied=True) for t in inputs])
+        full = _stacked(inputs, out.shape)
         work = self.comm.reduce_scatter(full, op=op, out=out.reshape(1, *out.shape), async_op=True)
         return self._work(work, list(outputs))
 
@@ -1205,8 +1254,9 @@ def _naming(method: Callable[..., Any], op: str, inputs: int) -> Callable[..., A
             if getattr(exc, "named", False):  # an inner method named it already
                 raise
             refused = _renamed(exc, op, self.comm)
-            # refused here before any call (e.g. on the root only): the others are told
-            _tell_peers(dispatcher, op, before, refused or exc)
+            # refused here before any call (e.g. on the root only): the others are told,
+            # of each call the operation makes (a coalesced one: one per tensor)
+            _tell_peers(dispatcher, op, before, refused or exc, _calls(op, args, inputs))
             # else a running call's error (a blocking wait), or another error
             renamed = refused or _in_torch_op(exc, op)
             if renamed is exc:
@@ -1245,14 +1295,44 @@ def _renamed(exc: BaseException, op: str, comm: Communicator) -> HpccommError | 
     return renamed
 
 
-def _tell_peers(dispatcher: Any, op: str, before: int, exc: BaseException) -> None:
-    """A collective refused on this rank before it issued any call (its group's sequence
-    number still ``before``): the group's other ranks may be inside it already (a root's
-    own arguments), so they are told, as hpccomm's own refusals tell them (a PeerError
-    there instead of waiting for the timeout)."""
+def _tell_peers(dispatcher: Any, op: str, before: int, exc: BaseException, calls: int = 1) -> None:
+    """A collective refused on this rank before it issued all its ``calls`` (its group's
+    sequence number was ``before``): the group's other ranks may be inside them already (a
+    root's own arguments), so they are told, as hpccomm's own refusals tell them (a
+    PeerError there instead of waiting for the timeout), of each call not made here (the
+    others make them all: a coalesced operation of two tensors refused here after its first
+    call, or by hpccomm at it, left this rank's next call paired with their second, with
+    wrong sums silently from then on)."""
     spec = _SPECS.get(op.removesuffix("_coalesced").removesuffix("_tensor"))
-    if spec is not None and dispatcher.group.seq == before:
+    if spec is None:
+        return
+    for _ in range(calls - max(0, dispatcher.group.seq - before)):
         dispatcher.refused(spec, exc)
+
+
+# the operations that make one hpccomm call per tensor of their input list
+_PER_TENSOR = frozenset(
+    {
+        "all_reduce",
+        "all_reduce_coalesced",
+        "broadcast",
+        "reduce",
+        "all_gather",
+        "all_gather_coalesced",
+        "all_gather_into_tensor_coalesced",
+        "reduce_scatter_tensor_coalesced",
+    }
+)
+
+
+def _calls(op: str, args: tuple[Any, ...], inputs: int) -> int:
+    """How many hpccomm calls operation ``op`` makes on every rank for these arguments."""
+    if op not in _PER_TENSOR or len(args) <= inputs:
+        return 1
+    tensors = args[inputs]
+    if isinstance(tensors, torch.Tensor) or not isinstance(tensors, Sequence):
+        return 1
+    return max(1, len(tensors))
 
 
 _SPECS = {

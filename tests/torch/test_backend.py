@@ -765,3 +765,66 @@ def test_the_settling_threads_survive_errors_count_early_and_run_inline_without_
     here = []
     settler.run(lambda: here.append(threading.current_thread()))
     assert here == [threading.current_thread()]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_tensor_refused_inside_all_reduce_coalesced_on_one_rank(tdist):
+    # rank 1 refuses the second tensor of a coalesced all_reduce (a negative view), the
+    # others make both calls: every rank raises, and the next all_reduce is right (the
+    # refusal, made after the first call went out, was not told: rank 1's next call was
+    # paired with the others' second, 101 where 200 at 2 ranks, for good; an outside hunt).
+    # Under "check" the group goes on (without it the others' calls stay in MPI)
+    import datetime
+
+    n, r = tdist.get_world_size(), tdist.get_rank()
+    g = tdist.new_group(list(range(n)), timeout=datetime.timedelta(seconds=30), group_desc="co")
+    g.comm.debug = "check"
+    size = 1_003
+    a, b = torch.ones(size), torch.ones(size)
+    if r == 1:
+        b = torch.full((size,), -1.0)._neg_view()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch deprecates all_reduce_coalesced)
+        with pytest.raises(Exception, match="negative view"):
+            tdist.all_reduce_coalesced([a, b], group=g)
+    x = torch.full((size,), 100.0)
+    tdist.all_reduce(x, group=g)
+    assert x.tolist() == [100.0 * n] * size
+    tdist.destroy_process_group(g)
+
+
+@pytest.mark.parametrize("how", ["same", "overlapping"])
+def test_all_reduce_coalesced_of_tensors_sharing_memory(tdist, how):
+    # gloo reads every input before it writes: each element is reduced once (the tensors
+    # were reduced in place one after another: 4 where 2 at 2 ranks)
+    n = tdist.get_world_size()
+    base = torch.ones(6)
+    tensors = [base, base] if how == "same" else [base[:4], base[2:]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tdist.all_reduce_coalesced(tensors)
+    assert base.tolist() == [float(n)] * 6
+
+
+def test_list_collectives_take_blocks_of_another_shape_and_name_short_lists(tdist):
+    n, r = tdist.get_world_size(), tdist.get_rank()
+    # reduce_scatter / scatter: blocks with the output's element count, another shape
+    out = torch.zeros(6)
+    tdist.reduce_scatter(out, [torch.full((2, 3), float(i + 1)) for i in range(n)])
+    assert out.tolist() == [float(n * (r + 1))] * 6
+    out = torch.zeros(6)
+    blocks = [torch.full((2, 3), float(i)) for i in range(n)] if r == 0 else None
+    tdist.scatter(out, blocks, src=0)
+    assert out.tolist() == [float(r)] * 6
+    # all_gather_coalesced: an output list shorter than the inputs, named (IndexError)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(Exception, match=r"output list 0 has 1 tensors, expected 2"):
+            tdist.all_gather_coalesced(
+                [[torch.zeros(2)] for _ in range(n)], [torch.ones(2), torch.ones(2)]
+            )
+    with pytest.raises(Exception, match=r"is a zero tensor .*pass torch.zeros"):
+        tdist.all_reduce(torch._efficientzerotensor((3,)))
+    x = torch.ones(3)
+    tdist.all_reduce(x)  # the group goes on
+    assert x.tolist() == [float(n)] * 3
