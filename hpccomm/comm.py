@@ -1063,9 +1063,10 @@ class Communicator:
                 f"{ranks}; only members call create_group (new_group is the call for all ranks)"
             )
         tag_value = as_int(tag)
-        if tag_value is None or not 0 <= tag_value <= C_INT_MAX:
+        top = self._backend.creation_tag_max
+        if tag_value is None or not 0 <= tag_value <= top:
             raise InvalidArgumentError(
-                f"{self._here('create_group')}: tag is {tag!r}, expected an integer >= 0"
+                f"{self._here('create_group')}: tag is {tag!r}, expected an integer in 0..{top:,}"
             )
 
         def job() -> tuple[Any, list[Any]]:

@@ -1080,7 +1080,10 @@ class MPIBackend:
         # 2**31): through 32,768, two unreceived messages of one sender shared a tag after
         # 32,768 sends, and a receive by tag took the other's data
         bound = self.data.Get_attr(MPI.TAG_UB)
-        self._data_tags = max(_DATA_TAGS, int(bound) + 1 if bound else 0)
+        self._data_tags = max(_DATA_TAGS, int(bound) + 1 if bound else 0) // 2
+        # create_group's tags: even ones on ``data`` (see create_group), the checked data's
+        # odd ones; the largest tag a creation may take
+        self.creation_tag_max = (int(bound) if bound else _DATA_TAGS - 1) // 2
         # the check's buffers, made once (a group's calls never check concurrently)
         self._mine = np.zeros(2, np.int64)
         self._most = np.zeros(2, np.int64)
@@ -1252,7 +1255,7 @@ class MPIBackend:
         user's OMPI_MCA_btl_sm_eager_limit): a 2 KiB send to itself, the array itself
         sent, waited until its timeout. The copy is kept (work.ORPHANS) until MPI has
         sent it."""
-        data_tag = next(self._data_tag) % self._data_tags
+        data_tag = 2 * (next(self._data_tag) % self._data_tags) + 1  # (odd: see create_group)
         words = encode_header(seq, _CODES[x.dtype], x.size, x.shape, data_tag)
         header = np.array(words, np.int64)
         head = self.mpi.Isend([header, MPI.INT64_T], dst, tag)
@@ -1585,11 +1588,19 @@ class MPIBackend:
         return None if new == MPI.COMM_NULL else MPIBackend(new)
 
     def create_group(self, ranks: Sequence[int], tag: int) -> MPIBackend:
-        """``MPI_Comm_create_group`` of ``ranks``: collective over those ranks only."""
-        group = self.mpi.Get_group()
+        """``MPI_Comm_create_group`` of ``ranks``: collective over those ranks only.
+
+        MPI makes it with point-to-point messages of ``tag`` on the communicator it is
+        called on (the standard: the tag must not conflict with the program's): on the
+        array communicator, a user's message of that tag in flight matched them (both
+        ranks waited until the timeout, saying the lists differed, and a receive posted
+        there got Open MPI's internal bytes, 12 where nothing was sent: an outside hunt).
+        It runs on ``data`` instead, with tag 2 * ``tag``: the checked data messages there
+        take odd tags (up to creation_tag_max)."""
+        group = self.data.Get_group()
         sub = group.Incl(list(ranks))
         try:
-            new = self.mpi.Create_group(sub, tag)
+            new = self.data.Create_group(sub, 2 * tag)
         finally:
             sub.Free()
             group.Free()
