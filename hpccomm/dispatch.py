@@ -890,9 +890,14 @@ class Dispatcher:
                 # wait for the worker's queued calls (NCCL's calls are not MPI's: only the
                 # order of a group's NCCL calls matters, and the caller's is the program's)
                 ex = self.executor
-                behind = ex is not None and ex.pending > 0
+                nccl = call.backend
+                # host jobs queued on the worker (not this group's own device calls)
+                behind = ex is not None and ex.pending > nccl.jobs
                 bound = self._timeout
-                if bound is None and not (behind and checked):
+                # on the worker: compared behind the group's host calls there, or behind its
+                # device calls queued there (a communicator's NCCL calls keep their order)
+                worker = (checked and (behind or bound is not None)) or nccl.queued > 0
+                if bound is None and not worker:
                     if checked:
                         self.verify(call, seq, site)
                     call.backend.seq = seq  # (names the call in its release, see NcclBackend)
@@ -900,21 +905,21 @@ class Dispatcher:
                     if async_op:
                         return call.backend.device_work(call, seq, result, stream, rec)
                     pending = Done(result)
-                elif not checked:  # bounded: the host waits for the GPU, at most the
+                elif not worker:  # bounded: the host waits for the GPU, at most the
                     # timeout, past which the NCCL communicator is aborted (async_op too:
                     # the watchdog's; see NcclBackend.watched)
                     pending = call.backend.watched(
                         call, seq, data, out, stream, None if async_op else bound, bound
                     )
-                else:  # checked, bounded or behind queued calls: on the worker thread
-                    pending = call.backend.bounded(
+                else:
+                    pending = nccl.bounded(
                         self.worker().submit,
                         call,
                         seq,
                         data,
                         out,
                         stream,
-                        partial(self.verify, site=site),
+                        partial(self.verify, site=site) if checked else None,
                         None if async_op else bound,
                         bound,
                         not behind,
@@ -937,11 +942,14 @@ class Dispatcher:
             if err is exc:
                 raise
             raise err from exc
+        # an NCCL call is bounded by its own waits and the watchdog, which abort the NCCL
+        # communicator (the Work's own bound came first at times, saying MPI cannot cancel it)
+        limit = None if call.mode == "stream" else self._timeout
         work = Work(
             call,
             seq,
             pending,
-            timeout=self._timeout,
+            timeout=limit,
             watch=watch,
             rec=rec,
             closed=self._is_closed,
@@ -956,7 +964,7 @@ class Dispatcher:
                 pending.until_enqueued()  # NcclBackend.bounded; a Ctrl-C here drops the Work)
             return work
         try:
-            return work.wait(self._timeout)
+            return work.wait(limit)
         except CommTimeoutError as exc:
             work.disown()
             if withdrawn_receive(call.spec.name, pending):

@@ -362,7 +362,7 @@ class _Expiry:
 
     __slots__ = ("event", "key", "start", "bound", "why", "seen_done")
 
-    def __init__(self, event: Any, key: int, start: float | None, bound: float, why: str) -> None:
+    def __init__(self, event: Any, key: Any, start: float | None, bound: float, why: str) -> None:
         self.event = event
         self.key = key
         self.start = start
@@ -399,6 +399,7 @@ class _HostWait:
         "why",
         "bound",
         "caller_waits",
+        "submitted",
     )
 
     def __init__(
@@ -422,6 +423,7 @@ class _HostWait:
         self.expiry: _Expiry | None = None
         self.why = "" if timeout is None else f"{where} did not complete in {timeout:g} s"
         self.caller_waits = False  # (an async call's: see until_enqueued)
+        self.submitted = time.monotonic()
 
     def until_enqueued(self) -> None:
         """An async call queued on an idle worker: return once it is enqueued (NCCL calls
@@ -431,6 +433,8 @@ class _HostWait:
             return
         while not self.enqueued.wait(_WATCHDOG_POLL):
             limit = self.started[0] if self.started else None
+            if limit is None and self.bound is not None:  # (not started: behind a job)
+                limit = self.submitted + self.bound
             if limit is not None and time.monotonic() > limit:
                 return
 
@@ -440,16 +444,30 @@ class _HostWait:
 
     def test(self) -> bool:
         if not self.future.test():
+            deadline = self._deadline()
+            if deadline is not None and time.monotonic() >= deadline:
+                self.backend.give_up(self.why)  # (its job is stuck: a check, or NCCL)
+                raise _gave_up(self.where, self.timeout)
             return False
         if not self._on_gpu() or self._settled():
             return True
         try:
             if not self.backend.event_done(self.event, self.where):
+                self._late()
                 return False
-            self.backend.check()  # (aborted meanwhile: the result is not valid)
+            self.backend.check_done()  # (aborted meanwhile: the result is not valid)
         except BackendError as exc:
             raise self._given_up(exc) from exc
         return True
+
+    def _late(self) -> None:
+        """Give the call up where it is on the GPU past its bound (the watchdog, which
+        looks every _WATCHDOG_POLL s, would)."""
+        late = self.expiry
+        if late is not None and late.start is not None:
+            if time.monotonic() - late.start >= late.bound:
+                self.backend.give_up(self.why)
+                raise _gave_up(self.where, late.bound)
 
     def _settled(self) -> bool:
         """Whether the call is known complete without asking the GPU: the watchdog saw it
@@ -461,7 +479,7 @@ class _HostWait:
 
     def _given_up(self, exc: BackendError) -> HpccommError:
         if self.why and self.backend.aborted == self.why:
-            return _gave_up(self.where, self.bound)
+            return _gave_up(self.where, self.timeout)
         return exc
 
     def _deadline(self) -> float | None:
@@ -480,14 +498,7 @@ class _HostWait:
                 return True
         except BackendError as exc:
             raise self._given_up(exc) from exc
-        late = self.expiry
-        if (
-            late is not None
-            and late.start is not None
-            and time.monotonic() - late.start >= late.bound
-        ):
-            self.backend.give_up(self.why)  # (past its bound: the watchdog looks only every
-            raise _gave_up(self.where, self.bound)  # _WATCHDOG_POLL s)
+        self._late()
         return False
 
     def _wait_job(self, timeout: float | None) -> bool:
@@ -557,7 +568,7 @@ class DeviceWork(Work):
                     )
                 time.sleep(pause)
                 pause = min(pause * 2, 1e-3)
-            self._backend.check()
+            self._backend.check_done()
         except HpccommError as exc:
             if not self._done:
                 self._finish(exc)
@@ -624,6 +635,10 @@ class NcclBackend:
         self._watch_thread: threading.Thread | None = None
         self._expiring: list[_Expiry] = []  # async calls on the GPU, in enqueue order
         self._gave_up: str | None = None  # the reason of the watchdog's abort
+        # device calls submitted to the group's worker: not yet enqueued (later device calls
+        # go there too, behind them, in order), and not yet finished (see idle)
+        self.queued = 0
+        self.jobs = 0
         self._watch_stop = False
         self._pid = os.getpid()  # (a fork() child must not touch CUDA or NCCL)
         where = f"NCCL init (rank {self.rank} of {self.size})"
@@ -756,11 +771,8 @@ class NcclBackend:
         otherwise). ``limit``: where the enqueue blocks the host (NCCL's lazy connect to a
         peer that never comes) past it, the watchdog aborts the communicator (``why``)."""
         try:
-            with self._issue:  # (one thread at a time inside NCCL on this communicator)
-                if self._aborted:  # (looked at here: an abort while this thread waited)
-                    raise BackendError(
-                        f"{call}: the NCCL communicator was aborted earlier ({self._aborted})"
-                    )
+            self._take_issue(call, limit, why)
+            try:
                 if limit is not None:
                     self._watch(limit, why)
                 try:
@@ -779,10 +791,27 @@ class NcclBackend:
                 finally:
                     if limit is not None:
                         self._watch(None, why)
+            finally:
+                self._issue.release()
         except self._nccl_mod.NcclError as exc:
             self.abort(f"{call.spec.name} failed: {exc}")
             raise BackendError(f"{call}: NCCL error {exc} (communicator aborted)") from exc
         return result, event, mine
+
+    def _take_issue(self, call: Call, limit: float | None, why: str) -> None:
+        """Take the issue lock (one thread at a time inside NCCL on this communicator),
+        looking meanwhile for an abort (the holder may be blocked in NCCL's lazy connect) and
+        past ``limit`` giving the call up; then refuse an aborted communicator."""
+        while not self._issue.acquire(timeout=_WATCHDOG_POLL):
+            if self._aborted is None and limit is not None and time.monotonic() > limit:
+                self.give_up(why)
+            if self._aborted is not None:
+                break
+        else:
+            if self._aborted is None:
+                return
+            self._issue.release()
+        raise BackendError(f"{call}: the NCCL communicator was aborted earlier ({self._aborted})")
 
     def _record(self, stream: Any) -> Any:
         with self._cupy.cuda.Device(self.device):
@@ -879,10 +908,12 @@ class NcclBackend:
     ) -> None:
         """``wait``'s call enqueued, with its own ``event``: what its Work waits for."""
         wait.event, wait.keep = event, self._temps  # (alive until the GPU is done with them)
-        if timeout is not None:  # synchronous: its caller waits, bounded (see _HostWait.wait)
-            wait.expiry = _Expiry(event, stream.ptr, called, timeout, wait.why)
-        elif wait.bound is not None:  # async: the watchdog looks
-            wait.expiry = self._expire(event, stream.ptr, called, wait.bound, wait.why)
+        bound = timeout if timeout is not None else wait.bound
+        if bound is not None:  # the watchdog looks (a synchronous call's caller too, but its
+            # wait may end early: a peer's failure notice, a Ctrl-C)
+            ptr = stream.ptr  # (CuPy's per-thread default stream: one handle, each thread's)
+            key = (ptr, threading.get_ident() if ptr == self._runtime.streamPerThread else 0)
+            wait.expiry = self._expire(event, key, called, bound, wait.why)
 
     def bounded(
         self,
@@ -916,6 +947,8 @@ class NcclBackend:
         wait.caller_waits = timeout is None and idle and not on_worker()
 
         def job() -> Any:
+            self._cupy.cuda.Device(self.device).use()  # (this thread's CUDA calls: not on
+            # GPU 0's context, which a thread without a device of its own would make)
             now = time.monotonic()  # from the call where the worker took it at once (its
             # wake-up), so that a caller's wait bounded alike never ends before it; from here
             # where it waited behind the worker's earlier jobs
@@ -935,6 +968,8 @@ class NcclBackend:
                         self._given(wait, result, mine, stream, began, None)
                         return result
                 finally:
+                    with self._lock:
+                        self.queued -= 1
                     wait.enqueued.set()
                 if not self.host_wait(event, where, limit):
                     self.give_up(why)
@@ -945,8 +980,20 @@ class NcclBackend:
                 if limit is not None and self._aborted == why:  # the watchdog's abort
                     raise _gave_up(where, bound) from exc
                 raise
+            finally:
+                with self._lock:
+                    self.jobs -= 1
 
-        wait.future = submit(where, job)
+        with self._lock:
+            self.queued += 1
+            self.jobs += 1
+        try:
+            wait.future = submit(where, job)
+        except BaseException:
+            with self._lock:
+                self.queued -= 1
+                self.jobs -= 1
+            raise
         return wait
 
     def _watch(self, deadline: float | None, why: str) -> None:
@@ -956,7 +1003,7 @@ class NcclBackend:
             self._watching = None if deadline is None else (deadline, why)
             self._start_watchdog(deadline is not None)
 
-    def _expire(self, event: Any, key: int, called: float, bound: float, why: str) -> _Expiry:
+    def _expire(self, event: Any, key: Any, called: float, bound: float, why: str) -> _Expiry:
         """Have the watchdog give up the async call whose ``event`` was just recorded on
         stream ``key``: ``bound`` seconds after ``called``, or, where an earlier call on the
         stream is still running, after the watchdog sees those done."""
@@ -988,23 +1035,36 @@ class NcclBackend:
         if self._aborted is not None:  # (aborted elsewhere: an event done now may be the
             self._expiring = []  # abort's, its call cut short)
             return None
-        running: set[int] = set()
+        running: set[Any] = set()
         left: list[_Expiry] = []
+        done: list[_Expiry] = []
         late = None
         for e in self._expiring:
             if e.start is None and e.key not in running:
                 e.start = now  # (its stream's earlier calls were seen done by now)
             if self._finished(e.event):
-                e.seen_done = True
+                done.append(e)
                 continue
             running.add(e.key)
             left.append(e)
             if late is None and e.start is not None and now - e.start >= e.bound:
                 late = e.why
+        if self._aborted is not None:  # (aborted while the events were asked: abort()
+            self._expiring = []  # marks it before ncclCommAbort, so one seen done before
+            return None  # this look completed before the abort; not known here)
+        for e in done:
+            e.seen_done = True
         self._expiring = left
         return late
 
     def _watchdog(self) -> None:
+        try:  # (its event queries: not on GPU 0's context, see bounded's job)
+            self._cupy.cuda.Device(self.device).use()
+        except Exception:  # pragma: no cover - a device that went away: queries still work
+            pass
+        self._watch_loop()
+
+    def _watch_loop(self) -> None:
         """Abort the communicator where a call passes its deadline where no thread of the
         caller's looks at the time: the worker's call blocked inside NCCL (its lazy connect
         to a peer that never comes blocks the enqueue on the host), and async calls on the
@@ -1055,8 +1115,14 @@ class NcclBackend:
                 return False
             time.sleep(pause)
             pause = min(pause * 2, 1e-3)
-        self.check()
+        self.check_done()
         return True
+
+    def check_done(self) -> None:
+        """check() for a call whose event completed: fine once free() destroyed the
+        communicator cleanly (it waited for every call first)."""
+        if self._aborted != _CLOSED:
+            self.check()
 
     def check(self) -> None:
         """Raise the NCCL communicator's asynchronous error, if any, as a BackendError (the

@@ -1536,3 +1536,57 @@ def test_an_async_work_waited_after_a_clean_free_has_its_result(gpu):
     c.free()
     assert NcclCommunicator.instances[-1].destroyed
     assert work.wait() is x and work.is_completed()
+
+
+def test_calls_behind_a_compared_call_on_the_worker_keep_the_communicators_order(gpu):
+    """Under "check" an async collective made while the worker runs a host job is compared
+    and enqueued there, later; a send after it (point-to-point: not compared) went to NCCL
+    at once, before it: the communicator's calls in another order than on a rank whose
+    worker was idle (a review). Device calls queue behind the group's device calls there."""
+    mpi = FakeMPI(0, 2, [None, (("n2", format_uuid(U2), "0000:01:00.0"), None, False)])
+    d, devices = nccl_dispatcher(gpu, timeout=5, mpi=mpi)
+    d.debug = "check"
+    devices.enable_nccl("enable_nccl (rank 0 of 2)")
+    x = dev(gpu, np.ones(8, np.float32))
+    gpu.issued.clear()
+    gate = threading.Event()
+    d.worker().submit("a host job", gate.wait, 10)
+    work = d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM, async_op=True)
+    sent = d.dispatch(O.SEND, x, peer=1, tag=0, async_op=True)
+    gate.set()
+    work.wait()
+    sent.wait()
+    assert [op for _, op in gpu.issued] == ["allReduce", "send"]
+
+
+@pytest.mark.filterwarnings("ignore::hpccomm.errors.UnwaitedWorkWarning")
+def test_a_synchronous_bounded_call_nobody_waits_for_is_given_up_by_the_watchdog(gpu, monkeypatch):
+    """A synchronous call's caller gives it up at its bound; where its wait ended early (a
+    peer's failure notice, a Ctrl-C) the watchdog does (it stayed on the GPU for good)."""
+    import hpccomm.backends.nccl as nccl_module
+
+    d, devices = nccl_dispatcher(gpu, timeout=0.3)
+    x = dev(gpu, np.ones(8, np.float32))
+    d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM)
+    gpu.event_status = NOT_READY
+
+    def interrupted(self, timeout):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(nccl_module._HostWait, "wait", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM)
+    t0 = time.monotonic()
+    while not devices.nccl.aborted:
+        assert time.monotonic() - t0 < 5, "the watchdog never gave the call up"
+        time.sleep(0.02)
+    assert "did not complete in 0.3 s" in devices.nccl.aborted
+
+
+def test_synchronize_after_a_clean_free_has_the_result(gpu):
+    c, devices = nccl_communicator(gpu, timeout=None)
+    x = dev(gpu, np.arange(4, dtype=np.float32))
+    work = c.all_reduce(x, async_op=True)
+    c.free()
+    assert NcclCommunicator.instances[-1].destroyed
+    assert work.synchronize(timeout=5) is x
