@@ -21,7 +21,7 @@ import heapq
 import math
 import sys
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar, cast
 
 import numpy as np
@@ -1010,6 +1010,14 @@ class Communicator:
         return child
 
     def _check_ranks(self, what: str, ranks: Sequence[int]) -> list[int]:
+        # taken once, as a list (a generator was read twice: a bare ValueError from zip,
+        # and a TypeError for an int, neither told to the other ranks: an outside hunt)
+        if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Iterable):
+            raise InvalidArgumentError(
+                f"{self._here(what)}: ranks is {type(ranks).__name__} {ranks!r}, expected a "
+                f"sequence of ranks"
+            )
+        ranks = list(ranks)
         values = [as_int(r) for r in ranks]
         pairs = list(zip(ranks, values, strict=True))
         odd = [r for r, v in pairs if v is None]  # (bools too: True == 1 to Python)

@@ -1380,7 +1380,9 @@ for _method, (_op, _inputs) in {
 
 
 _creations: Communicator | None = None  # where torch's groups are made (see _group_comm)
-_CREATIONS_TAG = 0x68706363  # create_group's tag for it ("hpcc"): apart from a user's
+# create_group's tag for it ("hpc"; a creation takes tags up to half MPI's tag bound,
+# 1,073,741,823 on Open MPI): apart from a user's creations on the world
+_CREATIONS_TAG = 0x687063
 
 
 def _group_comm(world: Communicator, ranks: list[int], timeout: float | None) -> Communicator:
@@ -1396,7 +1398,9 @@ def _group_comm(world: Communicator, ranks: list[int], timeout: float | None) ->
             # every rank of the world: made by them alone (MPI_Comm_create_group), bounded
             # (a world dup is not: ranks whose lists differ waited in it for ever)
             _creations = world.create_group(
-                list(range(world.size)), tag=_CREATIONS_TAG, timeout=timeout
+                list(range(world.size)),
+                tag=min(_CREATIONS_TAG, world._backend.creation_tag_max),
+                timeout=timeout,
             )
         if _creations is None or _creations.freed:  # members only (the default group is
             # another backend's): made from the world, bounded by its own timeout

@@ -184,9 +184,42 @@ MAX_COUNT = 2**31 - 1  # elements in one MPI argument (a C int) without MPI-4 la
 def _too_many(call: Call) -> bool:
     if call.count > MAX_COUNT:
         return True
-    return any(c > MAX_COUNT for c in call.counts[0]) or any(
-        c > MAX_COUNT for c in call.send_counts[0]
+    return (
+        any(c > MAX_COUNT for c in call.counts[0])
+        or any(c > MAX_COUNT for c in call.send_counts[0])
+        or _far_block(call) is not None
     )
+
+
+# the operations whose MPI call takes displacements (C ints too): gather and scatter always
+# (MPI_Gatherv, MPI_Scatterv), all_gather and all_to_all with uneven blocks
+_DISPLACED = frozenset({"gather", "scatter"})
+
+
+def _far_block(call: Call) -> tuple[int, int] | None:
+    """(rank, displacement) of the first block that starts past MAX_COUNT elements, where
+    the call's MPI function takes displacements; None if none does. Each block fitting a C
+    int, one starting past one went to MPI, whose MPI_ERR_ARG named nothing (an outside
+    hunt: gather, all_gather and all_to_all_single with sizes of 2**30 + 1 int8 rows at 3
+    ranks; the job then aborted at exit on the senders' unfinished calls)."""
+    if call.spec.name not in _DISPLACED and not (
+        call.uneven and call.spec.name in ("all_gather", "all_to_all")
+    ):
+        return None
+    spans = [call.counts[1], call.send_counts[1]]
+    if call.spec.name == "gather" and not call.counts[1]:  # not the destination, which
+        # refuses it: the same blocks, so every rank refuses alike (not one entering MPI)
+        shape = call.shape or ()
+        per_row = math.prod(shape[1:]) if shape else 1
+        rows = (
+            call.sizes if call.sizes is not None else [shape[0] if shape else 1] * call.group.size
+        )
+        spans.append(list(itertools.accumulate([0, *(r * per_row for r in rows[:-1])])))
+    for displs in spans:
+        for rank, d in enumerate(displs):
+            if d > MAX_COUNT:
+                return rank, d
+    return None
 
 
 def _in_pieces(body: Callable[..., Any], call: Call, x: Any, out: Any, stream: Any) -> Any:
@@ -1153,6 +1186,18 @@ class MPIBackend:
             call.body = partial(_in_pieces, self._bodies[spec])
             call.blocking_body = None
             return
+        far = _far_block(call)
+        if (
+            far is not None
+            and max([call.count, *call.counts[0], *call.send_counts[0]]) <= MAX_COUNT
+        ):
+            rank, start = far
+            raise InvalidArgumentError(
+                f"{call}: rank {rank}'s block starts at element {start:,}, past {MAX_COUNT:,} "
+                f"(MPI's displacements are C ints): this MPI ({MPI.Get_version()[0]}."
+                f"{MPI.Get_version()[1]}) has no large-count calls; split the call into calls "
+                f"whose blocks start within {MAX_COUNT:,} elements of their array"
+            )
         counts = [call.count, *call.counts[0], *call.send_counts[0]]
         most = max(counts)
         blocks = call.counts[0] if most in call.counts[0] else call.send_counts[0]

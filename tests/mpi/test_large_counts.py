@@ -101,3 +101,20 @@ def test_a_receive_from_itself_in_pieces(small_limit):
     comm.send(np.arange(count, dtype=np.int64), me, tag=7)
     assert w.wait(timeout=60) == me
     assert np.array_equal(got, np.arange(count))
+
+
+@pytest.mark.mpi(min_size=3)
+def test_blocks_starting_past_the_limit_are_refused_by_name(small_limit):
+    # each block within a C int, a later one starting past one: MPI's displacements are C
+    # ints too, and such calls reached MPI, whose MPI_ERR_ARG named nothing (an outside
+    # hunt: sizes of 2**30 + 1 int8 rows at 3 ranks); every rank refuses alike
+    comm = small_limit
+    n = comm.size
+    sizes = [700, 701] + [700] * (n - 2)  # uneven: rank 2's block starts at 1,401
+    mine = sizes[comm.rank]
+    with pytest.raises(InvalidArgumentError, match=r"rank 2's block starts at element 1,401"):
+        comm.all_gather(np.ones(mine), sizes=sizes)
+    with pytest.raises(InvalidArgumentError, match=r"rank 2's block starts at element 1,400"):
+        comm.gather(np.ones(700), dst=0)  # (MPI_Gatherv, equal blocks too)
+    out = comm.all_gather(np.full(700, float(comm.rank)))  # equal blocks: MPI_Allgather
+    assert out.shape == (700 * n,) and out[1400] == 2.0

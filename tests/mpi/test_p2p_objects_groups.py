@@ -238,6 +238,26 @@ def test_new_group(comm):
             g.broadcast(np.ones(1), 0)
 
 
+def test_new_group_and_create_group_take_any_iterable_of_ranks(comm):
+    # a generator was read twice (a bare ValueError from zip on every rank), an int raised
+    # TypeError, and a rank passing a generator beside ranks passing lists was not told to
+    # them (they waited until the timeout): an outside hunt
+    n, r = comm.size, comm.rank
+    g = comm.new_group(q for q in range(n)) if r == 0 else comm.new_group(list(range(n)))
+    x = np.ones(1)
+    g.all_reduce(x)
+    assert x[0] == n
+    g.free()
+    c = comm.create_group(iter(range(n)), timeout=30)
+    assert c.size == n
+    c.free()
+    with pytest.raises(hpccomm.InvalidArgumentError, match=r"ranks is int 1, expected a sequence"):
+        comm.new_group(1)
+    y = np.ones(1)
+    comm.all_reduce(y)  # the group goes on
+    assert y[0] == n
+
+
 def test_group_rank_translation(comm, world):
     assert world.group_rank(world.rank) == world.rank
     assert world.world_rank(0) == 0
