@@ -432,6 +432,8 @@ class _HostWait:
         if not self.caller_waits:
             return
         while not self.enqueued.wait(_WATCHDOG_POLL):
+            if self.future.test():  # (its job failed before it could say so)
+                return
             limit = self.started[0] if self.started else None
             if limit is None and self.bound is not None:  # (not started: behind a job)
                 limit = self.submitted + self.bound
@@ -510,7 +512,7 @@ class _HostWait:
             return True
         deadline = self._deadline()  # (an async call's job may have started meanwhile)
         if deadline is not None and time.monotonic() >= deadline:
-            self.backend.abort(f"{self.where} did not complete in {self.timeout:g} s")
+            self.backend.give_up(self.why)
             # the abort ends the worker's wait at once (an enqueue blocked in NCCL's lazy
             # connect too); where the worker itself gave up, its error is the call's
             if self.future.wait(1.0) and isinstance(self.future.error, CommTimeoutError):
@@ -947,8 +949,6 @@ class NcclBackend:
         wait.caller_waits = timeout is None and idle and not on_worker()
 
         def job() -> Any:
-            self._cupy.cuda.Device(self.device).use()  # (this thread's CUDA calls: not on
-            # GPU 0's context, which a thread without a device of its own would make)
             now = time.monotonic()  # from the call where the worker took it at once (its
             # wake-up), so that a caller's wait bounded alike never ends before it; from here
             # where it waited behind the worker's earlier jobs
@@ -958,6 +958,8 @@ class NcclBackend:
             why = wait.why
             try:
                 try:
+                    self._cupy.cuda.Device(self.device).use()  # (this thread's CUDA calls:
+                    # not on GPU 0's context, which a thread without a device would make)
                     if check is not None:
                         check(call, seq)  # the debug check, in the call's place in the order
                     result, event, mine = self._enqueue(
@@ -980,9 +982,10 @@ class NcclBackend:
                 if limit is not None and self._aborted == why:  # the watchdog's abort
                     raise _gave_up(where, bound) from exc
                 raise
-            finally:
-                with self._lock:
-                    self.jobs -= 1
+
+        def finished() -> None:  # (after the Executor's own count: see the dispatch's
+            with self._lock:  # "behind", host jobs only)
+                self.jobs -= 1
 
         with self._lock:
             self.queued += 1
@@ -994,6 +997,7 @@ class NcclBackend:
                 self.queued -= 1
                 self.jobs -= 1
             raise
+        wait.future.add_done_callback(finished)
         return wait
 
     def _watch(self, deadline: float | None, why: str) -> None:
@@ -1110,7 +1114,7 @@ class NcclBackend:
         from another thread (which ends the wait with BackendError)."""
         pause = 1e-5
         while not self.event_done(event, where):
-            self.check()
+            self.check(done=True)  # (closed cleanly: free() saw every call done; it is)
             if deadline is not None and time.monotonic() > deadline:
                 return False
             time.sleep(pause)
@@ -1121,14 +1125,16 @@ class NcclBackend:
     def check_done(self) -> None:
         """check() for a call whose event completed: fine once free() destroyed the
         communicator cleanly (it waited for every call first)."""
-        if self._aborted != _CLOSED:
-            self.check()
+        self.check(done=True)
 
-    def check(self) -> None:
+    def check(self, done: bool = False) -> None:
         """Raise the NCCL communicator's asynchronous error, if any, as a BackendError (the
-        communicator is aborted); raise if it was aborted."""
+        communicator is aborted); raise if it was aborted (``done``: not where free()
+        destroyed it cleanly, which it does once every call it knows of is done)."""
         with self._lock:
             if self._aborted is not None:
+                if done and self._aborted == _CLOSED:
+                    return
                 raise BackendError(
                     f"NCCL (rank {self.rank} of {self.size}): the communicator was aborted "
                     f"({self._aborted})"

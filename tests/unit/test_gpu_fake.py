@@ -795,10 +795,10 @@ def test_free_interrupted_waits_again_when_called_again(gpu, monkeypatch):
     real = backend.check
     calls = iter([KeyboardInterrupt])
 
-    def interrupted() -> None:
+    def interrupted(done: bool = False) -> None:
         for exc in calls:
             raise exc
-        real()
+        real(done)
 
     monkeypatch.setattr(backend, "check", interrupted)
     with pytest.raises(KeyboardInterrupt):
@@ -929,8 +929,9 @@ def test_async_call_of_a_bounded_group_ends_at_the_group_timeout(gpu, dropped):
 
 
 def test_free_while_an_async_call_of_a_bounded_group_is_on_the_gpu(gpu):
-    """free() waits for it (the worker's job ended once it was enqueued) at most the
-    group's timeout, then aborts the communicator and says which call did not complete."""
+    """free() waits for it (it is not a job of the worker's, which free() would refuse
+    for) at most the group's timeout, then aborts the communicator and says which call did
+    not complete (free()'s own wait or the watchdog, whichever looks first)."""
     c, devices = nccl_communicator(gpu, timeout=0.3)
     x = dev(gpu, np.ones(8, np.float32))
     gpu.event_status = NOT_READY
@@ -1452,10 +1453,12 @@ def test_async_calls_of_two_bounded_groups_reach_the_gpu_in_the_program_order(gp
     ]
 
 
-def test_an_async_call_queued_behind_a_worker_job_is_enqueued_before_it_returns(gpu):
-    """On a group without a timeout a device call made while the worker still has a job
-    (an async host call) is enqueued there, after it: it returned at once, and the
-    program's next call on another group reached the GPU first."""
+def test_an_async_call_made_while_the_worker_runs_a_host_job_keeps_the_program_order(gpu):
+    """On a group without a timeout a device call made while the worker runs a host job (an
+    async host call) went to the worker, behind the job, and returned at once: the program's
+    next call on another group reached the GPU first. Calls the debug check does not compare
+    (the default level) are enqueued at once in the caller's thread now (NCCL's order is not
+    MPI's)."""
     a, _ = nccl_dispatcher(gpu)
     b, _ = nccl_dispatcher(gpu)
     x = dev(gpu, np.ones(8, np.float32))
@@ -1590,3 +1593,23 @@ def test_synchronize_after_a_clean_free_has_the_result(gpu):
     c.free()
     assert NcclCommunicator.instances[-1].destroyed
     assert work.synchronize(timeout=5) is x
+
+
+def test_a_job_failing_before_its_enqueue_leaves_no_count_behind(gpu):
+    """A compared call's job that fails at its first CUDA call (a sticky error) said
+    neither that it was enqueued nor that it ended: the group's later device calls all went
+    to the worker, and its caller waited for an enqueue that never came (a review)."""
+    d, devices = nccl_dispatcher(gpu, timeout=5)
+    d.debug = "check"
+    x = dev(gpu, np.ones(8, np.float32))
+    d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM)
+    gpu.driver_error = ILLEGAL_ADDRESS
+    finished, work = in_thread(
+        lambda: d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM, async_op=True), 3
+    )
+    assert finished, "the caller waited for an enqueue that never came"
+    with pytest.raises(Exception, match="illegal memory access"):
+        work.wait()
+    gpu.driver_error = None
+    time.sleep(0.05)
+    assert (devices.nccl.queued, devices.nccl.jobs) == (0, 0)
