@@ -31,6 +31,7 @@ from .diagnose import (
 from .discovery import LaunchInfo, discover
 from .errors import HpccommError, InvalidArgumentError, UnwaitedWorkWarning
 from .layout import Layout
+from .ops import MAX_TIMEOUT
 from .runtime import init
 from .slurm import SUBMIT_TIMEOUT, BatchOptions, render, submit
 
@@ -300,6 +301,10 @@ def _seconds(text: str) -> float:
         value = math.nan
     if not 0 < value < math.inf:
         raise argparse.ArgumentTypeError(f"{text!r}, expected finite seconds > 0")
+    if value > MAX_TIMEOUT:  # (its operations failed with OverflowError: false FAILs)
+        raise argparse.ArgumentTypeError(
+            f"{text!r}, more than {MAX_TIMEOUT:,.0f} seconds (the most hpccomm's waits take)"
+        )
     return value
 
 

@@ -459,7 +459,7 @@ class Dispatcher:
                 type(peer),
                 type(tag),
                 type(src),
-                type(redop[1]) if type(redop) is ReduceOp else type(redop),
+                (type(redop[1]), _signs(redop[1])) if type(redop) is ReduceOp else type(redop),
                 None
                 if sizes is None and in_splits is None and out_splits is None
                 else (_types(sizes), _types(in_splits), _types(out_splits)),
@@ -972,6 +972,12 @@ class Dispatcher:
                 self._refused_receive = (
                     self._refused_receive or f"a {call.spec.name} timed out here"
                 )
+                if rec is not None:  # nothing stays posted: its record ends, failed (it
+                    # stayed "started", and trace analyze said this rank still waited in
+                    # it long after: an outside hunt)
+                    rec.error = exc
+                    record.notify("end", rec)
+                    work._record = None
             raise exc from None  # explained by timed_out, reported, in the Work's wait
         except PeerError as exc:
             work.disown()
@@ -2484,6 +2490,17 @@ def _types(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return value.dtype
     return type(value)
+
+
+def _signs(factor: Any) -> Any:
+    """The signs of a float or complex factor's parts: -0.0 == 0.0 as keys, so
+    PREMUL_SUM(-0.0) after PREMUL_SUM(0.0) ran cached with +0.0 (zeros of the wrong sign,
+    against the bits promised; an outside hunt)."""
+    if isinstance(factor, (float, np.floating)):
+        return math.copysign(1.0, factor)
+    if isinstance(factor, (complex, np.complexfloating)):
+        return (math.copysign(1.0, factor.real), math.copysign(1.0, factor.imag))
+    return None
 
 
 def _overlap(data: np.ndarray, out: np.ndarray) -> int | None:

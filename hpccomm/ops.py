@@ -342,7 +342,16 @@ def check_timeout(value: Any, what: str, zero: bool = False) -> float | None:
             f"{what}: timeout is {value!r}, expected finite seconds {'>=' if zero else '>'} 0 "
             f"or None"
         )
+    if value > MAX_TIMEOUT:  # (Python's waits overflow past threading.TIMEOUT_MAX, 9.2e9 s
+        # here: a bare OverflowError from every bounded call, the job aborted at exit)
+        raise InvalidArgumentError(
+            f"{what}: timeout is {value!r}, more than {MAX_TIMEOUT:,.0f} seconds (about 31 "
+            f"years, the most hpccomm's waits take); pass None for no bound"
+        )
     return float(value)
+
+
+MAX_TIMEOUT = 1e9
 
 
 def check_async_op(value: Any, what: str) -> bool:

@@ -494,3 +494,13 @@ def test_object_collective_roots_that_are_no_plain_ints_are_validated_every_call
         root.value = value
         assert plain.broadcast_object(("from", r), src=root) == ("from", value)
     assert plain.all_gather_object(r) == list(range(n))
+
+
+def test_premul_sum_of_minus_zero_after_plus_zero_is_not_served_from_the_cache(comm):
+    # 0.0 == -0.0 (and they hash alike): the call cached with factor +0.0 served -0.0,
+    # whose result then had the wrong sign of zero (an outside hunt)
+    for first, second in ((0.0, -0.0), (-0.0, 0.0), (np.float32(0.0), np.float32(-0.0))):
+        for factor in (first, second):
+            x = np.ones(4)
+            comm.all_reduce(x, op=hpccomm.ReduceOp.PREMUL_SUM(factor))
+            assert (x == 0).all() and np.signbit(x).all() == bool(np.signbit(factor)), (factor, x)

@@ -260,3 +260,28 @@ def test_a_dump_tells_an_async_call_that_ended_from_one_still_running(comm, tmp_
         assert e["state"] == "completed" and "waited" not in e
     finally:
         remove_listener(rec)
+
+
+@pytest.mark.parametrize("op", ["recv", "recv_object"])
+def test_a_blocking_receive_that_timed_out_ends_its_record_failed(world, tmp_path, op):
+    # nothing stays posted after a blocking receive times out, but its record stayed
+    # "started": trace analyze said the rank still waited in it after later calls (an
+    # outside hunt)
+    from hpccomm.flight import FlightRecorder
+    from hpccomm.record import add_listener, remove_listener
+
+    comm = world.dup()
+    comm.timeout = 0.3
+    rec = FlightRecorder(tmp_path, comm.rank, comm.size)
+    add_listener(rec)
+    try:
+        with pytest.raises(hpccomm.CommTimeoutError):
+            if op == "recv":
+                comm.recv(np.empty(2), comm.rank, tag=77)  # from itself: nothing comes
+            else:
+                comm.recv_object(comm.rank, tag=77)
+        (e,) = [e for e in rec.snapshot() if e["op"] == op]
+        assert e["state"] == "failed" and "not complete after 0.3 s" in str(e.get("error")), e
+    finally:
+        remove_listener(rec)
+        comm.free()

@@ -162,6 +162,14 @@ def test_doctor_timeout_is_refused_naming_the_flag(no_mpi, capsys, value):
     assert "world/dup" not in err and "None" not in err
 
 
+def test_doctor_timeout_past_what_waits_take_is_refused(no_mpi, capsys):
+    # 1e10: two false FAILs (OverflowError inside the operations), then "16 of 16 passed"
+    with pytest.raises(SystemExit) as exc:
+        main(["doctor", "--timeout", "1e10"])
+    assert exc.value.code == 2
+    assert "argument --timeout: '1e10', more than 1,000,000,000 seconds" in capsys.readouterr().err
+
+
 # -- the README's table and the CLI help agree -----------------------------------------------
 
 

@@ -99,6 +99,12 @@ def test_one_rule_for_every_timeout(zero):
     for value in bad:
         with pytest.raises(InvalidArgumentError, match=r"^init: timeout is .*, expected finite"):
             check_timeout(value, "init", zero)
+    # past 1e9 s: Python's waits overflow (threading.TIMEOUT_MAX, 9.2e9 s), and every bounded
+    # call of a communicator given 1e10 raised a bare OverflowError (an outside hunt)
+    assert check_timeout(1e9, "x", zero) == 1e9
+    for value in (1e9 + 1, 1e10, 1e300, np.float64(1e12)):
+        with pytest.raises(InvalidArgumentError, match=r"^init: timeout is .*, more than 1,000"):
+            check_timeout(value, "init", zero)
 
 
 def test_a_disagreement_of_three_ranks_reads_as_a_list():
