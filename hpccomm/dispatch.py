@@ -972,7 +972,8 @@ class Dispatcher:
                 self._refused_receive = (
                     self._refused_receive or f"a {call.spec.name} timed out here"
                 )
-                if rec is not None:  # nothing stays posted: its record ends, failed (it
+                if rec is not None and call.spec.name != "sendrecv":  # nothing stays
+                    # posted (a sendrecv's send may be): its record ends, failed (it
                     # stayed "started", and trace analyze said this rank still waited in
                     # it long after: an outside hunt)
                     rec.error = exc

@@ -56,7 +56,7 @@ from .comm import Communicator
 from .dtypes import ReduceOp
 from .errors import CommTimeoutError, DtypeError, HpccommError, InvalidArgumentError, where
 from .executor import on_worker
-from .ops import P2POp
+from .ops import MAX_TIMEOUT, P2POp
 from .runtime import init as hpccomm_init
 from .runtime import is_initialized as hpccomm_initialized
 from .work import Work as HWork
@@ -597,7 +597,7 @@ class _TorchWork(dist.Work):
         self._fail(self._work._timed_out(self._timeout or 0.0))
 
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
-        seconds = timeout.total_seconds() if timeout else self._timeout
+        seconds = _bound(timeout.total_seconds()) if timeout else self._timeout
         if self._finished.is_set():
             pass  # complete, or failed for good (the watchdog past the group's timeout: a
             # wait() then waited out another timeout, each time, an outside hunt)
@@ -1419,11 +1419,19 @@ def _group_comm(world: Communicator, ranks: list[int], timeout: float | None) ->
     return comm
 
 
+def _bound(seconds: float | None) -> float | None:
+    """A torch timeout in seconds as hpccomm's: torch has no "no timeout", and programs pass
+    a huge timedelta for one (timedelta(days=36500)); past the most hpccomm's waits take
+    (MAX_TIMEOUT, 1e9 s) it is None, where hpccomm refuses it (its waits overflowed past
+    9.2e9 s: a bare OverflowError)."""
+    return None if seconds is not None and seconds > MAX_TIMEOUT else seconds
+
+
 def _creator(opts: Any, backend_options: Any = None) -> HpccommProcessGroup:
     """torch's backend creator (extended API): the group's communicator is made by its
     members (torch calls this on members only), bounded by its timeout (_group_comm)."""
     world = hpccomm_init()
-    timeout = opts.timeout.total_seconds() if opts.timeout else None
+    timeout = _bound(opts.timeout.total_seconds() if opts.timeout else None)
     comm = _group_comm(world, list(opts.global_ranks_in_group or []), timeout or None)
     return HpccommProcessGroup(comm, timeout, str(opts.group_id))
 
@@ -1443,7 +1451,7 @@ class _ServedMPI:
             return None
         timeout = _torch_timeout()
         seconds = world.timeout if timeout is None else timeout.total_seconds() or None
-        comm = _group_comm(world, members, seconds)
+        comm = _group_comm(world, members, _bound(seconds))
         group = HpccommProcessGroup(comm, comm.timeout)
         group.backend_name = "mpi"
         return group
@@ -1535,7 +1543,7 @@ def init_process_group(
         # as hpccomm.init(timeout=) bounds it, the larger of the timeout and 60 s (it had no
         # bound: a rank that started late held the others there, GIL and all, whatever
         # timeout=; an outside hunt, 2026-12-05)
-        world = hpccomm_init(init_timeout=max(delta.total_seconds(), 60.0))
+        world = hpccomm_init(init_timeout=min(max(delta.total_seconds(), 60.0), MAX_TIMEOUT))
     else:
         world = hpccomm_init()
     register()

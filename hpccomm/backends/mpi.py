@@ -734,8 +734,9 @@ _DTYPES = list(SUPPORTED_DTYPES)
 
 
 # tags of checked data messages: MPI guarantees tags up to 32767 everywhere (the least
-# cycle); a group uses all its MPI allows (MPI_TAG_UB; Open MPI's is 2**31 - 1), so a tag is
-# unique per sender among its last 2**31 checked sends.
+# cycle); a group uses the odd ones of all its MPI allows (MPI_TAG_UB; Open MPI's is
+# 2**31 - 1; the even ones are create_group's), so a tag is unique per sender among its last
+# 2**30 checked sends.
 _DATA_TAGS = 32768
 
 
@@ -1109,9 +1110,9 @@ class MPIBackend:
         # (next() on a count is one step under the GIL: two threads sending at once never
         # draw the same tag, as a read-add-write of an int could)
         self._data_tag = itertools.count(1)
-        # tags of checked data messages cycle through every tag MPI allows here (Open MPI:
-        # 2**31): through 32,768, two unreceived messages of one sender shared a tag after
-        # 32,768 sends, and a receive by tag took the other's data
+        # tags of checked data messages cycle through the odd tags MPI allows here (Open
+        # MPI: 2**30 of them): through 32,768, two unreceived messages of one sender shared
+        # a tag after 32,768 sends, and a receive by tag took the other's data
         bound = self.data.Get_attr(MPI.TAG_UB)
         self._data_tags = max(_DATA_TAGS, int(bound) + 1 if bound else 0) // 2
         # create_group's tags: even ones on ``data`` (see create_group), the checked data's

@@ -828,3 +828,17 @@ def test_list_collectives_take_blocks_of_another_shape_and_name_short_lists(tdis
     x = torch.ones(3)
     tdist.all_reduce(x)  # the group goes on
     assert x.tolist() == [float(n)] * 3
+
+
+def test_a_huge_torch_timeout_means_no_bound(tdist):
+    # torch has no "no timeout": programs pass timedelta(days=36500); past hpccomm's most
+    # (1e9 s) it is no bound, where hpccomm's own API refuses it (its waits overflowed)
+    import datetime
+
+    n = tdist.get_world_size()
+    g = tdist.new_group(list(range(n)), timeout=datetime.timedelta(days=36500))
+    assert g.comm.timeout is None
+    x = torch.ones(2)
+    tdist.all_reduce(x, group=g)
+    assert x.tolist() == [float(n)] * 2
+    tdist.destroy_process_group(g)
