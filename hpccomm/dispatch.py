@@ -900,15 +900,15 @@ class Dispatcher:
                 if bound is None and not worker:
                     if checked:
                         self.verify(call, seq, site)
-                    call.backend.seq = seq  # (names the call in its release, see NcclBackend)
+                    nccl.seq = seq  # (names the call in its release, see NcclBackend)
                     result = call.body(call, data, out, stream)
                     if async_op:
-                        return call.backend.device_work(call, seq, result, stream, rec)
+                        return nccl.device_work(call, seq, result, stream, rec)
                     pending = Done(result)
                 elif not worker:  # bounded: the host waits for the GPU, at most the
                     # timeout, past which the NCCL communicator is aborted (async_op too:
                     # the watchdog's; see NcclBackend.watched)
-                    pending = call.backend.watched(
+                    pending = nccl.watched(
                         call, seq, data, out, stream, None if async_op else bound, bound
                     )
                 else:
@@ -960,8 +960,9 @@ class Dispatcher:
         if async_op:
             if call.spec.p2p:
                 self._p2p.add(work)
-            if call.mode == "stream":  # (an async NCCL call returns once enqueued, see
-                pending.until_enqueued()  # NcclBackend.bounded; a Ctrl-C here drops the Work)
+            if call.mode == "stream":  # (an async NCCL call compared on the worker returns
+                pending.until_enqueued()  # once enqueued, see NcclBackend.bounded; a Ctrl-C
+                # here drops the Work)
             return work
         try:
             return work.wait(limit)

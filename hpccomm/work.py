@@ -366,7 +366,7 @@ class Work:
                     bound = math.inf if timeout is None else timeout
                     done = wait_watching(self._pending, bound, watch)
             except CommTimeoutError as exc:
-                if not getattr(exc, "final", False):
+                if not exc.final:
                     raise
                 self._finish(exc)  # (given up for good: an NCCL call whose communicator
                 done = True  # was aborted; dropped afterwards, it is no "unwaited" Work)

@@ -1187,11 +1187,10 @@ class MPIBackend:
             call.body = partial(_in_pieces, self._bodies[spec])
             call.blocking_body = None
             return
+        counts = [call.count, *call.counts[0], *call.send_counts[0]]
+        most = max(counts)
         far = _far_block(call)
-        if (
-            far is not None
-            and max([call.count, *call.counts[0], *call.send_counts[0]]) <= MAX_COUNT
-        ):
+        if far is not None and most <= MAX_COUNT:
             rank, start = far
             raise InvalidArgumentError(
                 f"{call}: rank {rank}'s block starts at element {start:,}, past {MAX_COUNT:,} "
@@ -1199,8 +1198,6 @@ class MPIBackend:
                 f"{MPI.Get_version()[1]}) has no large-count calls; split the call into calls "
                 f"whose blocks start within {MAX_COUNT:,} elements of their array"
             )
-        counts = [call.count, *call.counts[0], *call.send_counts[0]]
-        most = max(counts)
         blocks = call.counts[0] if most in call.counts[0] else call.send_counts[0]
         whose = (  # a block of sizes=/splits: the rank it stands for
             f" (rank {list(blocks).index(most)}'s block)"

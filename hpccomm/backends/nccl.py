@@ -7,11 +7,12 @@ rank; then every rank creates ``NcclCommunicator`` on its bound GPU. Operations 
 ``stream=`` or the caller's current CuPy stream. Unbounded calls are enqueued inline: a
 synchronous call returns with its result ordered on that stream, as NCCL does, and
 ``async_op=True`` returns a :class:`DeviceWork` holding a CUDA event. On a communicator with a
-timeout every call is enqueued on the communicator's worker thread (a synchronous one is then
-waited for there, on the host; an async one returns once enqueued, so calls reach the GPU in
-the program's order, and a watchdog thread looks at it on the GPU); past the timeout the
-NCCL communicator is aborted (NCCL would spin forever for a rank that never joins, and its
-lazy connect on the first call blocks the host). One thread at a time enters NCCL on a
+timeout every call is enqueued in the caller's thread too, so calls reach the GPU in the
+program's order (those the debug check compares first: on the communicator's worker thread,
+after the check); a synchronous one is then waited for on the host, an async one returns at
+once, and a watchdog thread looks at the calls on the GPU; past the timeout the NCCL
+communicator is aborted (NCCL would spin forever for a rank that never joins, and its lazy
+connect on the first call blocks the host). One thread at a time enters NCCL on a
 communicator, as NCCL requires.
 
 The tables and checks at the top of this module need no GPU (the CPU tests use them); CuPy is
@@ -26,7 +27,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 
@@ -355,10 +356,11 @@ def _gave_up(where: str, timeout: float | None) -> CommTimeoutError:
 
 
 class _Expiry:
-    """An async call of a bounded communicator, on the GPU: the watchdog gives it up (aborts
-    the communicator) ``bound`` seconds after its start: its call, or, where earlier calls
-    on its stream were still running then, when the watchdog saw them done (queued work is
-    not charged the wait). ``seen_done``: the watchdog saw it complete before any abort."""
+    """A call of a bounded communicator, on the GPU: the watchdog gives it up (aborts the
+    communicator) ``bound`` seconds after its start: its call, or, where this communicator's
+    earlier calls on its stream were still running then, when the watchdog saw them done
+    (they are not charged to it). ``seen_done``: the watchdog saw it complete before any
+    abort."""
 
     __slots__ = ("event", "key", "start", "bound", "why", "seen_done")
 
@@ -370,20 +372,25 @@ class _Expiry:
         self.why = why
         self.seen_done = False
 
+    def overdue(self, now: float) -> bool:
+        """Whether its clock has started and run past its bound at ``now``."""
+        return self.start is not None and now - self.start >= self.bound
+
 
 class _HostWait:
-    """A call of a bounded communicator (or one queued behind the worker's jobs), run on
-    the worker thread: ``future`` is its job there.
+    """A call of a bounded communicator, or one queued behind the worker's jobs.
 
-    A synchronous call's job waits on the host until the GPU has finished it; ``deadline``
+    Enqueued in the caller's thread (NcclBackend.watched): ``future`` is already done, and
+    waiting waits for ``event`` on the host, giving the call up past its bound (``expiry``,
+    also watched by the watchdog).
+
+    Run on the worker (NcclBackend.bounded: compared first): ``future`` is its job there. A
+    synchronous call's job waits on the host until the GPU has finished it; ``deadline``
     (``timeout`` after the call) is when the call is given up: the NCCL communicator is
-    aborted, so neither the GPU nor the worker thread keep waiting for a rank that never
-    comes, and CommTimeoutError is raised (the worker's, where it gave up first).
-
-    An async call's job ends once the call is enqueued (``event``: recorded after it); the
-    caller waits for that, so calls reach the GPU in the program's order. Waiting for it
-    then waits for the event; the watchdog gives it up past the group's timeout
-    (``expiry``; see NcclBackend.bounded)."""
+    aborted, so neither the GPU nor the worker keep waiting for a rank that never comes,
+    and CommTimeoutError is raised (the worker's, where it gave up first). An async call's
+    job ends once the call is enqueued (``event``: recorded after it), which its caller may
+    wait for (until_enqueued); then it is waited for as above."""
 
     __slots__ = (
         "future",
@@ -459,17 +466,16 @@ class _HostWait:
                 return False
             self.backend.check_done()  # (aborted meanwhile: the result is not valid)
         except BackendError as exc:
-            raise self._given_up(exc) from exc
+            self.reraise(exc)
         return True
 
     def _late(self) -> None:
         """Give the call up where it is on the GPU past its bound (the watchdog, which
         looks every _WATCHDOG_POLL s, would)."""
         late = self.expiry
-        if late is not None and late.start is not None:
-            if time.monotonic() - late.start >= late.bound:
-                self.backend.give_up(self.why)
-                raise _gave_up(self.where, late.bound)
+        if late is not None and late.overdue(time.monotonic()):
+            self.backend.give_up(self.why)
+            raise _gave_up(self.where, late.bound)
 
     def _settled(self) -> bool:
         """Whether the call is known complete without asking the GPU: the watchdog saw it
@@ -479,10 +485,12 @@ class _HostWait:
             self.backend.aborted == _CLOSED
         )
 
-    def _given_up(self, exc: BackendError) -> HpccommError:
+    def reraise(self, exc: BackendError) -> NoReturn:
+        """Raise ``exc`` (the communicator aborted, or an error of NCCL or CUDA), or this
+        call's CommTimeoutError where the abort was its own give-up."""
         if self.why and self.backend.aborted == self.why:
-            return _gave_up(self.where, self.timeout)
-        return exc
+            raise _gave_up(self.where, self.timeout) from exc
+        raise exc
 
     def _deadline(self) -> float | None:
         if self.deadline is None and self.started:
@@ -499,7 +507,7 @@ class _HostWait:
             if self.backend.host_wait(self.event, self.where, end):
                 return True
         except BackendError as exc:
-            raise self._given_up(exc) from exc
+            self.reraise(exc)
         self._late()
         return False
 
@@ -895,19 +903,15 @@ class NcclBackend:
         try:
             result, _, event = self._enqueue(call, seq, data, out, stream, deadline, wait.why, True)
         except BackendError as exc:
-            if deadline is not None and self._aborted == wait.why:  # the watchdog's abort
-                raise _gave_up(where, limit) from exc
-            raise
-        self._given(wait, result, event, stream, called, timeout)
+            wait.reraise(exc)  # (the watchdog's abort of a blocked enqueue: its timeout)
+        self._given(wait, event, stream, called, timeout)
         done = Future(where)
         done.value = result
         done.done.set()
         wait.future = done
         return wait
 
-    def _given(
-        self, wait: _HostWait, result: Any, event: Any, stream: Any, called: float, timeout: Any
-    ) -> None:
+    def _given(self, wait: _HostWait, event: Any, stream: Any, called: float, timeout: Any) -> None:
         """``wait``'s call enqueued, with its own ``event``: what its Work waits for."""
         wait.event, wait.keep = event, self._temps  # (alive until the GPU is done with them)
         bound = timeout if timeout is not None else wait.bound
@@ -967,7 +971,7 @@ class NcclBackend:
                     )
                     keep = self._temps  # alive until the GPU is done with them
                     if timeout is None:  # async: the GPU goes on, watched
-                        self._given(wait, result, mine, stream, began, None)
+                        self._given(wait, mine, stream, began, None)
                         return result
                 finally:
                     with self._lock:
@@ -979,9 +983,7 @@ class NcclBackend:
                 del keep
                 return result
             except BackendError as exc:
-                if limit is not None and self._aborted == why:  # the watchdog's abort
-                    raise _gave_up(where, bound) from exc
-                raise
+                wait.reraise(exc)  # (the watchdog's abort of a blocked enqueue: its timeout)
 
         def finished() -> None:  # (after the Executor's own count: see the dispatch's
             with self._lock:  # "behind", host jobs only)
@@ -1051,7 +1053,7 @@ class NcclBackend:
                 continue
             running.add(e.key)
             left.append(e)
-            if late is None and e.start is not None and now - e.start >= e.bound:
+            if late is None and e.overdue(now):
                 late = e.why
         if self._aborted is not None:  # (aborted while the events were asked: abort()
             self._expiring = []  # marks it before ncclCommAbort, so one seen done before
@@ -1070,10 +1072,10 @@ class NcclBackend:
 
     def _watch_loop(self) -> None:
         """Abort the communicator where a call passes its deadline where no thread of the
-        caller's looks at the time: the worker's call blocked inside NCCL (its lazy connect
-        to a peer that never comes blocks the enqueue on the host), and async calls on the
-        GPU (their Work may have been dropped). Async calls are looked at every
-        _WATCHDOG_POLL seconds while there are some."""
+        caller's looks at the time: an enqueue blocked inside NCCL (its lazy connect to a
+        peer that never comes blocks the host), and calls on the GPU (an async call's Work
+        may have been dropped, a synchronous call's wait ended early). Those are looked at
+        every _WATCHDOG_POLL seconds while there are some."""
         cv = self._watch_cv
         while True:
             with cv:
