@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import heapq
 import math
 import sys
 import warnings
@@ -105,6 +104,31 @@ def node_info(keys: Sequence[Any], rank: int) -> NodeInfo:
         order.setdefault(k, len(order))
     local = [r for r, k in enumerate(keys) if k == mine]
     return NodeInfo(local.index(rank), len(local), order[mine], len(order))
+
+
+class Made(NamedTuple):
+    """A group creation's result on this rank: its MPI backend (None outside the group),
+    its NodeInfo, and the name asked for with the number every member gives it (see
+    Communicator._gather)."""
+
+    backend: Any
+    nodes: NodeInfo | None
+    name: str
+    number: int = 1
+
+    @property
+    def named(self) -> str:
+        """The group's name: ``name``, or ``name-k`` for a number k above 1."""
+        return self.name if self.number == 1 else f"{self.name}-{self.number}"
+
+
+def lowest_free(held: Iterable[Iterable[int]]) -> int:
+    """The lowest number from 1 that no member's live group of a name holds."""
+    taken = {n for numbers in held for n in numbers}
+    number = 1
+    while number in taken:
+        number += 1
+    return number
 
 
 class NotMember:
@@ -237,12 +261,10 @@ class Communicator:
         self._leaders: Communicator | NotMember | bool = False  # False: not made yet
         self._children: list[Communicator] = []
         self._parent: Communicator | None = None  # the group this one was made from
-        # dup() names: "<name>/dup", then "/dup-2", ...: the lowest number no live dup of this
-        # group holds (every member makes every dup, so they agree); freed numbers, lowest
-        # first (heapq), and the next never used; a dup's own number (see _adopt, free)
-        self._dup_free: list[int] = []
-        self._dup_next = 1
-        self._dup_number = 0
+        # the names of the live groups made from this one: name -> numbers held ("world/dup"
+        # is 1, "world/dup-2" 2: see _gather); this group's own (name, number) in its parent
+        self._names: dict[str, set[int]] = {}
+        self._named: tuple[str, int] | None = None
         self._freed = False
         self._kept: str | None = None  # why free() kept the MPI communicators (strays)
 
@@ -868,23 +890,41 @@ class Communicator:
             raise
 
     def _make(
-        self, what: str, create: Any, *args: Any, agree: dict[str, Any] | None = None
-    ) -> tuple[Any, NodeInfo | None]:
+        self,
+        what: str,
+        name: str,
+        create: Any,
+        *args: Any,
+        agree: dict[str, Any] | None = None,
+    ) -> Made:
         """Run a group creation as one bounded collective step: the new MPI backend (None
-        on ranks outside it) and this rank's NodeInfo in it (one small allgather over the
-        new group, so that local_rank & co never communicate later)."""
+        on ranks outside it), this rank's NodeInfo in it and the group's name (``name``,
+        numbered where taken: see _gather)."""
 
-        def job() -> tuple[Any, NodeInfo | None]:
+        def job() -> Made:
             try:
                 backend = create(*args)
             except Exception as exc:  # mpi4py's MPI.Exception (MPI_ERR_INTERN, bare)
                 raise self._not_created(what, exc) from exc
             if backend is None:
-                return None, None
-            keys = backend.mpi.allgather(self._node_key)
-            return backend, node_info(keys, backend.rank)
+                return Made(None, None, name)
+            return self._gather(backend, name)
 
-        return self._dispatcher.collective(what, job, agree=agree)
+        return cast(Made, self._dispatcher.collective(what, job, agree=agree))
+
+    def _gather(self, backend: Any, name: str) -> Made:
+        """One small allgather over a new group (on its creation's step): every member's
+        node key, so that local_rank & co never communicate later, and the numbers of the
+        live groups of ``name`` that it made from this communicator. The group is ``name``
+        where no member holds one (number 1), else ``name-k`` with the lowest k that none
+        holds, so that two live groups never share a name (two splits of one color, two
+        layouts' "tp", two new_groups of one list were all "world/split(0)" & co: a
+        message or a trace could not say which, an outside hunt) and every member gives the
+        group the same one (a split's members differ in the other groups they made)."""
+        held = tuple(self._names.get(name, ()))
+        got = backend.mpi.allgather((self._node_key, held))
+        number = lowest_free(numbers for _, numbers in got)
+        return Made(backend, node_info([key for key, _ in got], backend.rank), name, number)
 
     def _tree(self) -> Iterator[Communicator]:
         """This group and every group made from it, at any depth (freed ones included
@@ -919,33 +959,25 @@ class Communicator:
 
     def _adopt(
         self,
-        made: tuple[Any, NodeInfo | None],
-        name: str,
+        made: Made,
         device: DeviceConfig | None = None,
         gid: str | None = None,
     ) -> Communicator | None:
-        backend, nodes = made
+        backend, nodes, base, number = made
         if backend is None or nodes is None:
             return None
         device = device or self._device
-        # a second live dup() gets a name of its own: both were "world/dup", and a timeout
-        # read as two calls of one group that differed. (dup only: every member of the
-        # parent makes every dup, so the names agree; a split's siblings differ by rank)
-        # (the names of the live children were gathered and searched at every creation:
-        # 15 ms a dup() with 6,200 live ones, quadratic in all; hunt AM, 2026-12-05)
-        number = 0
-        if name == f"{self.name}/dup":
-            if self._dup_free:
-                number = heapq.heappop(self._dup_free)
-            else:
-                number, self._dup_next = self._dup_next, self._dup_next + 1
-            if number > 1:
-                name = f"{name}-{number}"
+        # (a second live dup() was "world/dup" too, and a timeout read as two calls of one
+        # group that differed; the names of all live children were gathered and searched at
+        # every creation once: 15 ms a dup() with 6,200 live ones, quadratic in all, hunt
+        # AM, 2026-12-05; _gather sends only the numbers of the one name)
+        held = self._names.setdefault(base, set())
+        held.add(number)  # (before the child: a creation made from it meanwhile sees it)
         try:
             child = Communicator(
                 backend,
                 self._devices.child(backend, device),
-                name=name,
+                name=made.named,
                 timeout=self.timeout,
                 nodes=nodes,
                 node_key=self._node_key,
@@ -958,24 +990,39 @@ class Communicator:
                 debug=self.debug,
             )
         except BaseException:
-            if number:
-                heapq.heappush(self._dup_free, number)
+            self._release(base, number)
             raise
         self._children.append(child)
         child._parent = self
-        child._dup_number = number
+        child._named = (base, number)
         return child
+
+    def _release(self, name: str, number: int) -> None:
+        """A child's name is free again (freed, or never made)."""
+        held = self._names.get(name)
+        if held is not None:
+            held.discard(number)
+            if not held:
+                del self._names[name]
 
     @_creation("split")
     def split(
-        self, color: int | None, *, key: int | None = None, expect: Any = None
+        self,
+        color: int | None,
+        *,
+        key: int | None = None,
+        expect: Any = None,
+        name: str | None = None,
     ) -> Communicator | NotMember:
         """Split into groups by ``color`` (None: this rank joins no group and gets a
         :class:`NotMember`, which is falsy and refuses every operation),
         ordered by ``key`` (default: this rank). All ranks of the group must call this.
         Unless the debug level is "off" the ranks compare ``expect`` (any value every rank
         should agree on, such as the layout and dimension the groups are for) and raise a
-        MismatchError naming those that differ.
+        MismatchError naming those that differ. ``name``: the group's name in messages and
+        records (default ``"<this name>/split(color)"``; a group's members must pass the
+        same); where a live group made from this communicator has it on some member, the
+        new one is ``name-2`` (``-3`` ...), the same on every member.
 
         Example (4 ranks, ``color = rank % 2``): ranks 0, 2 form one group, 1, 3 another.
         """
@@ -997,14 +1044,19 @@ class Communicator:
                         f"{-C_INT_MAX - 1}..{C_INT_MAX} or None"
                     )
                 key = value
+            if name is not None and (not isinstance(name, str) or not name):
+                raise InvalidArgumentError(
+                    f"{w}: name is {type(name).__name__} {name!r}, expected a non-empty str"
+                )
         made = self._make(
             "split",
+            f"{self.name}/split({color})" if name is None else name,
             self._backend.split,
             color,
             self.rank if key is None else key,
             agree=None if expect is None else {"expect": expect},
         )
-        child = self._adopt(made, f"{self.name}/split({color})")
+        child = self._adopt(made)
         if child is None:
             return NotMember("split(None)", self.rank, self.size, self.name)
         return child
@@ -1041,8 +1093,14 @@ class Communicator:
         self._check_open("new_group")
         with self._refusing("new_group"):
             ranks = self._check_ranks("new_group", ranks)
-        made = self._make("new_group", self._backend.create, ranks, agree={"ranks": ranks})
-        child = self._adopt(made, f"{self.name}/group{ranks}")
+        made = self._make(
+            "new_group",
+            f"{self.name}/group{ranks}",
+            self._backend.create,
+            ranks,
+            agree={"ranks": ranks},
+        )
+        child = self._adopt(made)
         if child is None:
             return NotMember(f"new_group({ranks})", self.rank, self.size, self.name)
         return child
@@ -1077,12 +1135,12 @@ class Communicator:
                 f"{self._here('create_group')}: tag is {tag!r}, expected an integer in 0..{top:,}"
             )
 
-        def job() -> tuple[Any, list[Any]]:
+        def job() -> Made:
             try:
                 made = self._backend.create_group(ranks, tag_value)
             except Exception as exc:  # mpi4py's MPI.Exception (MPI_ERR_INTERN, bare)
                 raise self._not_created("create_group", exc) from exc
-            return made, made.mpi.allgather(self._node_key)
+            return self._gather(made, f"{self.name}/group{ranks}")
 
         # the members only: not a step of this group's sequence, bounded by its timeout;
         # counted inside the group (_creation: free() from another thread refuses meanwhile;
@@ -1096,7 +1154,7 @@ class Communicator:
                 )
             if d.broken is not None:  # (a fork() child's MPI, or a call stuck on the group)
                 raise ClosedError(f"{self._here('create_group')}: {d.broken}")
-            backend, keys = d.bounded(
+            made = d.bounded(
                 f"create_group {ranks}{f' (tag {tag_value})' if tag_value else ''} on "
                 f"{self.name} (rank {self.rank} of {self.size})",
                 job,
@@ -1109,11 +1167,7 @@ class Communicator:
             )
         count = self._created.get((tuple(ranks), tag_value), 0)
         self._created[(tuple(ranks), tag_value)] = count + 1
-        child = self._adopt(
-            (backend, node_info(keys, backend.rank)),
-            f"{self.name}/group{ranks}",
-            gid=f"{self._dispatcher.gid}/create{ranks}:{tag_value}:{count}",
-        )
+        child = self._adopt(made, gid=f"{self._dispatcher.gid}/create{ranks}:{tag_value}:{count}")
         if child is None:  # pragma: no cover - MPI gives every member its group
             raise HpccommError(f"{self._here('create_group')}: MPI returned no group")
         return child
@@ -1136,7 +1190,7 @@ class Communicator:
                         f"{device_backend!r}, expected 'nccl' or 'mpi'"
                     )
             device = device._replace(mode=device_backend, auto=False)
-        child = self._adopt(self._make("dup", self._backend.dup), f"{self.name}/dup", device)
+        child = self._adopt(self._make("dup", f"{self.name}/dup", self._backend.dup), device)
         if child is None:  # pragma: no cover - a dup always includes this rank
             raise HpccommError(f"{self._here('dup')}: MPI returned no communicator")
         return child
@@ -1277,14 +1331,14 @@ class Communicator:
         """
         self._check_open("node")
         if self._node is None:
-            made: tuple[Any, NodeInfo | None]
+            made: Made
             if self._node_backend is not None:  # made at init, ordered by rank
                 nb = self._node_backend
-                made = (nb, NodeInfo(nb.rank, nb.size, 0, 1))
+                made = Made(nb, NodeInfo(nb.rank, nb.size, 0, 1), f"{self.name}/node")
                 self._node_backend = None
             else:
-                made = self._make("node", self._backend.node)
-            self._node = self._adopt(made, f"{self.name}/node", gid=self._node_gid())
+                made = self._make("node", f"{self.name}/node", self._backend.node)
+            self._node = self._adopt(made, gid=self._node_gid())
         if self._node is None:  # pragma: no cover - every rank is on its node
             raise HpccommError(f"{self._here('node')}: MPI returned no group")
         return self._node
@@ -1298,9 +1352,13 @@ class Communicator:
         if self._leaders is False:
             leader = self.local_rank == 0
             made = self._make(
-                "leaders", self._backend.split, 0 if leader else None, self.node_index
+                "leaders",
+                f"{self.name}/leaders",
+                self._backend.split,
+                0 if leader else None,
+                self.node_index,
             )
-            self._leaders = self._adopt(made, f"{self.name}/leaders") or NotMember(
+            self._leaders = self._adopt(made) or NotMember(
                 "leaders()", self.rank, self.size, self.name
             )
         return self._leaders  # type: ignore[return-value]
@@ -1387,8 +1445,8 @@ class Communicator:
         if parent is not None:  # (kept there, every freed group stayed in memory for good:
             # about 20 KB each, 0.6 MB with the fast path's buffers, in a soak review)
             parent._children[:] = [c for c in parent._children if c is not self]
-            if self._dup_number:  # (its name may be given to the parent's next dup)
-                heapq.heappush(parent._dup_free, self._dup_number)
+            if self._named is not None:  # (its name may be given to the parent's next)
+                parent._release(*self._named)
         shm = self._shm()
         strays = self._dispatcher.strays()  # (before forget_group: it reads the notices)
         if self._notices is not None:  # its last call, for this rank's departure notice

@@ -256,9 +256,11 @@ class Call:
         return spec.name
 
     def where(self, seq: int | None) -> str:
-        """The ``"op #seq on group (rank r of n)"`` prefix of messages about a running call."""
+        """The ``"op #seq on group (rank r of n)"`` prefix of messages about a running call
+        (the operation as the user called it: all_to_all_single's split-size mismatch said
+        "all_to_all", an outside hunt)."""
         g = self.group
-        return where(self.spec.name, g.rank, g.size, group=g.name, seq=seq)
+        return where(self.op_name, g.rank, g.size, group=g.name, seq=seq)
 
     def dtype(self) -> np.dtype:
         """The payload's dtype (validation guarantees one for every array operation)."""

@@ -31,7 +31,14 @@ class Splittable(Protocol):
     @property
     def local_size(self) -> int: ...
 
-    def split(self, color: int | None, *, key: int | None = None, expect: Any = None) -> Any: ...
+    def split(
+        self,
+        color: int | None,
+        *,
+        key: int | None = None,
+        expect: Any = None,
+        name: str | None = None,
+    ) -> Any: ...
 
     def enable_nccl(self) -> None: ...
 
@@ -94,8 +101,10 @@ class ParallelGroups:
                 members[0],
                 key=self.comm.rank,
                 expect=f"layout group {'-'.join(key)} of {self.layout.groups_json()}",
+                # (named by the split, numbered there where another live layout's group has
+                # the name: two layouts' "world/tp" could not be told apart)
+                name=f"{self.comm.name}/{self.name(key)}",
             )
-            group.name = f"{self.comm.name}/{self.name(key)}"
             got = group.translate(range(group.size), self.comm)  # local: no messages
             if got != members:
                 # debug "off" (else the split compared the layouts): the other ranks asked

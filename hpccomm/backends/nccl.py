@@ -335,9 +335,18 @@ class _EventPending:
         self.where = where
 
     def test(self) -> bool:
-        return self.backend.event_done(self.event, self.where)
+        if not self.backend.event_done(self.event, self.where):
+            return False
+        # an abort (another Work's synchronize(timeout), NCCL's asynchronous error) ends
+        # the kernels of the calls still running: their events complete, with no result
+        # (is_completed() reported success and wait() returned it, as PyTorch fails every
+        # outstanding Work of an aborted communicator; a destroyed one is fine: free()
+        # waited for every call first)
+        self.backend.check_done()
+        return True
 
     def wait(self, timeout: float | None) -> bool:
+        self.backend.check_done()  # (as test(): aborted, its result may be cut short)
         self.backend.stream_now().wait_event(self.event)  # ordered, the host not blocked
         return True
 
@@ -362,14 +371,17 @@ class _Expiry:
     (they are not charged to it). ``seen_done``: the watchdog saw it complete before any
     abort."""
 
-    __slots__ = ("event", "key", "start", "bound", "why", "seen_done")
+    __slots__ = ("event", "key", "start", "bound", "why", "where", "seen_done")
 
-    def __init__(self, event: Any, key: Any, start: float | None, bound: float, why: str) -> None:
+    def __init__(
+        self, event: Any, key: Any, start: float | None, bound: float, why: str, where: str
+    ) -> None:
         self.event = event
         self.key = key
         self.start = start
         self.bound = bound
         self.why = why
+        self.where = where
         self.seen_done = False
 
     def overdue(self, now: float) -> bool:
@@ -919,7 +931,7 @@ class NcclBackend:
             # wait may end early: a peer's failure notice, a Ctrl-C)
             ptr = stream.ptr  # (CuPy's per-thread default stream: one handle, each thread's)
             key = (ptr, threading.get_ident() if ptr == self._runtime.streamPerThread else 0)
-            wait.expiry = self._expire(event, key, called, bound, wait.why)
+            wait.expiry = self._expire(event, key, called, bound, wait.why, wait.where)
 
     def bounded(
         self,
@@ -1009,7 +1021,9 @@ class NcclBackend:
             self._watching = None if deadline is None else (deadline, why)
             self._start_watchdog(deadline is not None)
 
-    def _expire(self, event: Any, key: Any, called: float, bound: float, why: str) -> _Expiry:
+    def _expire(
+        self, event: Any, key: Any, called: float, bound: float, why: str, where: str
+    ) -> _Expiry:
         """Have the watchdog give up the async call whose ``event`` was just recorded on
         stream ``key``: ``bound`` seconds after ``called``, or, where an earlier call on the
         stream is still running, after the watchdog sees those done."""
@@ -1017,7 +1031,7 @@ class NcclBackend:
             # (the stream runs its calls in order: the latest one on it says for all)
             last = next((e for e in reversed(self._expiring) if e.key == key), None)
             queued = last is not None and not self._finished(last.event)
-            expiry = _Expiry(event, key, None if queued else called, bound, why)
+            expiry = _Expiry(event, key, None if queued else called, bound, why, where)
             self._expiring.append(expiry)
             self._start_watchdog(True)
         return expiry
@@ -1034,23 +1048,28 @@ class NcclBackend:
             self._watch_thread.start()
         self._watch_cv.notify()
 
-    def _sweep(self, now: float) -> str | None:
+    def _sweep(self, now: float) -> tuple[str, bool] | None:
         """(Under _watch_cv.) Drop the async calls the GPU has finished, start the clocks of
-        those whose earlier calls on their stream are done; the reason of the first past its
-        bound, if any."""
+        those whose earlier calls on their stream are done; the reason to abort, if any,
+        and whether it is a timeout: a CUDA error the GPU reported (the first call whose
+        event says one: a sticky error never completes, and was given up as a timeout), or
+        the first call past its bound."""
         if self._aborted is not None:  # (aborted elsewhere: an event done now may be the
             self._expiring = []  # abort's, its call cut short)
             return None
         running: set[Any] = set()
         left: list[_Expiry] = []
         done: list[_Expiry] = []
-        late = None
+        late = failed = None
         for e in self._expiring:
             if e.start is None and e.key not in running:
                 e.start = now  # (its stream's earlier calls were seen done by now)
-            if self._finished(e.event):
-                done.append(e)
-                continue
+            try:
+                if event_done(self._runtime, e.event, e.where):
+                    done.append(e)
+                    continue
+            except BackendError as exc:
+                failed = failed or str(exc)
             running.add(e.key)
             left.append(e)
             if late is None and e.overdue(now):
@@ -1061,7 +1080,9 @@ class NcclBackend:
         for e in done:
             e.seen_done = True
         self._expiring = left
-        return late
+        if failed is not None:
+            return failed, False
+        return None if late is None else (late, True)
 
     def _watchdog(self) -> None:
         try:  # (its event queries: not on GPU 0's context, see bounded's job)
@@ -1084,12 +1105,13 @@ class NcclBackend:
                         return
                     now = time.monotonic()
                     watching = self._watching
-                    why = None
+                    found = None
                     if watching is not None and watching[0] <= now:
-                        why = watching[1]
+                        found = (watching[1], True)
                     elif self._expiring:
-                        why = self._sweep(now)
-                    if why is not None:
+                        found = self._sweep(now)
+                    if found is not None:
+                        why, timed_out = found
                         break
                     naps = [_WATCHDOG_POLL] if self._expiring else []
                     if watching is not None:
@@ -1104,7 +1126,10 @@ class NcclBackend:
                             continue
                         self._watching = None
                     self._expiring = []
-                self.give_up(why)
+                if timed_out:
+                    self.give_up(why)
+                else:  # (a CUDA error: the Works waited for raise it, not a timeout)
+                    self.abort(why)
 
     def event_done(self, event: Any, where: object) -> bool:
         """Whether the event completed; a CUDA error the GPU reported raises BackendError."""

@@ -141,6 +141,7 @@ def test_all_to_all_single_receiver_expects_more(checked):
             np.ones(n), input_split_sizes=send, output_split_sizes=recv
         ),
         "the split sizes disagree: rank 0 sends 1 elements to rank 1, which expects 2",
+        "all_to_all_single #",  # as the user called it (it said "all_to_all")
     )
 
 
@@ -155,6 +156,7 @@ def test_all_to_all_single_every_receiver_expects_more(checked):
             np.ones(n), input_split_sizes=[1] * n, output_split_sizes=[2] * n
         ),
         "the split sizes disagree: rank 0 sends 1 elements to rank 0, which expects 2",
+        "all_to_all_single #",
     )
 
 

@@ -1409,6 +1409,65 @@ def test_live_groups_made_alike_have_names_of_their_own(comm):
         g.free()
 
 
+def _names_agree(g):
+    """Every member of ``g`` gives it the same name; returns it."""
+    names = g.all_gather_object(g.name)
+    assert len(set(names)) == 1, names
+    return names[0]
+
+
+def test_live_splits_and_new_groups_made_alike_have_names_of_their_own(comm):
+    # two live splits of one color, two new_groups of one list, two layouts' tp were named
+    # alike ("world/split(0)"), so a message or a trace could not say which (an outside
+    # hunt); the number is agreed by the group's members, whose other groups differ
+    n, r = comm.size, comm.rank
+    a = comm.split(0)
+    b = comm.split(0)
+    assert (_names_agree(a), _names_agree(b)) == (
+        f"{comm.name}/split(0)",
+        f"{comm.name}/split(0)-2",
+    )
+    # rank 0 alone asks for color 0 now: its group is numbered 3 (it holds 1 and 2); the
+    # others' color 1 group is the first of its name
+    c = comm.split(0 if r == 0 else 1)
+    assert _names_agree(c) == (f"{comm.name}/split(0)-3" if r == 0 else f"{comm.name}/split(1)")
+    # every rank color 0 again: rank 0 holds 1, 2, 3 and the others 1, 2: 4 on every member
+    d = comm.split(0)
+    assert _names_agree(d) == f"{comm.name}/split(0)-4"
+    a.free()
+    e = comm.split(0)  # the number a left is free again on every member
+    assert _names_agree(e) == f"{comm.name}/split(0)"
+    ranks = list(range(n))
+    f, g = comm.new_group(ranks), comm.new_group(ranks)
+    assert (_names_agree(f), _names_agree(g)) == (
+        f"{comm.name}/group{ranks}",
+        f"{comm.name}/group{ranks}-2",
+    )
+    h = comm.create_group(ranks)  # the members' own creation takes part in the numbers
+    assert _names_agree(h) == f"{comm.name}/group{ranks}-3"
+    named = comm.split(0, name="mine")
+    assert _names_agree(named) == "mine"
+    with pytest.raises(
+        hpccomm.InvalidArgumentError,
+        match=r"split on \S+ \(rank \d+ of \d+\): name is int 5, expected a non-empty str",
+    ):
+        comm.split(0, name=5)
+    one, two = comm.layout(tp=1), comm.layout(tp=1)
+    try:
+        assert (_names_agree(one.tp), _names_agree(two.tp)) == (
+            f"{comm.name}/tp",
+            f"{comm.name}/tp-2",
+        )
+        with pytest.raises(hpccomm.InvalidArgumentError, match=rf"broadcast on {comm.name}/tp-2 "):
+            two.tp.broadcast(np.ones(2), n + 5)  # (refused on every rank alike)
+    finally:
+        one.free()
+        two.free()
+    for x in (b, c, d, e, f, g, h, named):
+        x.free()
+    assert comm._names == {}  # (nothing held once the groups are freed)
+
+
 @pytest.mark.mpi(min_size=2)
 def test_a_send_to_a_rank_that_freed_the_group_is_refused(world):
     # rank 1 freed g, rank 0 then sent on it: Open MPI gave the next group g's id, and its

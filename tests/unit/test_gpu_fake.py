@@ -108,6 +108,8 @@ class Gpu:
         """What cudaEventQuery answers for ``event``."""
         if event.ptr in self.stuck:  # (a peer that never comes: not even another
             return NOT_READY  # communicator's abort ends it)
+        if self.event_status not in (0, NOT_READY):  # a sticky CUDA error: for good
+            return self.event_status
         if self.comm_abort.is_set():
             return 0
         if time.monotonic() < getattr(event, "done_at", 0.0):
@@ -684,6 +686,62 @@ def test_sticky_cuda_error_is_raised_not_a_timeout(gpu):
     assert time.monotonic() - t0 < 1
     with pytest.raises(BackendError, match="cudaErrorIllegalAddress"):
         work.wait()  # the Work keeps the error
+
+
+def test_an_abort_fails_the_other_unfinished_works_of_an_unbounded_group(gpu):
+    """One Work's synchronize(timeout) aborts the communicator; the aborted kernels' events
+    complete, so another Work still running reported success (is_completed() True, no
+    exception, wait() returned its result), as if its data were whole. PyTorch fails every
+    outstanding Work of an aborted communicator."""
+    d, devices = nccl_dispatcher(gpu)
+    x, y = dev(gpu, np.ones(4, np.float32)), dev(gpu, np.ones(4, np.float32))
+    gpu.event_status = NOT_READY
+    first = d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM, async_op=True)
+    second = d.dispatch(O.ALL_REDUCE, y, redop=ReduceOp.SUM, async_op=True)
+    third = d.dispatch(O.ALL_REDUCE, y, redop=ReduceOp.SUM, async_op=True)
+    assert not second.is_completed()
+    with pytest.raises(CommTimeoutError, match="not complete after 0.1 s on the GPU"):
+        first.synchronize(timeout=0.1)
+    assert devices.nccl.aborted
+    assert Event(gpu).done  # (the abort ended the kernels: their events are done)
+    assert second.is_completed()
+    assert isinstance(second.exception(), BackendError), second.exception()
+    assert "the communicator was aborted" in str(second.exception())
+    with pytest.raises(BackendError, match="the communicator was aborted"):
+        second.wait()
+    with pytest.raises(BackendError, match="the communicator was aborted"):
+        third.wait()  # (not polled first: wait() says it too)
+
+
+@pytest.mark.parametrize("dropped", [True, False])
+def test_a_cuda_error_on_a_bounded_group_is_said_not_given_up_as_a_timeout(gpu, dropped):
+    """An async call of a bounded group whose event reports a sticky CUDA error never
+    completes: the watchdog gave it up at the timeout, and its Work raised CommTimeoutError
+    ("some rank of the group has not joined it"). It aborts the communicator naming the
+    CUDA error, and the Work raises that."""
+    c, devices = nccl_communicator(gpu, timeout=0.3)
+    x = dev(gpu, np.ones(8, np.float32))
+    gpu.event_status = NOT_READY
+    work = c.all_reduce(x, async_op=True)
+    gpu.event_status = ILLEGAL_ADDRESS
+    t0 = time.monotonic()
+    while not devices.nccl.aborted:
+        assert time.monotonic() - t0 < 5, "the watchdog never looked"
+        time.sleep(0.01)
+    assert "CUDA error on the GPU: cudaErrorIllegalAddress" in devices.nccl.aborted
+    assert "did not complete" not in devices.nccl.aborted
+    if dropped:
+        with pytest.warns(UnwaitedWorkWarning):
+            del work
+    else:
+        with pytest.raises(BackendError, match="cudaErrorIllegalAddress") as info:
+            work.wait()
+        assert not isinstance(info.value, CommTimeoutError)
+    y = dev(gpu, np.ones(8, np.float32))
+    with pytest.raises(BackendError, match="aborted .*cudaErrorIllegalAddress"):
+        c.all_reduce(y)  # later calls say why the communicator is gone
+    gpu.event_status = 0
+    c.free()
 
 
 def test_async_error_aborts_and_raises(gpu):
