@@ -925,7 +925,9 @@ class NcclBackend:
 
     def _given(self, wait: _HostWait, event: Any, stream: Any, called: float, timeout: Any) -> None:
         """``wait``'s call enqueued, with its own ``event``: what its Work waits for."""
-        wait.event, wait.keep = event, self._temps  # (alive until the GPU is done with them)
+        # (its temporaries: alive until the GPU is done with them, held by the Work alone: the
+        # thread's own list kept them until its next call)
+        wait.event, wait.keep, self._temps = event, self._temps, []
         bound = timeout if timeout is not None else wait.bound
         if bound is not None:  # the watchdog looks (a synchronous call's caller too, but its
             # wait may end early: a peer's failure notice, a Ctrl-C)
@@ -981,10 +983,10 @@ class NcclBackend:
                     result, event, mine = self._enqueue(
                         call, seq, data, out, stream, limit, why, timeout is None
                     )
-                    keep = self._temps  # alive until the GPU is done with them
                     if timeout is None:  # async: the GPU goes on, watched
                         self._given(wait, mine, stream, began, None)
                         return result
+                    keep, self._temps = self._temps, []  # alive until the GPU is done
                 finally:
                     with self._lock:
                         self.queued -= 1

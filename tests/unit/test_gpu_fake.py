@@ -744,6 +744,20 @@ def test_a_cuda_error_on_a_bounded_group_is_said_not_given_up_as_a_timeout(gpu, 
     c.free()
 
 
+@pytest.mark.parametrize("async_op", [True, False])
+def test_a_bounded_calls_temporaries_are_held_by_its_work_alone(gpu, async_op):
+    """PREMUL_SUM's scaled copy lives until the GPU is done with it, held by the call's Work;
+    the calling thread's own list kept it, and the GPU memory, until its next call."""
+    c, devices = nccl_communicator(gpu, timeout=5)
+    x = dev(gpu, np.ones(1 << 10, np.float32))
+    work = c.all_reduce(x, op=ReduceOp.PREMUL_SUM(2.0), async_op=async_op)
+    assert devices.nccl._temps == []  # (this thread's: nothing left there)
+    if async_op:
+        assert len(work._pending.keep) == 1  # the scaled copy, until the Work completes
+        work.wait()
+    c.free()
+
+
 def test_async_error_aborts_and_raises(gpu):
     d, devices = nccl_dispatcher(gpu)
     x = dev(gpu, np.ones(4, np.float32))
