@@ -28,7 +28,7 @@ import numpy as np
 from . import record
 from .backends.shm import ShmBackend
 from .cuda_aware import CPU_ONLY, DeviceConfig
-from .debug import level_from
+from .debug import by_rank, level_from
 from .dispatch import Dispatcher
 from .dtypes import ReduceOp, dtype_info
 from .errors import (
@@ -40,6 +40,7 @@ from .errors import (
     MismatchError,
 )
 from .layout import Layout
+from .names import Names, lowest_free, numbered
 from .notices import REFUSED, NoticeBoard
 from .ops import (
     ALL_GATHER,
@@ -119,16 +120,7 @@ class Made(NamedTuple):
     @property
     def named(self) -> str:
         """The group's name: ``name``, or ``name-k`` for a number k above 1."""
-        return self.name if self.number == 1 else f"{self.name}-{self.number}"
-
-
-def lowest_free(held: Iterable[Iterable[int]]) -> int:
-    """The lowest number from 1 that no member's live group of a name holds."""
-    taken = {n for numbers in held for n in numbers}
-    number = 1
-    while number in taken:
-        number += 1
-    return number
+        return numbered(self.name, self.number)
 
 
 class NotMember:
@@ -261,9 +253,9 @@ class Communicator:
         self._leaders: Communicator | NotMember | bool = False  # False: not made yet
         self._children: list[Communicator] = []
         self._parent: Communicator | None = None  # the group this one was made from
-        # the names of the live groups made from this one: name -> numbers held ("world/dup"
-        # is 1, "world/dup-2" 2: see _gather); this group's own (name, number) in its parent
-        self._names: dict[str, set[int]] = {}
+        # the numbers the live groups made from this one hold per name ("world/dup" is 1,
+        # "world/dup-2" 2: see _gather); this group's own (name, number) in its parent
+        self._names = Names()
         self._named: tuple[str, int] | None = None
         self._freed = False
         self._kept: str | None = None  # why free() kept the MPI communicators (strays)
@@ -908,23 +900,39 @@ class Communicator:
                 raise self._not_created(what, exc) from exc
             if backend is None:
                 return Made(None, None, name)
-            return self._gather(backend, name)
+            return self._gather(backend, name, what)
 
         return cast(Made, self._dispatcher.collective(what, job, agree=agree))
 
-    def _gather(self, backend: Any, name: str) -> Made:
+    def _gather(self, backend: Any, name: str, what: str) -> Made:
         """One small allgather over a new group (on its creation's step): every member's
-        node key, so that local_rank & co never communicate later, and the numbers of the
-        live groups of ``name`` that it made from this communicator. The group is ``name``
-        where no member holds one (number 1), else ``name-k`` with the lowest k that none
-        holds, so that two live groups never share a name (two splits of one color, two
+        node key, so that local_rank & co never communicate later, its name for the group
+        (they must agree: a split's name=, a layout's dimensions), and the numbers of its
+        live groups of that name made from this communicator. The group is ``name`` where
+        no member holds one (number 1), else ``name-k`` with the lowest k that none holds,
+        so that two live groups of one name are told apart (two splits of one color, two
         layouts' "tp", two new_groups of one list were all "world/split(0)" & co: a
         message or a trace could not say which, an outside hunt) and every member gives the
-        group the same one (a split's members differ in the other groups they made)."""
-        held = tuple(self._names.get(name, ()))
-        got = backend.mpi.allgather((self._node_key, held))
-        number = lowest_free(numbers for _, numbers in got)
-        return Made(backend, node_info([key for key, _ in got], backend.rank), name, number)
+        group the same one (a split's members differ in the other groups they made). The
+        number is taken here, on the thread that ran the creation, before the next one."""
+        # (compared below this group's own name, which a program may have set per rank:
+        # "/split(0)", or a split's name= whole)
+        own = name[len(self.name) :] if name.startswith(self.name) else name
+        mine = (self._node_key, name, own, self._names.mask(name), self.rank)
+        got = backend.mpi.allgather(mine)
+        if any(o != own for _, _, o, _, _ in got):
+            backend.free()
+            named = by_rank((r, repr(n)) for _, n, _, _, r in got)
+            err = MismatchError(
+                f"{self._here(what)}: the new group's members name it differently: "
+                f"{', '.join(named[:-1])} but {named[-1]} (ranks of {self.name}; a group's "
+                f"members pass the same split name=, and a layout's ask for the same group)"
+            )
+            err.local = True  # (every member raises it; the others' creations are fine)
+            raise err
+        number = lowest_free(mask for _, _, _, mask, _ in got)
+        self._names.take(name, number)
+        return Made(backend, node_info([g[0] for g in got], backend.rank), name, number)
 
     def _tree(self) -> Iterator[Communicator]:
         """This group and every group made from it, at any depth (freed ones included
@@ -970,9 +978,7 @@ class Communicator:
         # (a second live dup() was "world/dup" too, and a timeout read as two calls of one
         # group that differed; the names of all live children were gathered and searched at
         # every creation once: 15 ms a dup() with 6,200 live ones, quadratic in all, hunt
-        # AM, 2026-12-05; _gather sends only the numbers of the one name)
-        held = self._names.setdefault(base, set())
-        held.add(number)  # (before the child: a creation made from it meanwhile sees it)
+        # AM, 2026-12-05; _gather sends one int per name: Names)
         try:
             child = Communicator(
                 backend,
@@ -990,20 +996,12 @@ class Communicator:
                 debug=self.debug,
             )
         except BaseException:
-            self._release(base, number)
+            self._names.release(base, number)
             raise
         self._children.append(child)
         child._parent = self
         child._named = (base, number)
         return child
-
-    def _release(self, name: str, number: int) -> None:
-        """A child's name is free again (freed, or never made)."""
-        held = self._names.get(name)
-        if held is not None:
-            held.discard(number)
-            if not held:
-                del self._names[name]
 
     @_creation("split")
     def split(
@@ -1140,7 +1138,7 @@ class Communicator:
                 made = self._backend.create_group(ranks, tag_value)
             except Exception as exc:  # mpi4py's MPI.Exception (MPI_ERR_INTERN, bare)
                 raise self._not_created("create_group", exc) from exc
-            return self._gather(made, f"{self.name}/group{ranks}")
+            return self._gather(made, f"{self.name}/group{ranks}", "create_group")
 
         # the members only: not a step of this group's sequence, bounded by its timeout;
         # counted inside the group (_creation: free() from another thread refuses meanwhile;
@@ -1335,6 +1333,7 @@ class Communicator:
             if self._node_backend is not None:  # made at init, ordered by rank
                 nb = self._node_backend
                 made = Made(nb, NodeInfo(nb.rank, nb.size, 0, 1), f"{self.name}/node")
+                self._names.take(made.name, 1)  # (_gather takes it for the others)
                 self._node_backend = None
             else:
                 made = self._make("node", f"{self.name}/node", self._backend.node)
@@ -1446,7 +1445,7 @@ class Communicator:
             # about 20 KB each, 0.6 MB with the fast path's buffers, in a soak review)
             parent._children[:] = [c for c in parent._children if c is not self]
             if self._named is not None:  # (its name may be given to the parent's next)
-                parent._release(*self._named)
+                parent._names.release(*self._named)
         shm = self._shm()
         strays = self._dispatcher.strays()  # (before forget_group: it reads the notices)
         if self._notices is not None:  # its last call, for this rank's departure notice

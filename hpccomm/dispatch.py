@@ -2168,8 +2168,8 @@ class Dispatcher:
         try:
             return fut.outcome()
         except HpccommError as exc:
-            if not isinstance(exc, _CONSEQUENCES):
-                self._post(what, group.seq, exc)
+            if not isinstance(exc, _CONSEQUENCES) and not getattr(exc, "local", False):
+                self._post(what, group.seq, exc)  # (local: its own peers raise it too)
             raise
 
     def _is_closed(self) -> bool:

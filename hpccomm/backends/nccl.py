@@ -323,7 +323,7 @@ def check_tags(call: Call, tags: Sequence[Any]) -> None:
 class _EventPending:
     """A device operation enqueued on a stream: done when its CUDA event is."""
 
-    __slots__ = ("event", "result", "backend", "keep", "where")
+    __slots__ = ("event", "result", "backend", "keep", "where", "settled", "__weakref__")
 
     def __init__(
         self, event: Any, result: Any, backend: NcclBackend, keep: Any, where: str
@@ -333,20 +333,28 @@ class _EventPending:
         self.backend = backend
         self.keep = keep  # temporaries the GPU reads until the event (PREMUL_SUM's copy)
         self.where = where
+        self.settled = False  # seen complete by abort() just before it aborted
+        backend.pending.add(self)
 
     def test(self) -> bool:
         if not self.backend.event_done(self.event, self.where):
             return False
-        # an abort (another Work's synchronize(timeout), NCCL's asynchronous error) ends
-        # the kernels of the calls still running: their events complete, with no result
-        # (is_completed() reported success and wait() returned it, as PyTorch fails every
-        # outstanding Work of an aborted communicator; a destroyed one is fine: free()
-        # waited for every call first)
-        self.backend.check_done()
+        self.verify()
         return True
 
+    def verify(self) -> None:
+        """Its event completed: raise where an abort may have cut it short. An abort
+        (another Work's synchronize(timeout), NCCL's asynchronous error) ends the kernels of
+        the calls still running, and their events complete with no result: such a Work
+        reported success (is_completed()) and wait() returned its result. PyTorch fails the
+        outstanding Works of an aborted communicator. Fine: a call abort() saw complete
+        before it aborted (``settled``), and every call once free() destroyed the
+        communicator cleanly (it waited for each first)."""
+        if not self.settled:
+            self.backend.check_done()
+
     def wait(self, timeout: float | None) -> bool:
-        self.backend.check_done()  # (as test(): aborted, its result may be cut short)
+        self.verify()  # (the stream's wait below cannot tell)
         self.backend.stream_now().wait_event(self.event)  # ordered, the host not blocked
         return True
 
@@ -548,7 +556,7 @@ class DeviceWork(Work):
     """A pending device operation: ``wait()`` makes the current stream wait on the event
     (the host is not blocked); ``synchronize(timeout)`` blocks the host until it is done."""
 
-    __slots__ = ("_event", "_backend")
+    __slots__ = ("_event", "_backend", "_on_gpu")
 
     def __init__(
         self,
@@ -564,6 +572,7 @@ class DeviceWork(Work):
         super().__init__(call, seq, pending, rec=rec)
         self._event = event
         self._backend = backend
+        self._on_gpu = pending  # (a point-to-point Work's _pending wraps it)
 
     def wait(self, timeout: float | None = None) -> Any:
         """Order the current stream after the operation (no host blocking); return the result.
@@ -590,7 +599,7 @@ class DeviceWork(Work):
                     )
                 time.sleep(pause)
                 pause = min(pause * 2, 1e-3)
-            self._backend.check_done()
+            self._on_gpu.verify()
         except HpccommError as exc:
             if not self._done:
                 self._finish(exc)
@@ -639,6 +648,8 @@ class NcclBackend:
         self._aborted: str | None = None
         self._streams = WorkerStreams()
         self._lock = threading.RLock()  # the communicator between abort() and its users
+        # the unfinished DeviceWorks' events: abort() marks those complete before it aborts
+        self.pending: weakref.WeakSet[_EventPending] = weakref.WeakSet()
         # NCCL allows one thread at a time on a communicator (its "Thread safety" page):
         # point-to-point calls of one group may come from several threads
         self._issue = threading.Lock()
@@ -1161,6 +1172,10 @@ class NcclBackend:
         communicator is aborted); raise if it was aborted (``done``: not where free()
         destroyed it cleanly, which it does once every call it knows of is done)."""
         with self._lock:
+            if self._aborted is None and getattr(self.comm, "comm", None) == 0:
+                # CuPy's handle is 0: the program aborted or destroyed it (comm.nccl), which
+                # NCCL's error query would call an invalid argument
+                self._aborted = "aborted or destroyed through CuPy (comm.nccl)"
             if self._aborted is not None:
                 if done and self._aborted == _CLOSED:
                     return
@@ -1196,6 +1211,13 @@ class NcclBackend:
         with self._lock:
             if self._aborted is None:
                 self._aborted = why
+                # the calls complete now are whole, whatever comes next: the unfinished
+                # DeviceWorks', and the bounded calls' the watchdog has not seen done yet
+                for p in list(self.pending):
+                    p.settled = self._finished(p.event)
+                with self._watch_cv:
+                    for e in self._expiring:
+                        e.seen_done = e.seen_done or self._finished(e.event)
                 try:
                     self.comm.abort()
                 except Exception:  # already broken: nothing more to release

@@ -1465,7 +1465,32 @@ def test_live_splits_and_new_groups_made_alike_have_names_of_their_own(comm):
         two.free()
     for x in (b, c, d, e, f, g, h, named):
         x.free()
-    assert comm._names == {}  # (nothing held once the groups are freed)
+    assert not comm._names  # (nothing held once the groups are freed)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_members_that_name_their_group_differently_are_told(comm):
+    # split(name=) on one rank differing from another member's: each member named the group
+    # its own way, and the numbers came from unrelated names
+    r = comm.rank
+    with pytest.raises(hpccomm.MismatchError) as info:
+        comm.split(0, name="a" if r == 0 else "b")
+    msg = str(info.value)
+    assert "the new group's members name it differently: 'a' on rank 0 but 'b' on rank" in msg
+    assert f"(ranks of {comm.name};" in msg
+    assert not comm._names
+    x = np.ones(3)
+    comm.all_reduce(x)  # the group goes on
+    assert (x == comm.size).all()
+    g = comm.split(0, name="a")
+    assert _names_agree(g) == "a"
+    g.free()
+    d = comm.dup()
+    d.name = f"mine-{r}"  # (a program's own name per rank: its groups' names below it)
+    for child in (d.split(0), d.dup(), d.new_group(list(range(comm.size)))):
+        assert child.name.startswith(f"mine-{r}/")
+        child.free()
+    d.free()
 
 
 @pytest.mark.mpi(min_size=2)

@@ -758,6 +758,42 @@ def test_a_bounded_calls_temporaries_are_held_by_its_work_alone(gpu, async_op):
     c.free()
 
 
+def test_a_work_complete_before_an_abort_keeps_its_result(gpu):
+    """A call the GPU had finished before another Work's synchronize(timeout) aborted the
+    communicator, not asked about before: its result is whole (abort() looks at the
+    unfinished Works' events first), where the abort's failing every unasked Work failed
+    it too."""
+    d, devices = nccl_dispatcher(gpu)
+    x, y = dev(gpu, np.ones(4, np.float32)), dev(gpu, np.ones(4, np.float32))
+    first = d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM, async_op=True)
+    second = d.dispatch(O.ALL_REDUCE, y, redop=ReduceOp.SUM, async_op=True)
+    gpu.stuck.add(second._event.ptr)  # (its peer never comes)
+    with pytest.raises(CommTimeoutError):
+        second.synchronize(timeout=0.1)
+    assert devices.nccl.aborted
+    assert first.wait() is x and first.exception() is None
+    assert first.synchronize(timeout=1) is x
+
+
+@pytest.mark.parametrize("way", ["is_completed", "wait", "synchronize"])
+def test_a_communicator_aborted_through_cupy_is_said(gpu, way):
+    """The program aborted the NCCL communicator itself (comm.nccl.abort()): a Work asked
+    afterwards raised NCCL's "invalid argument" as an asynchronous error."""
+    d, devices = nccl_dispatcher(gpu)
+    x = dev(gpu, np.ones(4, np.float32))
+    work = d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM, async_op=True)
+    devices.nccl.comm.abort()
+    if way == "is_completed":
+        assert work.is_completed()
+        got = work.exception()
+    else:
+        with pytest.raises(BackendError) as info:
+            getattr(work, way)()
+        got = info.value
+    assert "aborted or destroyed through CuPy (comm.nccl)" in str(got), got
+    assert "asynchronous error" not in str(got)
+
+
 def test_async_error_aborts_and_raises(gpu):
     d, devices = nccl_dispatcher(gpu)
     x = dev(gpu, np.ones(4, np.float32))
