@@ -1423,9 +1423,10 @@ class Communicator:
                     d.reopen()
         if busy:
             raise InvalidArgumentError(
-                f"{here}: {'; '.join(busy)}; wait() for them first (nothing was freed; a "
-                f"Work dropped unfinished does not hold up free(): hpccomm keeps its arrays "
-                f"alive until MPI is done with them)"
+                f"{here}: {'; '.join(busy)}; wait() for them first (nothing was freed; an "
+                f"operation whose Work was dropped unwaited holds free() up only while it "
+                f"runs, its arrays kept alive until MPI is done with them: a barrier() of the "
+                f"group waits for its collectives)"
             )
 
     def _free_after(self) -> list[HpccommError]:

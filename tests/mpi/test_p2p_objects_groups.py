@@ -1781,3 +1781,30 @@ def test_create_group_beside_point_to_point_messages_of_its_tag(comm):
         posted.wait(20)
         assert got.tolist() == [0, 1, 2, 3]
     comm.barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_free_refused_behind_a_dropped_async_collective_says_how_to_wait(comm):
+    # its message said "wait() for them first (... a Work dropped unfinished does not hold
+    # up free() ...)": the program holds no Work, and the dropped one held free() up
+    import gc
+    import warnings
+
+    g = comm.dup()
+    if comm.rank == 0:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", hpccomm.UnwaitedWorkWarning)
+            g.all_reduce(np.ones(8), async_op=True)  # the others join it later
+            gc.collect()
+        with pytest.raises(hpccomm.InvalidArgumentError) as info:
+            g.free()
+        msg = str(info.value)
+        assert "still running" in msg and "nothing was freed" in msg, msg
+        assert "holds free() up only while it runs" in msg and "barrier()" in msg, msg
+        assert not g.freed
+    comm.barrier()  # (rank 0 has been refused)
+    if comm.rank != 0:
+        g.all_reduce(np.ones(8))
+    g.barrier()  # waits for rank 0's dropped call
+    g.free()
+    assert g.freed
