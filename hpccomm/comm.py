@@ -917,12 +917,15 @@ class Communicator:
         number is taken here, on the thread that ran the creation, before the next one."""
         # (compared below this group's own name, which a program may have set per rank:
         # "/split(0)", or a split's name= whole)
-        own = name[len(self.name) :] if name.startswith(self.name) else name
+        parent = f"{self.name}/"
+        own = name[len(self.name) :] if name.startswith(parent) else name
         mine = (self._node_key, name, own, self._names.mask(name), self.rank)
         got = backend.mpi.allgather(mine)
         if any(o != own for _, _, o, _, _ in got):
             backend.free()
             named = by_rank((r, repr(n)) for _, n, _, _, r in got)
+            if len(named) < 2:  # (alike in full: their parents' names differ per rank)
+                named = by_rank((r, repr(o)) for _, _, o, _, r in got)
             err = MismatchError(
                 f"{self._here(what)}: the new group's members name it differently: "
                 f"{', '.join(named[:-1])} but {named[-1]} (ranks of {self.name}; a group's "
@@ -1424,9 +1427,9 @@ class Communicator:
         if busy:
             raise InvalidArgumentError(
                 f"{here}: {'; '.join(busy)}; wait() for them first (nothing was freed; an "
-                f"operation whose Work was dropped unwaited holds free() up only while it "
-                f"runs, its arrays kept alive until MPI is done with them: a barrier() of the "
-                f"group waits for its collectives)"
+                f"async collective whose Work was dropped unwaited holds free() up only while "
+                f"it runs, its arrays kept alive until MPI is done with them: a barrier() of "
+                f"the group waits for it)"
             )
 
     def _free_after(self) -> list[HpccommError]:

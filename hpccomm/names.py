@@ -28,8 +28,9 @@ class Names:
     """The numbers the live groups made from one communicator hold, per name, as a bit mask
     (what a creation sends its new group's members: one int, a few bytes per number, where
     a list of the numbers took 18 KB and a millisecond to merge per dup() with 6,200 live
-    ones) and a count of the groups holding each number (two may hold one: a group named
-    ``x-2`` by its program and the second of ``x``; freeing one must not free the other's).
+    ones) and a count of the groups holding each number (two may hold one: creations of
+    one name from two threads, each numbered before the other took its number; freeing one
+    must not free the other's).
     Taken on the worker thread that runs a creation, released by the thread that frees the
     group: under a lock."""
 

@@ -334,7 +334,8 @@ class _EventPending:
         self.keep = keep  # temporaries the GPU reads until the event (PREMUL_SUM's copy)
         self.where = where
         self.settled = False  # seen complete by abort() just before it aborted
-        backend.pending.add(self)
+        with backend._lock:  # (abort() goes through the set under it, from another thread)
+            backend.pending.add(self)
 
     def test(self) -> bool:
         if not self.backend.event_done(self.event, self.where):
@@ -350,8 +351,9 @@ class _EventPending:
         outstanding Works of an aborted communicator. Fine: a call abort() saw complete
         before it aborted (``settled``), and every call once free() destroyed the
         communicator cleanly (it waited for each first)."""
-        if not self.settled:
-            self.backend.check_done()
+        with self.backend._lock:  # (abort() marks ``settled`` under it before aborting)
+            if not self.settled:
+                self.backend.check_done()
 
     def wait(self, timeout: float | None) -> bool:
         self.verify()  # (the stream's wait below cannot tell)
@@ -486,8 +488,17 @@ class _HostWait:
                 return False
             self.backend.check_done()  # (aborted meanwhile: the result is not valid)
         except BackendError as exc:
+            if self._whole():
+                return True
             self.reraise(exc)
         return True
+
+    def _whole(self) -> bool:
+        """After an error of the communicator: whether the call had completed before it
+        (the abort marks the calls complete then: see NcclBackend._settle; read under the
+        lock the abort holds while it marks them)."""
+        with self.backend._lock:
+            return self.expiry is not None and self.expiry.seen_done
 
     def _late(self) -> None:
         """Give the call up where it is on the GPU past its bound (the watchdog, which
@@ -527,6 +538,8 @@ class _HostWait:
             if self.backend.host_wait(self.event, self.where, end):
                 return True
         except BackendError as exc:
+            if self._whole():
+                return True
             self.reraise(exc)
         self._late()
         return False
@@ -572,7 +585,9 @@ class DeviceWork(Work):
         super().__init__(call, seq, pending, rec=rec)
         self._event = event
         self._backend = backend
-        self._on_gpu = pending  # (a point-to-point Work's _pending wraps it)
+        # (a point-to-point Work's _pending wraps it; weak: the Work drops it once finished,
+        # and with it the call's temporaries)
+        self._on_gpu = weakref.ref(pending)
 
     def wait(self, timeout: float | None = None) -> Any:
         """Order the current stream after the operation (no host blocking); return the result.
@@ -599,7 +614,9 @@ class DeviceWork(Work):
                     )
                 time.sleep(pause)
                 pause = min(pause * 2, 1e-3)
-            self._on_gpu.verify()
+            on_gpu = self._on_gpu()
+            if on_gpu is not None:  # (None: finished, its outcome kept by the Work)
+                on_gpu.verify()
         except HpccommError as exc:
             if not self._done:
                 self._finish(exc)
@@ -1138,11 +1155,12 @@ class NcclBackend:
                         if self._watching is not watching:  # that call ended meanwhile
                             continue
                         self._watching = None
-                    self._expiring = []
-                if timed_out:
+                if timed_out:  # (the abort marks the calls complete by now: _settle)
                     self.give_up(why)
                 else:  # (a CUDA error: the Works waited for raise it, not a timeout)
                     self.abort(why)
+                with cv:
+                    self._expiring = []
 
     def event_done(self, event: Any, where: object) -> bool:
         """Whether the event completed; a CUDA error the GPU reported raises BackendError."""
@@ -1211,17 +1229,26 @@ class NcclBackend:
         with self._lock:
             if self._aborted is None:
                 self._aborted = why
-                # the calls complete now are whole, whatever comes next: the unfinished
-                # DeviceWorks', and the bounded calls' the watchdog has not seen done yet
-                for p in list(self.pending):
-                    p.settled = self._finished(p.event)
-                with self._watch_cv:
-                    for e in self._expiring:
-                        e.seen_done = e.seen_done or self._finished(e.event)
                 try:
-                    self.comm.abort()
-                except Exception:  # already broken: nothing more to release
-                    pass
+                    self._settle()
+                finally:  # (whatever happened there: the GPU must not spin for ever)
+                    try:
+                        self.comm.abort()
+                    except Exception:  # already broken: nothing more to release
+                        pass
+
+    def _settle(self) -> None:
+        """(Under _lock, just before an abort.) The calls complete now are whole, whatever
+        comes next: mark the unfinished DeviceWorks' (the set is added to under _lock), and
+        the bounded calls' the watchdog has not seen done yet. Not after the program
+        aborted the communicator through CuPy: their kernels may have been cut short."""
+        if getattr(self.comm, "comm", None) == 0:
+            return
+        for p in list(self.pending):
+            p.settled = self._finished(p.event)
+        with self._watch_cv:
+            for e in self._expiring:
+                e.seen_done = e.seen_done or self._finished(e.event)
 
     def close(self) -> None:
         """Release the communicator once the GPU has finished the calls enqueued on it

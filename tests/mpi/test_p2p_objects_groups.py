@@ -1485,6 +1485,10 @@ def test_members_that_name_their_group_differently_are_told(comm):
     g = comm.split(0, name="a")
     assert _names_agree(g) == "a"
     g.free()
+    # a name that starts like the parent's is compared whole ("worldwide" against "wide"
+    # compared equal below "world")
+    with pytest.raises(hpccomm.MismatchError, match="name it differently"):
+        comm.split(0, name=f"{comm.name}wide" if r == 0 else "wide")
     d = comm.dup()
     d.name = f"mine-{r}"  # (a program's own name per rank: its groups' names below it)
     for child in (d.split(0), d.dup(), d.new_group(list(range(comm.size)))):

@@ -758,6 +758,21 @@ def test_a_bounded_calls_temporaries_are_held_by_its_work_alone(gpu, async_op):
     c.free()
 
 
+def test_a_finished_device_work_lets_its_temporaries_go(gpu):
+    """PREMUL_SUM's scaled copy (GPU memory the size of the input) goes with the finished
+    Work's pending state, not kept by the Work for as long as the program holds it."""
+    import gc
+
+    d, devices = nccl_dispatcher(gpu)
+    x = dev(gpu, np.ones(1 << 10, np.float32))
+    work = d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.PREMUL_SUM(2.0), async_op=True)
+    assert work._on_gpu() is not None and len(work._on_gpu().keep) == 1
+    assert work.is_completed()
+    gc.collect()
+    assert work._on_gpu() is None  # (and with it the copy)
+    assert work.synchronize(timeout=1) is x
+
+
 def test_a_work_complete_before_an_abort_keeps_its_result(gpu):
     """A call the GPU had finished before another Work's synchronize(timeout) aborted the
     communicator, not asked about before: its result is whole (abort() looks at the
