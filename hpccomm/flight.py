@@ -730,6 +730,28 @@ def _calls_differ(docs: dict[int, dict[str, Any]]) -> list[str]:
     return lines
 
 
+# how a blocking call's error starts where it ran past its timeout (CommTimeoutError)
+_TIMED_OUT = ": not complete after "
+
+
+def _timed_out_p2p(docs: dict[int, dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+    """Each rank whose latest blocking send or recv ran past its timeout: (world rank, its
+    entry). Where the program set a timeout a receive that waited for ever without one is
+    cancelled there and recorded failed, so the analysis, which read the calls still
+    running, said nothing of a mistagged send or of two ranks both receiving first; it
+    named the receive's own error only (an outside hunt)."""
+    out = []
+    for r, doc in sorted(docs.items()):
+        latest = None
+        for e in doc["entries"]:
+            if e["op"] in ("send", "recv") and not e.get("async"):
+                latest = e
+        if latest is not None and latest["state"] == "failed":
+            if _TIMED_OUT in (latest.get("error") or ""):
+                out.append((r, latest))
+    return out
+
+
 def _p2p_waits(
     p2p: list[tuple[int, dict[str, Any]]], groups: dict[str, dict[str, Any]]
 ) -> dict[int, tuple[str, int, dict[str, Any]]]:
@@ -1233,9 +1255,11 @@ def verdicts(
             else:
                 text += ", and it is in no hpccomm call (computing, or stuck elsewhere)"
             lines.append(text)
+    timed_out = _timed_out_p2p(docs)  # (where they waited, until their timeouts)
     if waits:  # a receive that waits for a mistagged send, beside the collectives' waits
         p2p_now = [(r, e) for r, es in sorted(pending.items()) for e in es if e["op"] in _P2P]
-        lines.extend(text for _, text in _tags_unmatched(_p2p_waits(p2p_now, groups), docs, groups))
+        blocked = _p2p_waits(timed_out + p2p_now, groups)
+        lines.extend(text for _, text in _tags_unmatched(blocked, docs, groups))
     in_call, needs, named = _collective_waits(pending, heard, waits, groups, finished)
     cycle = _wait_cycle(in_call, needs)
     if cycle:
@@ -1263,22 +1287,28 @@ def verdicts(
             )
         if len(unwaited) > 3:
             lines.append(f"and {len(unwaited) - 3} more async point-to-point calls so")
-        blocked = _p2p_waits(p2p, groups)
+        blocked = _p2p_waits(timed_out + p2p, groups)
         mistagged = _tags_unmatched(blocked, docs, groups)
         lines.extend(text for _, text in mistagged)
         ring = _p2p_cycle(blocked)
+        until = (
+            " (until their timeouts)"
+            if ring and any(blocked[r][2]["state"] == "failed" for r in ring)
+            else ""
+        )
         facing = None if ring else _p2p_facing(blocked)
         if ring and any(r in ring for r, _ in mistagged):
             lines.append(
                 f"world ranks {' -> '.join(map(str, ring + ring[:1]))} each wait for the next "
-                f"in a blocking point-to-point call, because a receive's tag matches no send "
-                f"(above): fix the tags, or send what was skipped"
+                f"in a blocking point-to-point call{until}, because a receive's tag matches no "
+                f"send (above): fix the tags, or send what was skipped"
             )
         elif ring:
             lines.append(
                 f"world ranks {' -> '.join(map(str, ring + ring[:1]))} each wait for the next "
-                f"in a blocking point-to-point call: a deadlock (none can complete before "
-                f"another does: post one side's call first, or use sendrecv or isend/irecv)"
+                f"in a blocking point-to-point call{until}: a deadlock (none can complete "
+                f"before another does: post one side's call first, or use sendrecv or "
+                f"isend/irecv)"
             )
         elif facing:
             lines.append(facing)

@@ -125,9 +125,17 @@ case "${1:-}" in
   --fetch-wheels) fetch_wheels; exit $? ;;
   --self-test) self_test "${2:-}" ;;
   -h | --help) sed -n '2,30p' "$0"; exit 0 ;;
+  -*) echo "gpu-check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
 esac
+[ $# -le 1 ] || { echo "gpu-check.sh: one LOGDIR at most, got: $*" >&2; exit 2; }
 
-LOGDIR="$(mkdir -p "${1:-gpu-check-logs}" && cd "${1:-gpu-check-logs}" && pwd)"
+# (a folder that cannot be made left LOGDIR empty, and the logs went to /, the wheels'
+# installs to /prefix: an outside hunt)
+want="${1:-gpu-check-logs}"
+if ! LOGDIR="$(mkdir -p -- "$want" && cd -- "$want" && pwd)" || [ -z "$LOGDIR" ]; then
+  echo "gpu-check.sh: cannot make or enter the log folder $want" >&2
+  exit 2
+fi
 PREFIX="$LOGDIR/prefix"
 cd "$here" || exit 1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1

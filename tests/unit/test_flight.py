@@ -960,3 +960,40 @@ def test_the_recorder_keeps_a_refusal_as_given(tmp_path, data, peer, redop, said
     assert d["recorded"] == 1
     load(tmp_path)  # the analysis reads it
     assert rec.entries[0].error == str(exc)  # its text: no traceback keeping arrays alive
+
+
+def test_receives_that_timed_out_are_read_as_where_their_ranks_waited():
+    # with a timeout the receives are cancelled and recorded failed: the analysis read only
+    # the calls still running, and said neither the mistagged send nor the deadlock of two
+    # ranks both receiving first, as it does without a timeout (an outside hunt)
+    def p2p(op, seq, state, peer, tag):
+        error = None
+        if state == "failed":
+            error = (
+                f"{op} #{seq} on world (rank {1 - peer} of 2): not complete after 4 s; no "
+                f"message from rank {peer} with tag {tag} arrived"
+            )
+        e = entry(op, "world", seq, state, error=error)
+        e["peer"], e["tag"] = peer, tag
+        return e
+
+    mistagged = {
+        0: doc(0, 2, [p2p("send", 1, "completed", 1, 8),
+                      entry("barrier", "world", 4, "started", shape=None, dtype=None)]),
+        1: doc(1, 2, [p2p("recv", 1, "failed", 0, 7)]),
+    }  # fmt: skip
+    verdict = analyze(mistagged, 2)
+    assert (
+        "rank 1's receive from rank 0 (tag 7) has no matching send: rank 0's sends to rank 1 "
+        "that no receive of rank 1 took (by their traces) have tag(s) [8]"
+    ) in verdict, verdict
+    both = {r: doc(r, 2, [p2p("recv", 1, "failed", 1 - r, 0)]) for r in range(2)}
+    verdict = analyze(both, 2)
+    assert (
+        "world ranks 0 -> 1 -> 0 each wait for the next in a blocking point-to-point call "
+        "(until their timeouts): a deadlock"
+    ) in verdict, verdict
+    # a receive that failed otherwise (truncated) is no wait
+    for d in both.values():
+        d["entries"][0]["error"] = "recv #1 on world: MPI_ERR_TRUNCATE"
+    assert "a deadlock" not in analyze(both, 2)

@@ -190,3 +190,31 @@ def test_ddp_train_refuses_a_batch_the_ranks_cannot_share(mpi_env, batch, said):
     )
     assert out.returncode == 2, out.stderr
     assert out.stderr.splitlines()[-1] == f"ddp_train.py: error: {said}"
+
+
+# -- jobs/gpu-check.sh's arguments (no GPU needed: refused before any step) ----------------
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--bogus"], "unknown option --bogus"),
+        (["/proc/hpccomm-logs"], "cannot make or enter the log folder /proc/hpccomm-logs"),
+        (["a", "b"], "one LOGDIR at most"),
+    ],
+)
+def test_gpu_check_refuses_what_it_cannot_log_to(tmp_path, args, said):
+    # a folder mkdir could not make left LOGDIR empty: the logs went to /, the wheels'
+    # installs to /prefix, and every step failed as "the environment check failed" (an
+    # outside hunt); an unknown option was taken as the folder
+    got = subprocess.run(
+        ["bash", str(JOBS / "gpu-check.sh"), *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert got.returncode == 2, (got.returncode, got.stdout[-2000:], got.stderr[-2000:])
+    assert said in got.stderr, got.stderr
+    assert got.stdout == "" and list(tmp_path.iterdir()) == []
+    assert not Path("/env.log").exists() and not Path("/summary.txt").exists()
