@@ -27,6 +27,7 @@ of them alike; ``ratio`` is the peer's time over hpccomm's (above 1: hpccomm is 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib.util
 import json
@@ -308,7 +309,8 @@ class BenchOptions:
             )
         redop = as_reduce_op(self.redop.lower(), "bench: -r")
         if any(op in _REDUCING for op in ops):  # refused here, before MPI starts
-            check_op(redop, dtype_info(np.dtype(_BY_NAME[dtype]), "bench"), f"bench: -d {dtype} -r")
+            where = f"bench: -d {dtype} -r {self.redop.lower()}"  # (it said "-r: op AVG ...")
+            check_op(redop, dtype_info(np.dtype(_BY_NAME[dtype]), "bench"), where)
         peers = []
         for raw in self.peers:
             for p in filter(None, (q.strip().lower() for q in raw.split(","))):
@@ -1195,7 +1197,9 @@ def check_plot_format(path: str | os.PathLike[str], what: str = "bench --plot") 
 def check_writable(path: str | os.PathLike[str], what: str) -> None:
     """Raise HpccommError when ``path`` cannot be written (its folder is missing or not
     writable, or it is a folder or a read-only file), before a long sweep starts; ``what``
-    names the option (``bench --json``). Nothing is created."""
+    names the option (``bench --json``). The file is opened for appending (its contents
+    kept) and, where it did not exist, removed again: os.access() says yes to root for
+    every path, so ``/proc/x.json`` failed after the whole sweep (an outside hunt)."""
     target = os.path.abspath(os.fspath(path))
     folder = os.path.dirname(target)
     why = None
@@ -1203,10 +1207,16 @@ def check_writable(path: str | os.PathLike[str], what: str) -> None:
         why = "it is a directory"
     elif not os.path.isdir(folder):
         why = f"no directory {folder}"
-    elif os.path.exists(target):
-        if not os.access(target, os.W_OK):
-            why = "the file is not writable"
-    elif not os.access(folder, os.W_OK | os.X_OK):
-        why = f"the directory {folder} is not writable"
+    else:
+        existed = os.path.exists(target)
+        try:
+            with open(target, "a"):
+                pass
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+        else:
+            if not existed:
+                with contextlib.suppress(OSError):
+                    os.unlink(target)
     if why is not None:
         raise HpccommError(f"{what}: cannot write {os.fspath(path)}: {why}")

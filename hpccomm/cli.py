@@ -18,6 +18,7 @@ import os
 import sys
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 from . import bench, flight, profiler
 from .diagnose import (
@@ -308,6 +309,33 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _path(text: str) -> str:
+    """argparse type of an output file: not empty (``--json "$OUT"`` with OUT unset wrote
+    nothing, said nothing and exited 0: an outside hunt)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path, expected a file to write")
+    return text
+
+
+class _Once(argparse.Action):
+    """An option that may be given once (a repeated ``bench --group`` kept the last alone,
+    silently, while a repeated ``-o`` adds: an outside hunt)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(
+                f"argument {option_string}: given twice ({getattr(namespace, self.dest)!r} and "
+                f"{values!r}); {option_string} takes one"
+            )
+        setattr(namespace, self.dest, values)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpccomm", description="HPC communication toolkit")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -411,6 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--group",
         metavar="SPEC",
+        action=_Once,
         help="run on every group of a layout dimension at once: tp=2, or tp=2,pp=2:pp",
     )
     p.add_argument("--device", action="store_true", help="CuPy arrays (NCCL or the MPI path)")
@@ -427,10 +456,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="also measure mpi4py (raw, same buffers), gloo (torch) and/or torch "
         "(torch.distributed on hpccomm's backend), alternating",
     )
-    p.add_argument("--json", metavar="FILE", help="write the results as JSON (rank 0)")
+    p.add_argument("--json", metavar="FILE", type=_path, help="write the results as JSON (rank 0)")
     p.add_argument(
         "--plot",
         metavar="FILE.png",
+        type=_path,
         help="busbw and time vs size (matplotlib; the extension picks the format: .png, .pdf, "
         ".svg, ...)",
     )
@@ -446,6 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--timeline",
         metavar="FILE.png",
+        type=_path,
         help="also draw trace.json (matplotlib; the extension picks the format: .png, .pdf, "
         ".svg, ...)",
     )
@@ -465,7 +496,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mpi", default="pmix", help="srun MPI plug-in (default pmix, for Open MPI)")
     p.add_argument("--array", help="job array indices, e.g. 0-3")
     p.add_argument("--extra", action="append", help="an extra '#SBATCH ...' line (repeatable)")
-    p.add_argument("-o", metavar="FILE", help="write the script to FILE instead of printing it")
+    p.add_argument(
+        "-o", metavar="FILE", type=_path, help="write the script to FILE instead of printing it"
+    )
     p.add_argument("--submit", action="store_true", help="submit with sbatch and print the job id")
     p.add_argument(
         "--submit-timeout",

@@ -204,3 +204,44 @@ def test_counts_are_integers_not_bools(name):
     with pytest.raises(InvalidArgumentError, match=rf"bench: {flag} is True, expected an integer"):
         bench.BenchOptions(**{name: True}).normalized()
     assert bench.BenchOptions(**{name: np.int64(1)}).normalized()
+
+
+# -- output paths: what root may not write, empty paths, a repeated --group -----------------
+
+
+def test_a_path_root_cannot_create_is_refused_before_mpi(no_mpi, tmp_path, capsys):
+    # os.access() says yes to root for every path: /proc/x.json failed after the whole
+    # sweep (an outside hunt); a path that can be written is left as it was
+    assert main(["bench", "--json", "/proc/hpccomm-x.json"]) == 2
+    err = _one_line(capsys)
+    assert err.startswith("hpccomm: bench --json: cannot write /proc/hpccomm-x.json: "), err
+    kept = tmp_path / "kept.json"
+    kept.write_text("old")
+    bench.check_writable(kept, "bench --json")
+    bench.check_writable(tmp_path / "new.json", "bench --json")
+    assert kept.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["kept.json"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["bench", "--json", ""],
+        ["bench", "--plot", ""],
+        ["profile", "report", ".", "--timeline", ""],
+        ["sbatch", "-o", "", "--", "x"],
+    ],
+)
+def test_an_empty_output_path_is_refused(no_mpi, capsys, args):
+    # (--json "$OUT" with OUT unset wrote nothing, said nothing and exited 0: an outside hunt)
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == 2
+    assert "an empty path, expected a file to write" in capsys.readouterr().err
+
+
+def test_a_repeated_group_is_refused(no_mpi, capsys):
+    # (the last one ran alone, silently: an outside hunt)
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "--group", "tp=2", "--group", "pp=2"])
+    assert info.value.code == 2
+    assert "--group: given twice ('tp=2' and 'pp=2')" in capsys.readouterr().err
