@@ -1207,6 +1207,11 @@ def check_writable(path: str | os.PathLike[str], what: str) -> None:
         why = "it is a directory"
     elif not os.path.isdir(folder):
         why = f"no directory {folder}"
+    elif os.path.exists(target) and not os.path.isfile(target):
+        # a FIFO or a device (/dev/stdout): not opened here (a FIFO's open waits for a
+        # reader)
+        if not os.access(target, os.W_OK):
+            why = "it is not writable"
     else:
         existed = os.path.exists(target)
         try:

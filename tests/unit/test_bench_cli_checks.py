@@ -4,6 +4,7 @@ every rank of rank 0's node, doctor --timeout; and the README's flag table again
 parser."""
 
 import dataclasses
+import os
 import re
 from pathlib import Path
 
@@ -220,6 +221,10 @@ def test_a_path_root_cannot_create_is_refused_before_mpi(no_mpi, tmp_path, capsy
     bench.check_writable(kept, "bench --json")
     bench.check_writable(tmp_path / "new.json", "bench --json")
     assert kept.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["kept.json"]
+    fifo = tmp_path / "fifo"  # (not opened: a FIFO's open waits for a reader)
+    os.mkfifo(fifo)
+    bench.check_writable(fifo, "bench --json")
+    bench.check_writable("/dev/null", "bench --json")
 
 
 @pytest.mark.parametrize(
