@@ -34,6 +34,7 @@ import json
 import math
 import os
 import socket
+import stat
 import statistics
 import sys
 import time
@@ -1197,31 +1198,57 @@ def check_plot_format(path: str | os.PathLike[str], what: str = "bench --plot") 
 def check_writable(path: str | os.PathLike[str], what: str) -> None:
     """Raise HpccommError when ``path`` cannot be written (its folder is missing or not
     writable, or it is a folder or a read-only file), before a long sweep starts; ``what``
-    names the option (``bench --json``). The file is opened for appending (its contents
-    kept) and, where it did not exist, removed again: os.access() says yes to root for
-    every path, so ``/proc/x.json`` failed after the whole sweep (an outside hunt)."""
+    names the option (``bench --json``). Tried, not asked: os.access() says yes to root
+    for every path, so ``/proc/x.json`` failed after the whole sweep (an outside hunt). An
+    existing file is opened for appending (its contents kept), a new one made with O_EXCL
+    and removed again (every rank of rank 0's node checks at once: each removes only the
+    file it made), a FIFO or a device only looked at (a FIFO's open waits for a reader),
+    and a dangling symbolic link is left as it is (its target's folder looked at)."""
     target = os.path.abspath(os.fspath(path))
-    folder = os.path.dirname(target)
     why = None
-    if os.path.isdir(target):
+    try:
+        st: os.stat_result | None = os.stat(target)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        st, why = None, exc.strerror or str(exc)
+    if why is not None:
+        pass
+    elif st is not None and stat.S_ISDIR(st.st_mode):
         why = "it is a directory"
-    elif not os.path.isdir(folder):
-        why = f"no directory {folder}"
-    elif os.path.exists(target) and not os.path.isfile(target):
-        # a FIFO or a device (/dev/stdout): not opened here (a FIFO's open waits for a
-        # reader)
+    elif st is not None and not stat.S_ISREG(st.st_mode):
         if not os.access(target, os.W_OK):
             why = "it is not writable"
+    elif st is not None:
+        why = _try_open(target, os.O_WRONLY | os.O_APPEND, made=False)
+    elif os.path.islink(target):  # (dangling: writing creates its target)
+        folder = os.path.dirname(os.path.realpath(target))
+        if not os.path.isdir(folder):
+            why = f"no directory {folder}"
+        elif not os.access(folder, os.W_OK | os.X_OK):
+            why = f"the directory {folder} is not writable"
+    elif not os.path.isdir(os.path.dirname(target)):
+        why = f"no directory {os.path.dirname(target)}"
     else:
-        existed = os.path.exists(target)
-        try:
-            with open(target, "a"):
-                pass
-        except OSError as exc:
-            why = exc.strerror or str(exc)
-        else:
-            if not existed:
-                with contextlib.suppress(OSError):
-                    os.unlink(target)
+        why = _try_open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, made=True)
     if why is not None:
         raise HpccommError(f"{what}: cannot write {os.fspath(path)}: {why}")
+
+
+def _try_open(target: str, flags: int, made: bool) -> str | None:
+    """Open ``target`` with ``flags`` and close it (removing it where ``made``); why it
+    could not be, or None. Another process making it meanwhile (``made``: O_EXCL), or
+    removing it (not ``made``), is another rank's own try: no refusal. (ENOENT where it is
+    made is the folder's: /proc takes no new file.)"""
+    race = FileExistsError if made else FileNotFoundError
+    try:
+        fd = os.open(target, flags, 0o666)
+    except race:
+        return None  # (another rank's try, made or removed meanwhile: the folder takes it)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    os.close(fd)
+    if made:
+        with contextlib.suppress(OSError):
+            os.unlink(target)
+    return None

@@ -735,21 +735,32 @@ _TIMED_OUT = ": not complete after "
 
 
 def _timed_out_p2p(docs: dict[int, dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
-    """Each rank whose latest blocking send or recv ran past its timeout: (world rank, its
-    entry). Where the program set a timeout a receive that waited for ever without one is
-    cancelled there and recorded failed, so the analysis, which read the calls still
-    running, said nothing of a mistagged send or of two ranks both receiving first; it
-    named the receive's own error only (an outside hunt)."""
+    """Each rank whose last call was a blocking send or recv that ran past its timeout, no
+    call of the rank starting after it ended: (world rank, its entry). Where the program set
+    a timeout a receive that waited for ever without one is cancelled there and recorded
+    failed, so the analysis, which read the calls still running, said nothing of a
+    mistagged send or of two ranks both receiving first; it named the receive's own error
+    only (an outside hunt). A timeout the rank went on from is not where it waits."""
     out = []
     for r, doc in sorted(docs.items()):
-        latest = None
-        for e in doc["entries"]:
-            if e["op"] in ("send", "recv") and not e.get("async"):
-                latest = e
-        if latest is not None and latest["state"] == "failed":
-            if _TIMED_OUT in (latest.get("error") or ""):
-                out.append((r, latest))
+        entries = doc["entries"]
+        last = entries[-1] if entries else None
+        if last is None or last["op"] not in ("send", "recv") or last.get("async"):
+            continue
+        if last["state"] != "failed" or _TIMED_OUT not in (last.get("error") or ""):
+            continue
+        end = last.get("t_end")
+        if end is not None and any((e.get("t_start") or 0.0) > end for e in entries):
+            continue
+        out.append((r, last))
     return out
+
+
+def _overlap(entries: list[dict[str, Any]]) -> bool:
+    """Whether the calls of ``entries`` ran at one time (a ring of waits is one only then)."""
+    start = max((e.get("t_start") or 0.0) for e in entries)
+    end = min((e["t_end"] if e.get("t_end") is not None else math.inf) for e in entries)
+    return start < end
 
 
 def _p2p_waits(
@@ -1291,11 +1302,11 @@ def verdicts(
         mistagged = _tags_unmatched(blocked, docs, groups)
         lines.extend(text for _, text in mistagged)
         ring = _p2p_cycle(blocked)
-        until = (
-            " (until their timeouts)"
-            if ring and any(blocked[r][2]["state"] == "failed" for r in ring)
-            else ""
-        )
+        until = ""
+        if ring and any(blocked[r][2]["state"] == "failed" for r in ring):
+            until = " (until their timeouts)"
+            if not _overlap([blocked[r][2] for r in ring]):
+                ring = None  # (one timed out before another began: no ring of waits)
         facing = None if ring else _p2p_facing(blocked)
         if ring and any(r in ring for r, _ in mistagged):
             lines.append(

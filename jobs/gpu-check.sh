@@ -132,8 +132,9 @@ esac
 # (a folder that cannot be made left LOGDIR empty, and the logs went to /, the wheels'
 # installs to /prefix: an outside hunt)
 want="${1:-gpu-check-logs}"
-if ! LOGDIR="$(mkdir -p -- "$want" && cd -- "$want" && pwd)" || [ -z "$LOGDIR" ]; then
-  echo "gpu-check.sh: cannot make or enter the log folder $want" >&2
+if ! LOGDIR="$(mkdir -p -- "$want" && CDPATH='' cd -P -- "$want" && pwd)" || [ -z "$LOGDIR" ] ||
+  [ ! -w "$LOGDIR" ]; then
+  echo "gpu-check.sh: cannot make, enter or write the log folder $want" >&2
   exit 2
 fi
 PREFIX="$LOGDIR/prefix"

@@ -341,6 +341,7 @@ class _EventPending:
         if not self.backend.event_done(self.event, self.where):
             return False
         self.verify()
+        self.keep = None  # (done on the GPU: its temporaries may go)
         return True
 
     def verify(self) -> None:
@@ -585,9 +586,9 @@ class DeviceWork(Work):
         super().__init__(call, seq, pending, rec=rec)
         self._event = event
         self._backend = backend
-        # (a point-to-point Work's _pending wraps it; weak: the Work drops it once finished,
-        # and with it the call's temporaries)
-        self._on_gpu = weakref.ref(pending)
+        # (a point-to-point Work's _pending wraps it; kept: a Work finished by wait(), which
+        # only orders the stream, is still on the GPU, and synchronize() must see an abort)
+        self._on_gpu = pending
 
     def wait(self, timeout: float | None = None) -> Any:
         """Order the current stream after the operation (no host blocking); return the result.
@@ -614,9 +615,8 @@ class DeviceWork(Work):
                     )
                 time.sleep(pause)
                 pause = min(pause * 2, 1e-3)
-            on_gpu = self._on_gpu()
-            if on_gpu is not None:  # (None: finished, its outcome kept by the Work)
-                on_gpu.verify()
+            self._on_gpu.verify()
+            self._on_gpu.keep = None  # (done on the GPU: its temporaries may go)
         except HpccommError as exc:
             if not self._done:
                 self._finish(exc)
@@ -1228,10 +1228,11 @@ class NcclBackend:
         another thread than the one waiting on the communicator."""
         with self._lock:
             if self._aborted is None:
-                self._aborted = why
-                try:
+                try:  # (first: the watchdog's sweep, seeing _aborted, would drop the calls
+                    # it had not yet seen done without marking them)
                     self._settle()
                 finally:  # (whatever happened there: the GPU must not spin for ever)
+                    self._aborted = why
                     try:
                         self.comm.abort()
                     except Exception:  # already broken: nothing more to release

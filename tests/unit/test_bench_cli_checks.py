@@ -15,7 +15,7 @@ import hpccomm.cli as cli
 from hpccomm import bench
 from hpccomm.cli import build_parser, main
 from hpccomm.discovery import discover
-from hpccomm.errors import InvalidArgumentError
+from hpccomm.errors import HpccommError, InvalidArgumentError
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -225,6 +225,16 @@ def test_a_path_root_cannot_create_is_refused_before_mpi(no_mpi, tmp_path, capsy
     os.mkfifo(fifo)
     bench.check_writable(fifo, "bench --json")
     bench.check_writable("/dev/null", "bench --json")
+    # a dangling link is left as it is (it was removed, and its target made: a review)
+    (tmp_path / "real").mkdir()
+    link = tmp_path / "link.json"
+    link.symlink_to(tmp_path / "real" / "run.json")
+    bench.check_writable(link, "bench --json")
+    assert link.is_symlink() and not (tmp_path / "real" / "run.json").exists()
+    link.unlink()
+    link.symlink_to(tmp_path / "nowhere" / "run.json")
+    with pytest.raises(HpccommError, match="no directory"):
+        bench.check_writable(link, "bench --json")
 
 
 @pytest.mark.parametrize(

@@ -993,7 +993,23 @@ def test_receives_that_timed_out_are_read_as_where_their_ranks_waited():
         "world ranks 0 -> 1 -> 0 each wait for the next in a blocking point-to-point call "
         "(until their timeouts): a deadlock"
     ) in verdict, verdict
+    # one that timed out before the other began is no ring of waits (a review)
+    both[1]["entries"][0]["t_start"], both[1]["entries"][0]["t_end"] = 20.0, 24.0
+    assert "a deadlock" not in analyze(both, 2)
+    # a timeout the rank went on from is not where it waits: rank 0 caught it, both passed
+    # a barrier, then rank 1 waits in a receive from rank 0 (called a deadlock, a review)
+    moved_on = {
+        0: doc(0, 2, [p2p("recv", 1, "failed", 1, 0),
+                      {**entry("barrier", "world", 2, "completed", shape=None, dtype=None),
+                       "t_start": 6.0, "t_end": 7.0}]),
+        1: doc(1, 2, [{**entry("barrier", "world", 2, "completed", shape=None, dtype=None),
+                       "t_start": 6.0, "t_end": 7.0},
+                      {**p2p("recv", 1, "started", 0, 0), "t_start": 20.0}]),
+    }  # fmt: skip
+    verdict = analyze(moved_on, 2)
+    assert "a deadlock" not in verdict and "rank 1 waits in recv #1" in verdict, verdict
     # a receive that failed otherwise (truncated) is no wait
+    both[1]["entries"][0]["t_start"], both[1]["entries"][0]["t_end"] = 1.0, 2.0
     for d in both.values():
         d["entries"][0]["error"] = "recv #1 on world: MPI_ERR_TRUNCATE"
     assert "a deadlock" not in analyze(both, 2)

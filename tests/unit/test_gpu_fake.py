@@ -766,11 +766,27 @@ def test_a_finished_device_work_lets_its_temporaries_go(gpu):
     d, devices = nccl_dispatcher(gpu)
     x = dev(gpu, np.ones(1 << 10, np.float32))
     work = d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.PREMUL_SUM(2.0), async_op=True)
-    assert work._on_gpu() is not None and len(work._on_gpu().keep) == 1
+    assert len(work._on_gpu.keep) == 1
     assert work.is_completed()
     gc.collect()
-    assert work._on_gpu() is None  # (and with it the copy)
+    assert work._on_gpu.keep is None  # (done on the GPU: the copy goes)
     assert work.synchronize(timeout=1) is x
+
+
+def test_synchronize_after_wait_sees_an_abort_that_cut_the_call_short(gpu):
+    """wait() orders the stream and finishes the Work while the GPU may still run the
+    call: a later synchronize() must see an abort that ended its kernel (a weak reference
+    to the call's state lost it: the cut-short result was returned as whole, a review)."""
+    d, devices = nccl_dispatcher(gpu)
+    x, y = dev(gpu, np.ones(4, np.float32)), dev(gpu, np.ones(4, np.float32))
+    gpu.event_status = NOT_READY
+    first = d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM, async_op=True)
+    second = d.dispatch(O.ALL_REDUCE, y, redop=ReduceOp.SUM, async_op=True)
+    assert first.wait() is x  # (stream ordered; the GPU still runs it)
+    with pytest.raises(CommTimeoutError):
+        second.synchronize(timeout=0.1)
+    with pytest.raises(BackendError, match="the communicator was aborted"):
+        first.synchronize(timeout=1)
 
 
 def test_a_work_complete_before_an_abort_keeps_its_result(gpu):

@@ -199,7 +199,7 @@ def test_ddp_train_refuses_a_batch_the_ranks_cannot_share(mpi_env, batch, said):
     "args, said",
     [
         (["--bogus"], "unknown option --bogus"),
-        (["/proc/hpccomm-logs"], "cannot make or enter the log folder /proc/hpccomm-logs"),
+        (["/proc/hpccomm-logs"], "cannot make, enter or write the log folder /proc/hpccomm-logs"),
         (["a", "b"], "one LOGDIR at most"),
     ],
 )
