@@ -1206,6 +1206,8 @@ def check_writable(path: str | os.PathLike[str], what: str) -> None:
     and a dangling symbolic link is left as it is (its target's folder looked at)."""
     target = os.path.abspath(os.fspath(path))
     why = None
+    if os.fspath(path).endswith(os.sep):  # (abspath drops it: open() then failed)
+        raise HpccommError(f"{what}: cannot write {os.fspath(path)}: it names a directory")
     try:
         st: os.stat_result | None = os.stat(target)
     except FileNotFoundError:

@@ -886,6 +886,8 @@ def _p2p_facing(waits: dict[int, tuple[str, int, dict[str, Any]]]) -> str | None
         other = waits.get(peer)
         if op == "send" and other is not None and other[0] == "recv" and other[1] == r:
             f = other[2]
+            if "failed" in (e["state"], f["state"]) and not _overlap([e, f]):
+                continue  # (one timed out before the other began: they never faced)
             return (
                 f"rank {r}'s send to rank {peer} (tag {e.get('tag')}, {e.get('count')} "
                 f"elements) and rank {peer}'s receive from rank {r} (tag {f.get('tag')}, "

@@ -33,7 +33,7 @@
 # The Python snippets are exported strings and the step functions run under `bash -c`:
 # shellcheck disable=SC2089,SC2090,SC2317
 set -u
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+here="$(CDPATH='' cd -P -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)"
 WHEELS="${GPU_CHECK_WHEELS:-$here/jobs/gpu-wheels}"
 PY="${PYTHON:-python3}"
 

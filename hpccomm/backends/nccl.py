@@ -341,8 +341,15 @@ class _EventPending:
         if not self.backend.event_done(self.event, self.where):
             return False
         self.verify()
-        self.keep = None  # (done on the GPU: its temporaries may go)
+        self.done()
         return True
+
+    def done(self) -> None:
+        """Seen complete with no abort before: whole for good (a later abort, through CuPy
+        too, does not make a synchronize() of it fail), its temporaries free to go."""
+        with self.backend._lock:
+            self.settled = True
+        self.keep = None
 
     def verify(self) -> None:
         """Its event completed: raise where an abort may have cut it short. An abort
@@ -616,7 +623,7 @@ class DeviceWork(Work):
                 time.sleep(pause)
                 pause = min(pause * 2, 1e-3)
             self._on_gpu.verify()
-            self._on_gpu.keep = None  # (done on the GPU: its temporaries may go)
+            self._on_gpu.done()
         except HpccommError as exc:
             if not self._done:
                 self._finish(exc)

@@ -235,6 +235,8 @@ def test_a_path_root_cannot_create_is_refused_before_mpi(no_mpi, tmp_path, capsy
     link.symlink_to(tmp_path / "nowhere" / "run.json")
     with pytest.raises(HpccommError, match="no directory"):
         bench.check_writable(link, "bench --json")
+    with pytest.raises(HpccommError, match="it names a directory"):
+        bench.check_writable(f"{kept}/", "bench --json")  # (abspath dropped the slash)
 
 
 @pytest.mark.parametrize(

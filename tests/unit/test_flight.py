@@ -1008,6 +1008,14 @@ def test_receives_that_timed_out_are_read_as_where_their_ranks_waited():
     }  # fmt: skip
     verdict = analyze(moved_on, 2)
     assert "a deadlock" not in verdict and "rank 1 waits in recv #1" in verdict, verdict
+    # nor a send that timed out before the other rank's receive began (a review)
+    facing = {
+        0: doc(0, 2, [p2p("send", 1, "failed", 1, 1)]),
+        1: doc(1, 2, [{**p2p("recv", 1, "started", 0, 2), "t_start": 20.0}]),
+    }
+    assert "wait on each other" not in analyze(facing, 2)
+    facing[1]["entries"][0]["t_start"] = 1.5  # (they did face each other)
+    assert "wait on each other: their tags or sizes differ" in analyze(facing, 2)
     # a receive that failed otherwise (truncated) is no wait
     both[1]["entries"][0]["t_start"], both[1]["entries"][0]["t_end"] = 1.0, 2.0
     for d in both.values():

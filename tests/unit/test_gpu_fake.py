@@ -773,6 +773,18 @@ def test_a_finished_device_work_lets_its_temporaries_go(gpu):
     assert work.synchronize(timeout=1) is x
 
 
+def test_a_work_seen_complete_stays_whole_after_a_cupy_level_abort(gpu):
+    """is_completed() saw the call done; the program then aborted the communicator through
+    CuPy: synchronize() failed the Work, while wait() and exception() said success (a
+    review)."""
+    d, devices = nccl_dispatcher(gpu)
+    x = dev(gpu, np.ones(4, np.float32))
+    work = d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM, async_op=True)
+    assert work.is_completed() and work.exception() is None
+    devices.nccl.comm.abort()
+    assert work.synchronize(timeout=1) is x and work.synchronize() is x
+
+
 def test_synchronize_after_wait_sees_an_abort_that_cut_the_call_short(gpu):
     """wait() orders the stream and finishes the Work while the GPU may still run the
     call: a later synchronize() must see an abort that ended its kernel (a weak reference
