@@ -1204,37 +1204,36 @@ def check_writable(path: str | os.PathLike[str], what: str) -> None:
     and removed again (every rank of rank 0's node checks at once: each removes only the
     file it made), a FIFO or a device only looked at (a FIFO's open waits for a reader),
     and a dangling symbolic link is left as it is (its target's folder looked at)."""
-    target = os.path.abspath(os.fspath(path))
-    why = None
     if os.fspath(path).endswith(os.sep):  # (abspath drops it: open() then failed)
-        raise HpccommError(f"{what}: cannot write {os.fspath(path)}: it names a directory")
-    try:
-        st: os.stat_result | None = os.stat(target)
-    except FileNotFoundError:
-        st = None
-    except OSError as exc:
-        st, why = None, exc.strerror or str(exc)
-    if why is not None:
-        pass
-    elif st is not None and stat.S_ISDIR(st.st_mode):
-        why = "it is a directory"
-    elif st is not None and not stat.S_ISREG(st.st_mode):
-        if not os.access(target, os.W_OK):
-            why = "it is not writable"
-    elif st is not None:
-        why = _try_open(target, os.O_WRONLY | os.O_APPEND, made=False)
-    elif os.path.islink(target):  # (dangling: writing creates its target)
-        folder = os.path.dirname(os.path.realpath(target))
-        if not os.path.isdir(folder):
-            why = f"no directory {folder}"
-        elif not os.access(folder, os.W_OK | os.X_OK):
-            why = f"the directory {folder} is not writable"
-    elif not os.path.isdir(os.path.dirname(target)):
-        why = f"no directory {os.path.dirname(target)}"
+        why: str | None = "it names a directory"
     else:
-        why = _try_open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, made=True)
+        why = _unwritable(os.path.abspath(os.fspath(path)))
     if why is not None:
         raise HpccommError(f"{what}: cannot write {os.fspath(path)}: {why}")
+
+
+def _unwritable(target: str) -> str | None:
+    """Why ``target`` (absolute) cannot be written, or None (see check_writable)."""
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    else:
+        if stat.S_ISDIR(st.st_mode):
+            return "it is a directory"
+        if not stat.S_ISREG(st.st_mode):  # (a FIFO or a device: looked at only)
+            return None if os.access(target, os.W_OK) else "it is not writable"
+        return _try_open(target, os.O_WRONLY | os.O_APPEND, made=False)
+    dangling = os.path.islink(target)  # (writing creates its target)
+    folder = os.path.dirname(os.path.realpath(target) if dangling else target)
+    if not os.path.isdir(folder):
+        return f"no directory {folder}"
+    if dangling:
+        ok = os.access(folder, os.W_OK | os.X_OK)
+        return None if ok else f"the directory {folder} is not writable"
+    return _try_open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, made=True)
 
 
 def _try_open(target: str, flags: int, made: bool) -> str | None:

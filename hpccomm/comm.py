@@ -107,6 +107,13 @@ def node_info(keys: Sequence[Any], rank: int) -> NodeInfo:
     return NodeInfo(local.index(rank), len(local), order[mine], len(order))
 
 
+def _not_a_name(value: Any) -> str:
+    """What is wrong with ``value`` as a group's name ("" where nothing is)."""
+    if isinstance(value, str) and value:
+        return ""
+    return f"{type(value).__name__} {value!r}, expected a non-empty str"
+
+
 class Made(NamedTuple):
     """A group creation's result on this rank: its MPI backend (None outside the group),
     its NodeInfo, and the name asked for with the number every member gives it (see
@@ -279,10 +286,10 @@ class Communicator:
 
     @name.setter
     def name(self, value: str) -> None:
-        if not isinstance(value, str) or not value:
+        odd = _not_a_name(value)
+        if odd:
             raise InvalidArgumentError(
-                f"name ({self._group.name}, rank {self.rank} of {self.size}): the name is "
-                f"{type(value).__name__} {value!r}, expected a non-empty str"
+                f"name ({self._group.name}, rank {self.rank} of {self.size}): the name is {odd}"
             )
         self._group.name = value
 
@@ -1045,10 +1052,9 @@ class Communicator:
                         f"{-C_INT_MAX - 1}..{C_INT_MAX} or None"
                     )
                 key = value
-            if name is not None and (not isinstance(name, str) or not name):
-                raise InvalidArgumentError(
-                    f"{w}: name is {type(name).__name__} {name!r}, expected a non-empty str"
-                )
+            odd = None if name is None else _not_a_name(name)
+            if odd:
+                raise InvalidArgumentError(f"{w}: name is {odd}")
         made = self._make(
             "split",
             f"{self.name}/split({color})" if name is None else name,

@@ -1268,10 +1268,10 @@ def verdicts(
             else:
                 text += ", and it is in no hpccomm call (computing, or stuck elsewhere)"
             lines.append(text)
-    timed_out = _timed_out_p2p(docs)  # (where they waited, until their timeouts)
+    p2p = [(r, e) for r, es in sorted(pending.items()) for e in es if e["op"] in _P2P]
+    # each rank's blocking send or recv with a peer: running, or its last, past its timeout
+    blocked = _p2p_waits(_timed_out_p2p(docs) + p2p, groups)
     if waits:  # a receive that waits for a mistagged send, beside the collectives' waits
-        p2p_now = [(r, e) for r, es in sorted(pending.items()) for e in es if e["op"] in _P2P]
-        blocked = _p2p_waits(timed_out + p2p_now, groups)
         lines.extend(text for _, text in _tags_unmatched(blocked, docs, groups))
     in_call, needs, named = _collective_waits(pending, heard, waits, groups, finished)
     cycle = _wait_cycle(in_call, needs)
@@ -1284,7 +1284,6 @@ def verdicts(
             f"different orders, or one skipped a call)"
         )
     if not waits:
-        p2p = [(r, e) for r, es in sorted(pending.items()) for e in es if e["op"] in _P2P]
         # where each rank waits: its latest blocking call (every rank); then async calls not
         # seen complete (an isend never waited for stays "started" after its receive took
         # it), a few. The first three entries in rank order were listed, so one rank's
@@ -1300,7 +1299,6 @@ def verdicts(
             )
         if len(unwaited) > 3:
             lines.append(f"and {len(unwaited) - 3} more async point-to-point calls so")
-        blocked = _p2p_waits(timed_out + p2p, groups)
         mistagged = _tags_unmatched(blocked, docs, groups)
         lines.extend(text for _, text in mistagged)
         ring = _p2p_cycle(blocked)

@@ -349,6 +349,7 @@ class _EventPending:
         too, does not make a synchronize() of it fail), its temporaries free to go."""
         with self.backend._lock:
             self.settled = True
+            self.backend.pending.discard(self)  # (nothing left for abort() to mark)
         self.keep = None
 
     def verify(self) -> None:
@@ -496,17 +497,17 @@ class _HostWait:
                 return False
             self.backend.check_done()  # (aborted meanwhile: the result is not valid)
         except BackendError as exc:
-            if self._whole():
-                return True
-            self.reraise(exc)
+            return self._whole_or_raise(exc)
         return True
 
-    def _whole(self) -> bool:
-        """After an error of the communicator: whether the call had completed before it
+    def _whole_or_raise(self, exc: BackendError) -> bool:
+        """After an error of the communicator: True where the call had completed before it
         (the abort marks the calls complete then: see NcclBackend._settle; read under the
-        lock the abort holds while it marks them)."""
+        lock the abort holds while it marks them); else raise (reraise)."""
         with self.backend._lock:
-            return self.expiry is not None and self.expiry.seen_done
+            if self.expiry is not None and self.expiry.seen_done:
+                return True
+        self.reraise(exc)
 
     def _late(self) -> None:
         """Give the call up where it is on the GPU past its bound (the watchdog, which
@@ -546,9 +547,7 @@ class _HostWait:
             if self.backend.host_wait(self.event, self.where, end):
                 return True
         except BackendError as exc:
-            if self._whole():
-                return True
-            self.reraise(exc)
+            return self._whole_or_raise(exc)
         self._late()
         return False
 
@@ -577,7 +576,7 @@ class DeviceWork(Work):
     """A pending device operation: ``wait()`` makes the current stream wait on the event
     (the host is not blocked); ``synchronize(timeout)`` blocks the host until it is done."""
 
-    __slots__ = ("_event", "_backend", "_on_gpu")
+    __slots__ = ("_on_gpu",)
 
     def __init__(
         self,
@@ -591,10 +590,9 @@ class DeviceWork(Work):
     ) -> None:
         pending = _EventPending(event, result, backend, keep, call.where(seq))
         super().__init__(call, seq, pending, rec=rec)
-        self._event = event
-        self._backend = backend
-        # (a point-to-point Work's _pending wraps it; kept: a Work finished by wait(), which
-        # only orders the stream, is still on the GPU, and synchronize() must see an abort)
+        # its call on the GPU (a point-to-point Work's _pending wraps it; kept: a Work
+        # finished by wait(), which only orders the stream, is still on the GPU, and
+        # synchronize() must see an abort)
         self._on_gpu = pending
 
     def wait(self, timeout: float | None = None) -> Any:
@@ -611,19 +609,21 @@ class DeviceWork(Work):
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 1e-5
         where = self._where()
+        on_gpu = self._on_gpu
+        backend = on_gpu.backend
         try:
-            while not self._backend.event_done(self._event, where):
-                self._backend.check()
+            while not backend.event_done(on_gpu.event, where):
+                backend.check()
                 if deadline is not None and time.monotonic() > deadline:
-                    self._backend.abort(f"{where} did not complete in {timeout:g} s")
+                    backend.abort(f"{where} did not complete in {timeout:g} s")
                     raise CommTimeoutError(
                         f"{where}: not complete after {timeout:g} s on the GPU; the NCCL "
                         f"communicator was aborted (a rank never joined?)"
                     )
                 time.sleep(pause)
                 pause = min(pause * 2, 1e-3)
-            self._on_gpu.verify()
-            self._on_gpu.done()
+            on_gpu.verify()
+            on_gpu.done()
         except HpccommError as exc:
             if not self._done:
                 self._finish(exc)
@@ -1102,7 +1102,7 @@ class NcclBackend:
             if e.start is None and e.key not in running:
                 e.start = now  # (its stream's earlier calls were seen done by now)
             try:
-                if event_done(self._runtime, e.event, e.where):
+                if self.event_done(e.event, e.where):
                     done.append(e)
                     continue
             except BackendError as exc:
@@ -1197,7 +1197,7 @@ class NcclBackend:
         communicator is aborted); raise if it was aborted (``done``: not where free()
         destroyed it cleanly, which it does once every call it knows of is done)."""
         with self._lock:
-            if self._aborted is None and getattr(self.comm, "comm", None) == 0:
+            if self._aborted is None and self._released_by_cupy():
                 # CuPy's handle is 0: the program aborted or destroyed it (comm.nccl), which
                 # NCCL's error query would call an invalid argument
                 self._aborted = "aborted or destroyed through CuPy (comm.nccl)"
@@ -1245,12 +1245,17 @@ class NcclBackend:
                     except Exception:  # already broken: nothing more to release
                         pass
 
+    def _released_by_cupy(self) -> bool:
+        """Whether CuPy's handle is 0: the program aborted or destroyed the communicator
+        itself (``comm.nccl.abort()``), not through hpccomm."""
+        return getattr(self.comm, "comm", None) == 0
+
     def _settle(self) -> None:
         """(Under _lock, just before an abort.) The calls complete now are whole, whatever
         comes next: mark the unfinished DeviceWorks' (the set is added to under _lock), and
         the bounded calls' the watchdog has not seen done yet. Not after the program
         aborted the communicator through CuPy: their kernels may have been cut short."""
-        if getattr(self.comm, "comm", None) == 0:
+        if self._released_by_cupy():
             return
         for p in list(self.pending):
             p.settled = self._finished(p.event)
@@ -1289,7 +1294,7 @@ class NcclBackend:
                 if self._aborted is not None:
                     self._stop_watchdog()
                 return None  # (released, or being released by another thread)
-            if getattr(self.comm, "comm", None) == 0:  # CuPy's handle: aborted or destroyed
+            if self._released_by_cupy():
                 self._aborted = "released through CuPy (comm.nccl) before free()"
                 self._stop_watchdog()
                 return None

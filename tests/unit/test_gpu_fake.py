@@ -810,7 +810,7 @@ def test_a_work_complete_before_an_abort_keeps_its_result(gpu):
     x, y = dev(gpu, np.ones(4, np.float32)), dev(gpu, np.ones(4, np.float32))
     first = d.dispatch(O.ALL_REDUCE, x, redop=ReduceOp.SUM, async_op=True)
     second = d.dispatch(O.ALL_REDUCE, y, redop=ReduceOp.SUM, async_op=True)
-    gpu.stuck.add(second._event.ptr)  # (its peer never comes)
+    gpu.stuck.add(second._on_gpu.event.ptr)  # (its peer never comes)
     with pytest.raises(CommTimeoutError):
         second.synchronize(timeout=0.1)
     assert devices.nccl.aborted
